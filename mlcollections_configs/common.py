@@ -1,0 +1,55 @@
+"""Defaults shared by every config: the training block of one model."""
+
+import dataclasses
+
+import ml_collections
+
+from xsens import models
+from xsens.data.config import default_data_config
+
+
+def model_config(name: str, **overrides) -> ml_collections.ConfigDict:
+  """`{"name": name, **every field of that model with its default, **overrides}`.
+
+  Listing every field lets `--config....model.FIELD=VALUE` override any of them.
+  """
+  fields = {f.name: f.default for f in dataclasses.fields(models.MODELS[name])
+            if f.name in models.config_fields(name)}
+  for key in overrides:
+    if key not in fields:
+      raise ValueError(f"unknown field {key!r} for model {name!r}; allowed: {sorted(fields)}")
+  fields.update(overrides)
+  fields = {k: _overridable(v) for k, v in fields.items()}
+  return ml_collections.ConfigDict({"name": name, **fields})
+
+
+def _overridable(value):
+  """Tuples as lists (ml_collections style); None as an int FieldReference (e.g. sizes)."""
+  if value is None:
+    return ml_collections.FieldReference(None, field_type=int)
+  return list(value) if isinstance(value, tuple) else value
+
+
+def train_config() -> ml_collections.ConfigDict:
+  """Every field `xsens.train.trainer.train_and_evaluate` reads, with defaults."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.data = default_data_config()
+  c.model = model_config("vit")
+  c.loss = "cross_entropy"
+  c.optimizer = ml_collections.ConfigDict({
+      "name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
+      "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,
+      "grad_clip_norm": ml_collections.FieldReference(None, field_type=float)})
+  c.batch_size = 128
+  c.total_steps = ml_collections.FieldReference(1000, field_type=int)
+  c.total_epochs = ml_collections.FieldReference(None, field_type=float)
+  c.target_train_accuracy = ml_collections.FieldReference(None, field_type=float)
+  c.eval_every = 200
+  c.eval_batch_size = 500
+  c.eval_train_examples = ml_collections.FieldReference(None, field_type=int)
+  c.log_every = 50
+  c.checkpoint_every = 500
+  c.keep_checkpoints = 2
+  c.progress = True
+  return c

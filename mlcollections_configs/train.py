@@ -1,0 +1,65 @@
+"""Train one model on one dataset: the building block every study calls.
+
+  python -m xsens --config=mlcollections_configs/train.py:model=vit --workdir=/tmp/xsens/vit
+  python -m xsens --config=mlcollections_configs/train.py:model=cnn,smoke --workdir=/tmp/s
+
+Variants (comma-separated): `model=NAME` (vit, cnn, mlp, resnet18, densenet, convmixer),
+`dataset=NAME` (mnist5k, digits, or any TFDS name present in `--config.train.data.data_dir`),
+`smoke` (a few steps of a tiny model: what the tests run). Any field can be overridden,
+e.g. `--config.train.optimizer.learning_rate=3e-4`.
+
+Shows: train/test accuracy and loss of one model (results.md in the workdir); on mnist5k
+the default ViT reaches about 0.97 test accuracy in 1000 steps.
+"""
+
+import ml_collections
+
+from mlcollections_configs import common
+from xsens.config_utils import parse_arg
+
+# Small, CPU-friendly architectures per model name (paper-sized ones live in the studies).
+MODEL_PRESETS = {
+    "vit": {"name": "vit", "patch_size": 4, "width": 64, "depth": 2, "num_heads": 4,
+            "mlp_dim": 128},
+    "cnn": {"name": "cnn"},
+    "mlp": {"name": "mlp", "hidden_dims": (512, 128), "activation": "relu"},
+    "resnet18": {"name": "resnet18", "width_multiplier": 0.25},
+    "densenet": {"name": "densenet", "growth_rate": 12, "block_sizes": (2, 2, 2)},
+    "convmixer": {"name": "convmixer", "width": 64, "depth": 4, "patch_size": 2},
+}
+SMOKE_PRESETS = {
+    "vit": {"width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32, "patch_size": 7},
+    "cnn": {"features": (4, 8, 8), "dense_dim": 16},
+    "mlp": {"hidden_dims": (32,)},
+    "resnet18": {"width_multiplier": 0.0625},
+    "densenet": {"growth_rate": 4, "block_sizes": (1, 1)},
+    "convmixer": {"width": 8, "depth": 1, "patch_size": 7},
+}
+
+
+def smoke(train: ml_collections.ConfigDict, model_name: str | None = None) -> None:
+  """Shrinks a training block (and its model, if named) to a few seconds of CPU."""
+  if model_name is not None:
+    train.model.update(SMOKE_PRESETS[model_name])
+  train.batch_size = 32
+  train.total_steps = 4
+  train.eval_every = 2
+  train.log_every = 2
+  train.checkpoint_every = 2
+  train.eval_batch_size = 256
+  train.data.num_train = 256
+  train.progress = False
+
+
+def get_config(arg=None):
+  arg = parse_arg(arg, model="vit", dataset="mnist5k", smoke=False)
+  config = ml_collections.ConfigDict()
+  config.study = "train"
+  config.train = common.train_config()
+  config.train.data.name = arg.dataset
+  if arg.model not in MODEL_PRESETS:
+    raise ValueError(f"unknown model variant {arg.model!r}; allowed: {', '.join(MODEL_PRESETS)}")
+  config.train.model = common.model_config(**MODEL_PRESETS[arg.model])
+  if arg.smoke:
+    smoke(config.train, arg.model)
+  return config

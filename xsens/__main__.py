@@ -1,0 +1,5 @@
+"""`python -m xsens --config=... --workdir=...`."""
+
+from xsens.main import run
+
+run()

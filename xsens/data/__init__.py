@@ -1,0 +1,1 @@
+"""Datasets: embedded TFDS builders, synthetic sources, loading and batching (see pipeline)."""

@@ -1,0 +1,21 @@
+"""Studies: the unit a user runs. `run(config, workdir)` dispatches on `config.study`."""
+
+from __future__ import annotations
+
+import importlib
+
+from xsens.errors import ConfigError
+
+# Study name -> module (imported lazily: a study pulls only what it uses).
+STUDIES = {
+    "train": "xsens.studies.train_one",
+    "compare": "xsens.studies.compare",
+}
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Runs the study named by `config.study` in `workdir` and returns its results."""
+  name = config.get("study")
+  if name not in STUDIES:
+    raise ConfigError("study", f"unknown study {name!r}; allowed: {', '.join(sorted(STUDIES))}")
+  return importlib.import_module(STUDIES[name]).run(config, workdir, overwrite=overwrite)

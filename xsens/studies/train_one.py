@@ -1,0 +1,19 @@
+"""Study `train`: one model, one dataset (`config.train`), results table in the workdir."""
+
+from __future__ import annotations
+
+from xsens.report import tables
+from xsens.studies.compare import TABLE_COLUMNS
+from xsens.train import trainer
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  result = trainer.train_and_evaluate(config.train, workdir, overwrite=overwrite)
+  s = result.summary
+  row = {"run": s["model"], "model": s["model"], "params": s["num_params"], "steps": s["steps"],
+         "stop_reason": s["stop_reason"], "train_accuracy": s["train_accuracy"],
+         "test_accuracy": s["test_accuracy"], "train_loss": s["train_loss"],
+         "test_loss": s["test_loss"], "wall_s": round(s["wall_s"], 1)}
+  md = tables.write_results(workdir, f"{s['model']} on {config.train.data.name}", [row],
+                            columns=TABLE_COLUMNS)
+  return {"rows": [row], "markdown": md, "result": result}

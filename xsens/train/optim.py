@@ -1,0 +1,86 @@
+"""Optimizers and learning-rate schedules chosen by name from the config (optax)."""
+
+from __future__ import annotations
+
+import optax
+
+from xsens.errors import ConfigError
+
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
+SCHEDULES = ("constant", "cosine", "step", "linear")
+
+
+def validate_optimizer_config(opt_config, total_steps: int) -> None:
+  """Checks `config.optimizer` fields; raises ConfigError naming the bad field."""
+  if opt_config.name not in OPTIMIZERS:
+    raise ConfigError(
+        "optimizer.name",
+        f"unknown optimizer {opt_config.name!r}; allowed: {', '.join(OPTIMIZERS)}")
+  if not opt_config.learning_rate > 0:
+    raise ConfigError("optimizer.learning_rate",
+                      f"must be > 0, got {opt_config.learning_rate}")
+  if opt_config.schedule not in SCHEDULES:
+    raise ConfigError(
+        "optimizer.schedule",
+        f"unknown schedule {opt_config.schedule!r}; allowed: {', '.join(SCHEDULES)}")
+  if opt_config.get("weight_decay", 0.0) < 0:
+    raise ConfigError("optimizer.weight_decay",
+                      f"must be >= 0, got {opt_config.weight_decay}")
+  warmup = opt_config.get("warmup_steps", 0)
+  if not 0 <= warmup <= total_steps:
+    raise ConfigError("optimizer.warmup_steps",
+                      f"must be in [0, total steps={total_steps}], got {warmup}")
+  if opt_config.schedule == "step":
+    if not opt_config.get("step_every", 0) > 0:
+      raise ConfigError("optimizer.step_every",
+                        "must be > 0 steps for schedule='step'")
+  clip = opt_config.get("grad_clip_norm", None)
+  if clip is not None and not clip > 0:
+    raise ConfigError("optimizer.grad_clip_norm", f"must be > 0 or None, got {clip}")
+
+
+def make_schedule(opt_config, total_steps: int) -> optax.Schedule:
+  """Learning-rate schedule: warmup then constant / cosine / step decay / linear."""
+  lr = float(opt_config.learning_rate)
+  warmup = int(opt_config.get("warmup_steps", 0))
+  name = opt_config.schedule
+  decay_steps = max(total_steps - warmup, 1)
+  if name == "constant":
+    main = optax.constant_schedule(lr)
+  elif name == "cosine":
+    main = optax.cosine_decay_schedule(lr, decay_steps)
+  elif name == "linear":
+    main = optax.linear_schedule(lr, 0.0, decay_steps)
+  else:  # step: multiply by gamma every `step_every` steps (PyTorch StepLR).
+    main = optax.exponential_decay(
+        lr, transition_steps=int(opt_config.step_every),
+        decay_rate=float(opt_config.get("step_gamma", 0.5)), staircase=True)
+  if warmup == 0:
+    return main
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, lr, warmup), main], [warmup])
+
+
+def make_optimizer(opt_config, total_steps: int) -> optax.GradientTransformation:
+  """The optax transformation for `config.optimizer` (validated first)."""
+  validate_optimizer_config(opt_config, total_steps)
+  lr = make_schedule(opt_config, total_steps)
+  wd = float(opt_config.get("weight_decay", 0.0))
+  name = opt_config.name
+  if name == "sgd":
+    tx = optax.sgd(lr)
+  elif name == "momentum":
+    tx = optax.sgd(lr, momentum=float(opt_config.get("momentum", 0.9)),
+                   nesterov=bool(opt_config.get("nesterov", False)))
+  elif name == "adam":
+    tx = optax.adam(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999))
+  else:
+    tx = optax.adamw(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
+                     weight_decay=wd)
+  parts = []
+  clip = opt_config.get("grad_clip_norm", None)
+  if clip is not None:
+    parts.append(optax.clip_by_global_norm(float(clip)))
+  if wd and name != "adamw":  # Coupled L2 for the SGD family and Adam (PyTorch semantics).
+    parts.append(optax.add_decayed_weights(wd))
+  return optax.chain(*parts, tx)

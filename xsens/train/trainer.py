@@ -1,0 +1,395 @@
+"""The one trainer: `train_and_evaluate(config, workdir)`.
+
+Data-parallel over all devices (`jax.sharding`), jitted step with donated state and a
+stateless step key (`fold_in(key, step)`, as in big_vision's train.py), orbax checkpoints
+that resume automatically from `workdir`, metrics to JSON lines and TensorBoard, an
+optional stop at a target train accuracy, and a hard stop on a non-finite loss that keeps
+the last good checkpoint.
+
+Every bad config field is refused by `validate_config` / `build_experiment` before any
+compile and before anything is written to `workdir`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from xsens import models as models_lib
+from xsens.data import pipeline
+from xsens.errors import ConfigError
+from xsens.train import checkpoint as ckpt
+from xsens.train import losses, optim, sharding
+from xsens.train.metrics import MetricWriter, truncate_metrics
+
+SUMMARY_FILE = "train_summary.json"
+
+
+class TrainingDivergedError(RuntimeError):
+  """The training loss became NaN or inf; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything a run needs, built and validated before any compile."""
+  config: Any
+  train: pipeline.Split
+  test: pipeline.Split
+  model: nn.Module
+  tx: optax.GradientTransformation
+  loss_fn: Callable
+  total_steps: int
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """A finished (or resumed-and-finished) run."""
+  model: nn.Module
+  variables: dict            # {"params": ..., "batch_stats": ...?}, replicated arrays.
+  train: pipeline.Split
+  test: pipeline.Split
+  summary: dict              # steps, stop_reason, train/test accuracy and loss, wall_s.
+
+  def predict_fn(self) -> Callable[[jax.Array], jax.Array]:
+    """`images [B,H,W,C] -> logits [B,K]` in eval mode, closed over the variables."""
+    model, variables = self.model, self.variables
+    return lambda x: model.apply(variables, x, train=False)
+
+
+def _require(cond: bool, field: str, message: str) -> None:
+  if not cond:
+    raise ConfigError(field, message)
+
+
+def validate_config(config, num_devices: int | None = None) -> None:
+  """Cheap checks of the training fields (no data read, no compile)."""
+  _require(config.batch_size > 0, "batch_size", f"must be > 0, got {config.batch_size}")
+  n_dev = jax.device_count() if num_devices is None else num_devices
+  _require(config.batch_size % n_dev == 0, "batch_size",
+           f"{config.batch_size} is not divisible by the device count {n_dev}; "
+           f"use a multiple of {n_dev}")
+  steps, epochs = config.get("total_steps"), config.get("total_epochs")
+  _require((steps is None) != (epochs is None), "total_steps",
+           "set exactly one of total_steps and total_epochs")
+  if steps is not None:
+    _require(steps > 0, "total_steps", f"must be > 0, got {steps}")
+  else:
+    _require(epochs > 0, "total_epochs", f"must be > 0, got {epochs}")
+  for field in ("eval_every", "log_every", "checkpoint_every"):
+    _require(config[field] >= 0, field, f"must be >= 0 (0: only at the end), got {config[field]}")
+  _require(config.keep_checkpoints >= 1, "keep_checkpoints",
+           f"must be >= 1, got {config.keep_checkpoints}")
+  _require(config.eval_batch_size > 0, "eval_batch_size",
+           f"must be > 0, got {config.eval_batch_size}")
+  target = config.get("target_train_accuracy")
+  _require(target is None or 0 < target <= 1, "target_train_accuracy",
+           f"must be in (0, 1] or None, got {target}")
+  losses.get_loss(config.loss)
+  _require(config.model.name in models_lib.MODELS, "model.name",
+           f"unknown model {config.model.name!r}; allowed: {', '.join(sorted(models_lib.MODELS))}")
+  pipeline.validate_data_config(config.data)
+
+
+def resolve_total_steps(config, num_train: int) -> int:
+  """Training length in steps from `total_steps` or `total_epochs` (big_vision style)."""
+  if config.get("total_steps") is not None:
+    return int(config.total_steps)
+  per_epoch = pipeline.num_steps_per_epoch(num_train, config.batch_size)
+  return max(1, int(round(config.total_epochs * per_epoch)))
+
+
+def model_kwargs(model_config) -> dict:
+  """The model's constructor fields: everything in `config.model` except `name`."""
+  return {k: v for k, v in model_config.items() if k != "name"}
+
+
+def build_experiment(config, num_devices: int | None = None) -> Experiment:
+  """Validates `config`, loads the data and builds model and optimizer. Compiles nothing."""
+  validate_config(config, num_devices)
+  train = pipeline.load_split(config.data, config.data.train_split, seed=config.seed)
+  test = pipeline.load_split(config.data, config.data.test_split, seed=config.seed)
+  _require(config.batch_size <= len(train), "batch_size",
+           f"{config.batch_size} exceeds the {len(train)} training examples")
+  model = models_lib.get_model(config.model.name, train.num_classes, train.image_shape,
+                               **model_kwargs(config.model))
+  total_steps = resolve_total_steps(config, len(train))
+  tx = optim.make_optimizer(config.optimizer, total_steps)
+  return Experiment(config, train, test, model, tx, losses.get_loss(config.loss), total_steps)
+
+
+# ----------------------------------------------------------------------------- jitted parts
+
+
+def init_state(model: nn.Module, tx, image_shape, key: jax.Array) -> dict:
+  """The train state pytree `{"params", "batch_stats", "opt", "step"}`."""
+  dummy = jnp.zeros((1, *image_shape), jnp.float32)
+  variables = model.init({"params": key, "dropout": key}, dummy, train=False)
+  params = variables["params"]
+  return {
+      "params": params,
+      "batch_stats": variables.get("batch_stats", {}),
+      "opt": tx.init(params),
+      "step": jnp.zeros((), jnp.int32),
+  }
+
+
+def eval_variables(state: dict) -> dict:
+  """Model variables (params and BatchNorm statistics, if any) from a train state."""
+  variables = {"params": state["params"]}
+  if state["batch_stats"]:
+    variables["batch_stats"] = state["batch_stats"]
+  return variables
+
+
+def make_train_step(model: nn.Module, tx, loss_fn) -> Callable:
+  """`(state, batch, key) -> (state, metrics)`; metrics are batch means (loss, accuracy)."""
+
+  def train_step(state, batch, key):
+    step_key = jax.random.fold_in(key, state["step"])
+    has_bn = bool(state["batch_stats"])
+
+    def objective(params):
+      variables = {"params": params}
+      if has_bn:
+        variables["batch_stats"] = state["batch_stats"]
+      logits, new_vars = model.apply(
+          variables, batch["image"], train=True, rngs={"dropout": step_key},
+          mutable=["batch_stats"])
+      loss = loss_fn(logits, batch["label"]).mean()
+      return loss, (logits, new_vars)
+
+    (loss, (logits, new_vars)), grads = jax.value_and_grad(objective, has_aux=True)(
+        state["params"])
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    new_state = {
+        "params": params,
+        "batch_stats": new_vars.get("batch_stats", {}) if has_bn else {},
+        "opt": opt,
+        "step": state["step"] + 1,
+    }
+    metrics = {
+        "loss": loss,
+        "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"]),
+        "grad_norm": optax.global_norm(grads),
+        # Non-finite weights (e.g. from a too-large step) are caught with the loss.
+        "param_norm": optax.global_norm(params),
+    }
+    return new_state, metrics
+
+  return train_step
+
+
+def make_eval_step(model: nn.Module, loss_fn) -> Callable:
+  """`(variables, batch) -> {"correct", "loss", "count"}` sums over unmasked examples."""
+
+  def eval_step(variables, batch):
+    logits = model.apply(variables, batch["image"], train=False)
+    mask = batch["mask"]
+    return {
+        "correct": jnp.sum((jnp.argmax(logits, -1) == batch["label"]) * mask),
+        "loss": jnp.sum(loss_fn(logits, batch["label"]) * mask),
+        "count": jnp.sum(mask),
+    }
+
+  return eval_step
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def eval_batches(split: pipeline.Split, batch_size: int, limit: int | None = None):
+  """Yields this host's slices of padded global eval batches `{"image","label","mask"}`."""
+  n = len(split) if limit is None else min(limit, len(split))
+  pc, pi = jax.process_count(), jax.process_index()
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size)
+    mask = (idx < n).astype(np.float32)
+    idx = np.minimum(idx, n - 1)
+    local = slice(pi * batch_size // pc, (pi + 1) * batch_size // pc)
+    yield {"image": split.images[idx[local]], "label": split.labels[idx[local]],
+           "mask": mask[local]}
+
+
+def evaluate(eval_step, variables, split, batch_size, mesh, limit=None) -> dict:
+  """Accuracy and mean loss over `split` (first `limit` examples), sums divided on host."""
+  totals = None
+  for batch in eval_batches(split, batch_size, limit):
+    out = eval_step(variables, sharding.global_batch(batch, mesh))
+    totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
+  totals = jax.device_get(totals)
+  count = float(totals["count"])
+  return {"accuracy": float(totals["correct"]) / count, "loss": float(totals["loss"]) / count}
+
+
+def _round_up(x: int, m: int) -> int:
+  return -(-x // m) * m
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _progress_bar(config, total, initial):
+  if not config.get("progress", True) or jax.process_index() != 0:
+    return None
+  import sys  # pylint: disable=g-import-not-at-top
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  # Redraw often on a terminal, rarely into a log file.
+  interval = 0.5 if sys.stderr.isatty() else 30.0
+  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
+              desc=config.model.name, leave=False, mininterval=interval)
+
+
+def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
+                       mesh: jax.sharding.Mesh | None = None) -> TrainResult:
+  """Trains `config.model` on `config.data`; resumes from `workdir` if it holds a checkpoint.
+
+  `mesh` defaults to a 1-D `data` mesh over all devices. Returns the final variables and
+  a summary (also written to `workdir/train_summary.json`). Raises ConfigError for bad
+  input (nothing written) and TrainingDivergedError on a NaN/inf loss or weights.
+  """
+  sharding.maybe_initialize_distributed()
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  exp = build_experiment(config, mesh.size)
+  ckpt.check_workdir(workdir, config, overwrite)
+  ckpt.prepare_workdir(workdir, config, overwrite)
+  return run_experiment(exp, workdir, mesh)
+
+
+def run_experiment(exp: Experiment, workdir: str,
+                   mesh: jax.sharding.Mesh | None = None) -> TrainResult:
+  """The training loop of a validated experiment in a prepared workdir."""
+  config = exp.config
+  t_start = time.time()
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  repl = sharding.replicated(mesh)
+  key = jax.random.key(config.seed)
+  init_key, step_key = jax.random.split(key)
+
+  init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.image_shape, k)
+  abstract = jax.eval_shape(init_fn, init_key)
+  state_shardings = jax.tree.map(lambda _: repl, abstract)
+  manager = ckpt.make_manager(workdir, config.keep_checkpoints)
+  restored_step = manager.latest_step()
+  if restored_step is None:
+    state = jax.jit(init_fn, out_shardings=state_shardings)(init_key)
+  else:
+    state = ckpt.restore(manager, restored_step,
+                         ckpt.abstract_with_shardings(abstract, state_shardings))
+    truncate_metrics(workdir, restored_step)
+    logging.info("Resumed %s from step %d", workdir, restored_step)
+
+  batch_sh = sharding.batch_sharding(mesh)
+  train_step = jax.jit(
+      make_train_step(exp.model, exp.tx, exp.loss_fn),
+      in_shardings=(state_shardings, batch_sh, repl),
+      out_shardings=(state_shardings, repl), donate_argnums=0)
+  eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
+  eval_bs = _round_up(config.eval_batch_size, mesh.size)
+
+  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
+  summary_path = os.path.join(workdir, SUMMARY_FILE)
+  step = int(jax.device_get(state["step"]))
+  stop_reason = _finished_reason(summary_path, step)
+  total = exp.total_steps
+  if stop_reason is None and step >= total:
+    stop_reason = "max_steps"
+  bar = _progress_bar(config, total, step) if stop_reason is None else None
+  pending, last_good = None, restored_step
+  window_start, t_window = step, time.time()
+
+  def flush(step):
+    nonlocal pending, window_start, t_window
+    if pending is None:
+      return
+    sums = jax.device_get(pending)
+    n = step - window_start
+    means = {f"train/{k}": float(v) / n for k, v in sums.items()}
+    if not all(math.isfinite(v) for v in means.values()):
+      manager.wait_until_finished()  # Commit the last good (async) checkpoint.
+      manager.close()
+      writer.close()
+      raise TrainingDivergedError(
+          f"training diverged (mean loss {means['train/loss']}, weight norm "
+          f"{means['train/param_norm']}) between steps {window_start} and "
+          f"{step}; stopped. The last good checkpoint (step {last_good}) is kept in "
+          f"{os.path.join(workdir, ckpt.CHECKPOINT_DIR)}")
+    dt = time.time() - t_window
+    means["train/steps_per_sec"] = n / max(dt, 1e-9)
+    means["train/learning_rate"] = float(optim.make_schedule(config.optimizer, total)(step - 1))
+    writer.write(step, means)
+    if bar is not None:
+      bar.set_postfix(loss=f"{means['train/loss']:.4f}", acc=f"{means['train/accuracy']:.3f}")
+    pending, window_start, t_window = None, step, time.time()
+
+  n_train = len(exp.train)
+  pi, pc = jax.process_index(), jax.process_count()
+  while stop_reason is None:
+    idx = pipeline.batch_indices(n_train, config.batch_size, step, config.seed, pi, pc)
+    batch = sharding.global_batch(
+        {"image": exp.train.images[idx], "label": exp.train.labels[idx]}, mesh)
+    state, metrics = train_step(state, batch, step_key)
+    pending = metrics if pending is None else jax.tree.map(jnp.add, pending, metrics)
+    step += 1
+    if bar is not None:
+      bar.update(1)
+    last = step >= total
+    if last or (config.log_every and step % config.log_every == 0):
+      flush(step)
+    if last or (config.eval_every and step % config.eval_every == 0):
+      variables = eval_variables(state)
+      tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh,
+                    config.get("eval_train_examples"))
+      te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
+      writer.write(step, {"eval/train_accuracy": tr["accuracy"], "eval/train_loss": tr["loss"],
+                          "eval/test_accuracy": te["accuracy"], "eval/test_loss": te["loss"]})
+      target = config.get("target_train_accuracy")
+      if target is not None and tr["accuracy"] >= target:
+        stop_reason = "target_train_accuracy"
+    if last and stop_reason is None:
+      stop_reason = "max_steps"
+    if stop_reason or (config.checkpoint_every and step % config.checkpoint_every == 0):
+      flush(step)  # Never checkpoint a state whose loss went non-finite.
+      ckpt.save(manager, step, state)
+      last_good = step
+  if bar is not None:
+    bar.close()
+  manager.wait_until_finished()
+  manager.close()
+  writer.close()
+
+  variables = eval_variables(state)
+  tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh)
+  te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
+  summary = {
+      "model": config.model.name, "steps": step, "stop_reason": stop_reason,
+      "train_accuracy": tr["accuracy"], "train_loss": tr["loss"],
+      "test_accuracy": te["accuracy"], "test_loss": te["loss"],
+      "num_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(state["params"]))),
+      "wall_s": time.time() - t_start,
+  }
+  if jax.process_index() == 0:
+    with open(summary_path + ".tmp", "w") as f:
+      json.dump(summary, f, indent=2)
+    os.replace(summary_path + ".tmp", summary_path)
+  return TrainResult(exp.model, variables, exp.train, exp.test, summary)
+
+
+def _finished_reason(summary_path: str, step: int) -> str | None:
+  """The stop reason of a run that already finished at `step` (so a rerun trains no more)."""
+  if not os.path.exists(summary_path):
+    return None
+  with open(summary_path) as f:
+    summary = json.load(f)
+  return summary.get("stop_reason") if summary.get("steps") == step else None
