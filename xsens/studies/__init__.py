@@ -10,6 +10,7 @@ from xsens.errors import ConfigError
 STUDIES = {
     "train": "xsens.studies.train_one",
     "compare": "xsens.studies.compare",
+    "sensitivity_vision": "xsens.studies.sensitivity_vision",
 }
 
 

@@ -23,15 +23,27 @@ def run_workdir(workdir: str, name: str) -> str:
   return os.path.join(workdir, "runs", name)
 
 
-def train_runs(config, workdir: str, *, overwrite: bool = False) -> dict[str, trainer.TrainResult]:
-  """Validates every run first (nothing compiled or written on bad input), then trains each."""
+def validate_runs(config) -> dict[str, trainer.Experiment]:
+  """Builds (validates, loads data for) every run; errors name `runs.<run>.<field>`."""
   experiments = {}
   for name in config.runs:
     try:
       experiments[name] = trainer.build_experiment(run_config(config, name))
     except ConfigError as e:
       raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
-    ckpt.check_workdir(run_workdir(workdir, name), experiments[name].config, overwrite)
+  return experiments
+
+
+def train_runs(config, workdir: str, *, overwrite: bool = False,
+               experiments: dict[str, trainer.Experiment] | None = None
+               ) -> dict[str, trainer.TrainResult]:
+  """Validates every run first (nothing compiled or written on bad input), then trains each.
+
+  `experiments` are the already-validated runs (from `validate_runs`), if the caller has them.
+  """
+  experiments = validate_runs(config) if experiments is None else experiments
+  for name, exp in experiments.items():
+    ckpt.check_workdir(run_workdir(workdir, name), exp.config, overwrite)
   results = {}
   for name, exp in experiments.items():
     wd = run_workdir(workdir, name)

@@ -1,0 +1,133 @@
+"""The main job: token-wise sensitivity of vision models trained to matched train accuracy.
+
+"Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925), §4.
+
+  xsens --config=mlcollections_configs/sensitivity_vision.py --workdir=workdirs/sensitivity_vision
+  xsens --config=mlcollections_configs/sensitivity_vision.py:smoke --workdir=/tmp/sv_smoke
+  xsens --config=mlcollections_configs/sensitivity_vision.py:setup=cifar10 \
+        --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/sv_cifar10
+
+Set-ups (`setup=`):
+- `mnist5k` (default, embedded, < 10 min on 2 CPU cores): ViT, the small CNN, MLP(relu),
+  MLP(tanh) and a narrow ResNet-18.
+- `cifar10`: ResNet-18, DenseNet (densenet121 layout), ConvMixer and two ViTs (the paper's
+  App. Fig. 13 set; GPU/TPU-sized).
+- `svhn`: ResNet-18 vs ViT (svhn_cropped). `fashion_mnist`: ViT, 3-layer CNN, MLP(relu),
+  MLP(tanh). `mnist_binary`: ViT vs MLP on MNIST digits 3 vs 8 (the paper's pair is not
+  known; 3/8 is our choice).
+The TFDS set-ups read their data from `data_dir` and never download.
+
+Shows: results.md with, per model, params, steps, train/test accuracy and the train-set
+sensitivity ± s.e. at each σ (and the official code's scattered-pixel estimate), plus
+sensitivity_bar.png, sensitivity_vs_sigma.png and sensitivity_patches.png. The paper's
+claim: transformers have lower sensitivity than CNNs and MLPs at comparable accuracy.
+"""
+
+import ml_collections
+
+from mlcollections_configs import common
+from mlcollections_configs import train as train_configs
+from xsens.config_utils import parse_arg
+
+SETUPS = ("mnist5k", "cifar10", "svhn", "fashion_mnist", "mnist_binary")
+
+
+def _runs(**models) -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict(
+      {name: {"model": common.model_config(**m)} for name, m in models.items()})
+
+
+def _paper_runs(setup: str) -> ml_collections.ConfigDict:
+  vit = dict(name="vit", patch_size=4, width=192, depth=6, num_heads=6, mlp_dim=384)
+  simple_vit = dict(name="vit", patch_size=4, width=256, depth=6, num_heads=8, mlp_dim=512,
+                    pooling="mean", posemb="sincos")
+  mlps = dict(mlp_relu=dict(name="mlp", hidden_dims=(512, 128), activation="relu"),
+              mlp_tanh=dict(name="mlp", hidden_dims=(512, 128), activation="tanh"))
+  if setup == "cifar10":
+    return _runs(resnet18=dict(name="resnet18"), densenet=dict(name="densenet"),
+                 convmixer=dict(name="convmixer", width=256, depth=8, kernel_size=3,
+                                patch_size=2),
+                 vit=vit, simple_vit=simple_vit)
+  if setup == "svhn":
+    return _runs(resnet18=dict(name="resnet18"), vit=vit)
+  if setup == "fashion_mnist":
+    return _runs(vit=dict(vit, patch_size=4, width=128, depth=4, num_heads=4, mlp_dim=256),
+                 cnn=dict(name="cnn"), **mlps)
+  return _runs(vit=dict(vit, patch_size=4, width=128, depth=4, num_heads=4, mlp_dim=256),
+               mlp_relu=mlps["mlp_relu"])
+
+
+def get_config(arg=None):
+  arg = parse_arg(arg, setup="mnist5k", smoke=False)
+  if arg.setup not in SETUPS:
+    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
+  config = ml_collections.ConfigDict()
+  config.study = "sensitivity_vision"
+  config.train = common.train_config()
+  config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  c = config.train
+  c.target_train_accuracy = 0.99
+  c.eval_every = 100
+  c.eval_train_examples = 2000
+
+  sc = config.sensitivity = ml_collections.ConfigDict()
+  sc.seed = 0
+  sc.patch_size = 4
+  sc.sigmas = [0.25, 0.5, 1.0, 2.0]
+  sc.main_sigma = 0.5
+  sc.num_draws = 2
+  sc.num_examples = 512
+  sc.batch_size = 128
+  sc.chunk_size = ml_collections.FieldReference(16, field_type=int)
+  # The official code's estimator (spec §2.2): 16 scattered pixels, σ=0.1, 5 draws.
+  sc.scattered = ml_collections.ConfigDict(
+      {"enabled": True, "sigma": 0.1, "num_pixels": 16, "num_draws": 5})
+
+  if arg.setup == "mnist5k":
+    c.data.name = "mnist5k"
+    c.total_steps = 1000
+    c.batch_size = 128
+    config.runs = _runs(
+        vit=train_configs.MODEL_PRESETS["vit"],
+        cnn=dict(name="cnn", features=(16, 32, 32), dense_dim=64),
+        mlp_relu=dict(name="mlp", hidden_dims=(512, 128), activation="relu"),
+        mlp_tanh=dict(name="mlp", hidden_dims=(512, 128), activation="tanh"),
+        resnet18=dict(name="resnet18", width_multiplier=0.125))
+  else:
+    # Paper-sized set-ups (GPU/TPU). Adam 1e-3 with the code's StepLR(8 epochs, γ 0.5);
+    # the official lr 0.01 was never applied (its optimizer never stepped, spec §8).
+    c.data.name = {"cifar10": "cifar10", "svhn": "svhn_cropped",
+                   "fashion_mnist": "fashion_mnist", "mnist_binary": "mnist"}[arg.setup]
+    if arg.setup == "mnist_binary":
+      c.data.classes = (3, 8)
+    c.batch_size = 128
+    c.total_steps = None
+    c.total_epochs = 50.0
+    c.optimizer.schedule = "step"
+    c.optimizer.step_every = 8 * (50000 // 128)
+    c.eval_every = 1000
+    c.eval_train_examples = 10000
+    c.checkpoint_every = 2000
+    sc.sigmas = [0.05, 0.1, 0.25, 0.5, 1.0]
+    sc.main_sigma = 0.1
+    sc.num_draws = 4
+    sc.num_examples = 2048
+    sc.batch_size = 256
+    config.runs = _paper_runs(arg.setup)
+
+  if arg.smoke:
+    train_configs.smoke(c)
+    c.target_train_accuracy = None
+    c.eval_train_examples = None
+    for name, run in config.runs.items():
+      run.model.update(train_configs.SMOKE_PRESETS[run.model.name])
+      if run.model.name in ("vit", "convmixer") and arg.setup == "mnist5k":
+        run.model.patch_size = 7
+    sc.sigmas = [0.5, 1.0]
+    sc.main_sigma = 0.5
+    sc.num_draws = 1
+    sc.num_examples = 40
+    sc.batch_size = 32
+    sc.patch_size = 7 if arg.setup in ("mnist5k", "fashion_mnist", "mnist_binary") else 8
+    sc.scattered.num_draws = 2
+  return config
