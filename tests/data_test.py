@@ -240,7 +240,7 @@ def test_missing_tfds_dataset_raises_quickly(tmp_path):
     ({"classes": (3, 10)}, "data.classes", "0..9"),
     ({"classes": (3, 8), "class_fractions": {1: 0.5}}, "data.class_fractions", "[3, 8]"),
     ({"class_fractions": {"3": 1.5}}, "data.class_fractions", "(0, 1]"),
-    ({"class_fractions": {"3": 0.5, 4: 0.5}}, "data.class_fractions", "all int or all str"),
+    ({"class_fractions": {"3": 0.5, 3: 0.7}}, "data.class_fractions", "class 3 is given twice"),
     ({"test_split": "train"}, "data.test_split", "differ"),
     ({"num_train": 0}, "data.num_train", "positive"),
     ({"image_size": (32,)}, "data.image_size", "(H, W)"),

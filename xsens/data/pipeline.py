@@ -219,6 +219,8 @@ def _class_fractions(data_config) -> dict[int, float] | None:
     except (TypeError, ValueError):
       raise ConfigError("data.class_fractions", f"keys must be class ids (int or str of an "
                         f"int), got {key!r}") from None
+    if cls in out:
+      raise ConfigError("data.class_fractions", f"class {cls} is given twice ({key!r})")
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= 1:
       raise ConfigError("data.class_fractions", f"fraction of class {cls} must be in (0, 1], "
                         f"got {value!r}")

@@ -36,6 +36,8 @@ def line_plot(path: str, x: Sequence[float], series: Mapping[str, Sequence[float
       ax.fill_between(x, ys - e, ys + e, alpha=0.2)
   if logx:
     ax.set_xscale("log")
+    ax.set_xticks(list(x), [f"{v:g}" for v in x])
+    ax.minorticks_off()
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.set_title(title)
@@ -65,3 +67,60 @@ def _save(fig, path: str, tight: bool = True) -> str:
   fig.savefig(path, dpi=110)
   plt.close(fig)
   return os.path.basename(path)
+
+
+def phase_heatmap(path: str, values: np.ndarray, n_values: Sequence[float],
+                  snrs: Sequence[float], *, title: str = "", cbar_label: str = "",
+                  curves: Mapping[str, tuple] | None = None, cmap: str = "viridis") -> str:
+  """An N (y) × SNR (x) heat map, values [nN, nSNR], with optional (x, y) curves overlaid."""
+  fig, ax = plt.subplots(figsize=(5.6, 3.8))
+  im = ax.pcolormesh(np.asarray(snrs), np.asarray(n_values), np.asarray(values),
+                     shading="nearest", cmap=cmap)
+  for (label, (x, y)), style in zip((curves or {}).items(), ("r-", "w--", "c:", "m-.")):
+    ax.plot(x, y, style, label=label, lw=1.5)
+  ax.set_xscale("log")
+  ax.set_ylim(min(n_values) - 1, max(n_values) + 1)
+  ax.set_xlabel("SNR = ‖μ‖ / (σ_p √d)")
+  ax.set_ylabel("N (training samples)")
+  ax.set_title(title)
+  fig.colorbar(im, ax=ax, label=cbar_label)
+  if curves:
+    ax.legend(fontsize=7, loc="upper right")
+  return _save(fig, path)
+
+
+def boundary_overlay(path: str, fits: Mapping[str, tuple], n_values: Sequence[float]) -> str:
+  """Crossing SNRs per N and fitted N·SNR^k = c lines; fits: {name: (snrs, cross, k, c)}."""
+  fig, ax = plt.subplots(figsize=(4.8, 3.6))
+  n_values = np.asarray(n_values, float)
+  for (name, (snrs, cross, k, c)), color in zip(fits.items(), ("tab:blue", "tab:orange",
+                                                               "tab:green")):
+    cross = np.asarray(cross, float)
+    ax.plot(cross, n_values, "o", color=color, label=f"{name} crossings")
+    if np.isfinite(k):
+      s = np.geomspace(np.nanmin(snrs), np.nanmax(snrs), 100)
+      ax.plot(s, c / s ** k, "-", color=color, label=f"{name}: N·SNR^{k:.2f} = {c:.3g}")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_ylim(n_values.min() * 0.8, n_values.max() * 1.25)
+  ax.set_xlabel("SNR")
+  ax.set_ylabel("N")
+  ax.set_title("Benign/harmful boundary (test loss = cutoff)")
+  ax.legend(fontsize=7)
+  return _save(fig, path)
+
+
+def dynamics_plot(path: str, steps: np.ndarray, series: Mapping[str, tuple], *,
+                  xlabel: str = "", title: str = "", error_every: int = 50) -> str:
+  """Lines of mean with a ± std band; series: {name: (mean [T], std [T])}."""
+  fig, ax = plt.subplots(figsize=(5.2, 3.4))
+  for name, (mean, std) in series.items():
+    line, = ax.plot(steps, mean, label=name, lw=1.2)
+    ax.fill_between(steps, mean - std, mean + std, alpha=0.2, color=line.get_color())
+    sel = slice(0, None, max(1, error_every))
+    ax.errorbar(steps[sel], mean[sel], yerr=std[sel], fmt="none", ecolor=line.get_color(),
+                capsize=2, lw=0.8)
+  ax.set_xlabel(xlabel)
+  ax.set_title(title, fontsize=9)
+  ax.legend(fontsize=7)
+  return _save(fig, path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -134,10 +135,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   mesh = sharding.data_mesh()
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
   key = jax.random.key(sc.seed)
-  measured = {name: measure_model(res, sc, jax.random.fold_in(key, j), mesh)
-              for j, (name, res) in enumerate(results.items())}
+  measured, measure_s = {}, {}
+  for j, (name, res) in enumerate(results.items()):
+    t0 = time.time()
+    measured[name] = measure_model(res, sc, jax.random.fold_in(key, j), mesh)
+    measure_s[name] = round(time.time() - t0, 1)
   rows = compare.summary_rows(results)
   for row in rows:
+    row["measure_s"] = measure_s[row["run"]]
     m = measured[row["run"]]
     for sigma, (mean, se) in m["sigmas"].items():
       row[f"S(σ={sigma:g})"] = mean
@@ -164,7 +169,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                          cbar_label="flip probability"),
   ]
   columns = ["run", "params", "steps", "train_accuracy", "test_accuracy"] + [
-      c for c in rows[0] if c.startswith(("S(", "s.e.(", "S_", "s.e._"))]
+      c for c in rows[0] if c.startswith(("S(", "s.e.(", "S_", "s.e._"))] + [
+          "wall_s", "measure_s"]
   notes = _notes(config, rows, main, min(sc.num_examples, len(probe[names[0]].train)))
   md = tables.write_results(
       workdir, f"Token-wise sensitivity on {config.train.data.name}", rows, columns=columns,

@@ -301,7 +301,8 @@ def run_experiment(exp: Experiment, workdir: str,
   writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
   summary_path = os.path.join(workdir, SUMMARY_FILE)
   step = int(jax.device_get(state["step"]))
-  stop_reason = _finished_reason(summary_path, step)
+  finished = _finished_summary(summary_path, step)
+  stop_reason = finished.get("stop_reason")
   total = exp.total_steps
   if stop_reason is None and step >= total:
     stop_reason = "max_steps"
@@ -377,7 +378,8 @@ def run_experiment(exp: Experiment, workdir: str,
       "train_accuracy": tr["accuracy"], "train_loss": tr["loss"],
       "test_accuracy": te["accuracy"], "test_loss": te["loss"],
       "num_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(state["params"]))),
-      "wall_s": time.time() - t_start,
+      # A finished run that is only re-evaluated keeps its training time.
+      "wall_s": finished.get("wall_s", time.time() - t_start),
   }
   if jax.process_index() == 0:
     with open(summary_path + ".tmp", "w") as f:
@@ -386,10 +388,10 @@ def run_experiment(exp: Experiment, workdir: str,
   return TrainResult(exp.model, variables, exp.train, exp.test, summary)
 
 
-def _finished_reason(summary_path: str, step: int) -> str | None:
-  """The stop reason of a run that already finished at `step` (so a rerun trains no more)."""
+def _finished_summary(summary_path: str, step: int) -> dict:
+  """The summary of a run that already finished at `step` (a rerun trains no more), or {}."""
   if not os.path.exists(summary_path):
-    return None
+    return {}
   with open(summary_path) as f:
     summary = json.load(f)
-  return summary.get("stop_reason") if summary.get("steps") == step else None
+  return summary if summary.get("steps") == step else {}
