@@ -30,7 +30,7 @@ from xsens import models as models_lib
 from xsens.data import pipeline
 from xsens.errors import ConfigError
 from xsens.train import checkpoint as ckpt
-from xsens.train import losses, optim, sharding
+from xsens.train import interventions, losses, optim, sharding
 from xsens.train.metrics import MetricWriter, truncate_metrics
 
 SUMMARY_FILE = "train_summary.json"
@@ -123,6 +123,8 @@ def build_experiment(config, num_devices: int | None = None) -> Experiment:
            f"{config.batch_size} exceeds the {len(train)} training examples")
   model = models_lib.get_model(config.model.name, train.num_classes, train.image_shape,
                                **model_kwargs(config.model))
+  if "augment" in config or "regularizer" in config:
+    interventions.validate_intervention_config(config, train.image_shape)
   total_steps = resolve_total_steps(config, len(train))
   tx = optim.make_optimizer(config.optimizer, total_steps)
   return Experiment(config, train, test, model, tx, losses.get_loss(config.loss), total_steps)
@@ -152,24 +154,46 @@ def eval_variables(state: dict) -> dict:
   return variables
 
 
-def make_train_step(model: nn.Module, tx, loss_fn) -> Callable:
-  """`(state, batch, key) -> (state, metrics)`; metrics are batch means (loss, accuracy)."""
+def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=None
+                    ) -> Callable:
+  """`(state, batch, key) -> (state, metrics)`; metrics are batch means (loss, accuracy).
+
+  `augment` (config.augment) adds Gaussian pixel noise to the inputs; `regularizer`
+  (config.regularizer, name "sensitivity") adds the sensitivity paper's penalty
+  p·MSE(f(x̃), f(x)) with x̃ noised on one random window (`xsens.train.interventions`).
+  """
+  use_aug = augment is not None and augment.gaussian_std > 0 and augment.gaussian_prob > 0
+  use_reg = regularizer is not None and regularizer.name == "sensitivity"
 
   def train_step(state, batch, key):
     step_key = jax.random.fold_in(key, state["step"])
+    dropout_key, aug_key, reg_key = (jax.random.fold_in(step_key, i) for i in range(3))
     has_bn = bool(state["batch_stats"])
+    images = batch["image"]
+    if use_aug:
+      images = interventions.gaussian_augment(
+          images, aug_key, std=augment.gaussian_std, prob=augment.gaussian_prob)
 
     def objective(params):
       variables = {"params": params}
       if has_bn:
         variables["batch_stats"] = state["batch_stats"]
-      logits, new_vars = model.apply(
-          variables, batch["image"], train=True, rngs={"dropout": step_key},
-          mutable=["batch_stats"])
-      loss = loss_fn(logits, batch["label"]).mean()
-      return loss, (logits, new_vars)
+      apply = lambda x: model.apply(variables, x, train=True, rngs={"dropout": dropout_key},
+                                    mutable=["batch_stats"])
+      logits, new_vars = apply(images)
+      task = loss_fn(logits, batch["label"]).mean()
+      aux = {"task_loss": task}
+      loss = task
+      if use_reg:
+        noisy = interventions.patch_noise(
+            images, reg_key, sigma=regularizer.sigma, patch_size=regularizer.patch_size,
+            grid_aligned=regularizer.grid_aligned)
+        noisy_logits, _ = apply(noisy)  # BatchNorm statistics come from the clean pass.
+        aux["penalty"] = interventions.sensitivity_penalty(logits, noisy_logits)
+        loss = interventions.combine(task, aux["penalty"], regularizer.weight)
+      return loss, (logits, new_vars, aux)
 
-    (loss, (logits, new_vars)), grads = jax.value_and_grad(objective, has_aux=True)(
+    (loss, (logits, new_vars, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
         state["params"])
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
@@ -186,6 +210,8 @@ def make_train_step(model: nn.Module, tx, loss_fn) -> Callable:
         # Non-finite weights (e.g. from a too-large step) are caught with the loss.
         "param_norm": optax.global_norm(params),
     }
+    if use_reg:
+      metrics.update(aux)
     return new_state, metrics
 
   return train_step
@@ -292,7 +318,8 @@ def run_experiment(exp: Experiment, workdir: str,
 
   batch_sh = sharding.batch_sharding(mesh)
   train_step = jax.jit(
-      make_train_step(exp.model, exp.tx, exp.loss_fn),
+      make_train_step(exp.model, exp.tx, exp.loss_fn, config.get("augment"),
+                      config.get("regularizer")),
       in_shardings=(state_shardings, batch_sh, repl),
       out_shardings=(state_shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))

@@ -1,0 +1,108 @@
+"""Gaussian augmentation and the sensitivity regulariser (spec §3) in the one trainer."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from tests.train_test import smoke_train
+from xsens.errors import ConfigError
+from xsens.models import get_model
+from xsens.train import interventions, losses, trainer
+
+
+def test_window_masks_are_one_q_by_q_window_inside_the_image():
+  masks = np.asarray(interventions.window_masks(jax.random.key(0), 2000, 8, 8, 3, False))
+  assert masks.shape == (2000, 8, 8, 1)
+  assert np.all(masks.sum(axis=(1, 2, 3)) == 9)
+  rows = np.argmax(masks[..., 0].any(axis=2), axis=1)
+  cols = np.argmax(masks[..., 0].any(axis=1), axis=1)
+  # Every corner in {0..H-q} is drawn, the last one included (the official code misses it).
+  assert set(rows) == set(range(6)) and set(cols) == set(range(6))
+
+
+def test_grid_aligned_windows_sit_on_the_patch_grid():
+  masks = np.asarray(interventions.window_masks(jax.random.key(1), 500, 8, 8, 4, True))
+  rows = np.argmax(masks[..., 0].any(axis=2), axis=1)
+  cols = np.argmax(masks[..., 0].any(axis=1), axis=1)
+  assert set(rows) == {0, 4} and set(cols) == {0, 4}
+
+
+def test_patch_noise_changes_only_the_window():
+  x = jnp.zeros((4, 8, 8, 3))
+  noisy = np.asarray(interventions.patch_noise(x, jax.random.key(2), sigma=1.0, patch_size=2))
+  changed = (noisy != 0).any(axis=3)
+  assert np.all(changed.sum(axis=(1, 2)) == 4)
+
+
+def test_gaussian_augment_probability_and_scale():
+  x = jnp.zeros((4000, 2, 2, 1))
+  assert np.all(np.asarray(interventions.gaussian_augment(
+      x, jax.random.key(0), std=0.5, prob=0.0)) == 0)
+  y = np.asarray(interventions.gaussian_augment(x, jax.random.key(0), std=0.5, prob=0.25))
+  hit = (y != 0).any(axis=(1, 2, 3))
+  assert abs(hit.mean() - 0.25) < 0.03
+  assert abs(y[hit].std() - 0.5) < 0.02
+
+
+def test_penalty_is_zero_for_a_constant_model():
+  const = lambda x: jnp.ones((x.shape[0], 10))
+  x = jax.random.normal(jax.random.key(0), (8, 8, 8, 1))
+  noisy = interventions.patch_noise(x, jax.random.key(1), sigma=3.0, patch_size=4)
+  assert float(interventions.sensitivity_penalty(const(x), const(noisy))) == 0.0
+
+
+def _one_step(regularizer, augment=None):
+  model = get_model("mlp", 10, (8, 8, 1), hidden_dims=(16,))
+  tx = optax.sgd(0.1)
+  state = trainer.init_state(model, tx, (8, 8, 1), jax.random.key(0))
+  batch = {"image": jax.random.normal(jax.random.key(1), (16, 8, 8, 1)),
+           "label": jnp.arange(16) % 10}
+  step = jax.jit(trainer.make_train_step(model, tx, losses.cross_entropy, augment,
+                                         regularizer))
+  return step(state, batch, jax.random.key(2))
+
+
+def _reg(**kw):
+  return ml_collections.ConfigDict(dict(
+      {"name": "sensitivity", "weight": 0.5, "sigma": 1.0, "patch_size": 4,
+       "grid_aligned": False}, **kw))
+
+
+def test_regularised_loss_equals_cross_entropy_at_p_zero():
+  plain_state, plain = _one_step(None)
+  reg_state, reg = _one_step(_reg(weight=0.0))
+  assert float(reg["loss"]) == pytest.approx(float(plain["loss"]), rel=1e-6)
+  assert float(reg["penalty"]) > 0
+  for a, b in zip(jax.tree.leaves(plain_state["params"]), jax.tree.leaves(reg_state["params"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_regularised_loss_weights_task_and_penalty():
+  _, m = _one_step(_reg(weight=0.3))
+  assert float(m["loss"]) == pytest.approx(0.7 * float(m["task_loss"]) + 0.3 * float(m["penalty"]),
+                                           rel=1e-5)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("regularizer.name", "l2", "unknown regularizer 'l2'"),
+    ("regularizer.weight", 1.5, "must be in \\[0, 1\\]"),
+    ("regularizer.patch_size", 40, "40 must be in \\[1, 28\\]"),
+    ("augment.gaussian_std", -1.0, "must be >= 0"),
+])
+def test_bad_intervention_settings_are_refused(tmp_path, field, value, match):
+  config = smoke_train("mlp", **{"regularizer.name": "sensitivity", field: value})
+  with pytest.raises(ConfigError, match=f"config.{field}: {match}"):
+    trainer.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()
+
+
+def test_trainer_runs_with_regulariser_and_augmentation(tmp_path):
+  config = smoke_train("vit", **{"regularizer.name": "sensitivity",
+                                 "augment.gaussian_std": 0.1})
+  result = trainer.train_and_evaluate(config, str(tmp_path))
+  assert result.summary["steps"] == 4
+  from xsens.train.metrics import read_metrics  # pylint: disable=g-import-not-at-top
+  assert any("train/penalty" in r for r in read_metrics(str(tmp_path)))

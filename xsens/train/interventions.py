@@ -1,0 +1,92 @@
+"""Training interventions on the inputs: Gaussian augmentation and the sensitivity regulariser.
+
+The regulariser is §6.1 of "Transformers Learn Low Sensitivity Functions" (ICLR 2025,
+arXiv 2403.06925), as the official code implements it (estija/sensitivity,
+cifar/cifar_sens.py `--reg`, spec §3):
+
+  L = (1 − p)·CE(f(x), y) + p·MSE(f(x̃), f(x)),   x̃ = x + s·ξ ⊙ 1_W,  ξ ~ N(0, 1)
+
+with W one q×q window per example at a uniformly random corner in {0..H−q} × {0..W−q}
+(the official code never draws the last offset; we do), or on the patch grid when
+`grid_aligned`. The MSE is over logits, averaged over batch × classes, with no
+stop-gradient on either branch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from xsens.errors import ConfigError
+
+REGULARIZERS = ("none", "sensitivity")
+
+
+def validate_intervention_config(config, image_shape) -> None:
+  """Checks `config.augment` and `config.regularizer` (no compile)."""
+  aug = config.augment
+  if aug.gaussian_std < 0:
+    raise ConfigError("augment.gaussian_std", f"must be >= 0, got {aug.gaussian_std}")
+  if not 0 <= aug.gaussian_prob <= 1:
+    raise ConfigError("augment.gaussian_prob", f"must be in [0, 1], got {aug.gaussian_prob}")
+  reg = config.regularizer
+  if reg.name not in REGULARIZERS:
+    raise ConfigError("regularizer.name",
+                      f"unknown regularizer {reg.name!r}; allowed: {', '.join(REGULARIZERS)}")
+  if reg.name == "none":
+    return
+  if not 0 <= reg.weight <= 1:
+    raise ConfigError("regularizer.weight", f"must be in [0, 1] (the paper's p), got {reg.weight}")
+  if reg.sigma < 0:
+    raise ConfigError("regularizer.sigma", f"must be >= 0, got {reg.sigma}")
+  h, w, _ = image_shape
+  q = reg.patch_size
+  if not 0 < q <= min(h, w) or (reg.grid_aligned and (h % q or w % q)):
+    raise ConfigError("regularizer.patch_size",
+                      f"{q} must be in [1, {min(h, w)}]" + (
+                          f" and divide {h}x{w} when grid_aligned" if reg.grid_aligned else ""))
+
+
+def gaussian_augment(images: jax.Array, key: jax.Array, *, std: float, prob: float
+                     ) -> jax.Array:
+  """Adds N(0, std²) pixel noise to each example with probability `prob`. [B,H,W,C]."""
+  k_noise, k_pick = jax.random.split(key)
+  noise = std * jax.random.normal(k_noise, images.shape, images.dtype)
+  pick = jax.random.bernoulli(k_pick, prob, (images.shape[0], 1, 1, 1))
+  return images + jnp.where(pick, noise, 0.0)
+
+
+def window_masks(key: jax.Array, batch: int, height: int, width: int, patch_size: int,
+                 grid_aligned: bool) -> jax.Array:
+  """One q×q window of ones per example at a random corner. Returns [B, H, W, 1] float32."""
+  k_row, k_col = jax.random.split(key)
+  if grid_aligned:
+    rows = patch_size * jax.random.randint(k_row, (batch,), 0, height // patch_size)
+    cols = patch_size * jax.random.randint(k_col, (batch,), 0, width // patch_size)
+  else:  # Corners in {0..H−q} inclusive.
+    rows = jax.random.randint(k_row, (batch,), 0, height - patch_size + 1)
+    cols = jax.random.randint(k_col, (batch,), 0, width - patch_size + 1)
+  r = jnp.arange(height)[None, :, None]
+  c = jnp.arange(width)[None, None, :]
+  in_rows = (r >= rows[:, None, None]) & (r < rows[:, None, None] + patch_size)
+  in_cols = (c >= cols[:, None, None]) & (c < cols[:, None, None] + patch_size)
+  return (in_rows & in_cols).astype(jnp.float32)[..., None]
+
+
+def patch_noise(images: jax.Array, key: jax.Array, *, sigma: float, patch_size: int,
+                grid_aligned: bool = False) -> jax.Array:
+  """x̃ = x + σ·ξ ⊙ 1_W with one random q×q window W per example. [B,H,W,C] -> same."""
+  k_win, k_noise = jax.random.split(key)
+  b, h, w, _ = images.shape
+  mask = window_masks(k_win, b, h, w, patch_size, grid_aligned)
+  return images + sigma * jax.random.normal(k_noise, images.shape, images.dtype) * mask
+
+
+def sensitivity_penalty(clean_logits: jax.Array, noisy_logits: jax.Array) -> jax.Array:
+  """MSE(f(x̃), f(x)) over batch × classes (PyTorch `nn.MSELoss()` semantics). Scalar."""
+  return jnp.mean(jnp.square(noisy_logits - clean_logits))
+
+
+def combine(task_loss: jax.Array, penalty: jax.Array, weight: float) -> jax.Array:
+  """(1 − p)·task + p·penalty, the official code's weighting."""
+  return (1.0 - weight) * task_loss + weight * penalty
