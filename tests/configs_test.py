@@ -19,7 +19,8 @@ SMOKE_RUNS = {
     "train": ["."],
     "compare_vision": ["runs/vit", "runs/cnn", "runs/mlp"],
 }
-TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py"}
+TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py",
+                    "benign_overfitting": "tests/benign_overfitting_test.py"}
 
 
 def config_names():

@@ -11,6 +11,7 @@ STUDIES = {
     "train": "xsens.studies.train_one",
     "compare": "xsens.studies.compare",
     "sensitivity_vision": "xsens.studies.sensitivity_vision",
+    "benign_overfitting": "xsens.studies.benign_overfitting",
 }
 
 

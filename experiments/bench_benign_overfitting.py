@@ -1,0 +1,187 @@
+"""Benchmark: the vmapped benign-overfitting sweep vs a sequential per-run, per-step loop.
+
+  python experiments/bench_benign_overfitting.py                     # CPU default dims
+  python experiments/bench_benign_overfitting.py --variant=paper --runs=20 --steps=10
+
+Measures, for one chunk of `--runs` ViT runs (the config's dims, N padded to max N) doing
+exactly `--steps` full-batch GD steps (no early stop):
+  * chunk: ONE jitted program, `vmap` over runs of a `lax.while_loop` over steps (the
+    study's `make_run_fn`, data draw and evaluation included);
+  * vmapped GD: the same GD loop alone on pre-drawn data (`vmap` of a `fori_loop`), the
+    rate compared with the sequential loops below;
+  * sequential jitted: a Python loop over runs and steps calling a jitted GD step;
+  * sequential eager (the authors' PyTorch pattern): a Python loop over runs and steps with
+    un-jitted JAX ops (op-by-op dispatch), timed on a few runs/steps and extrapolated;
+  * reduced: `xsens.train.reduced_vit_gd.fit` (exact, state in the span of the tokens);
+  * achieved GFLOP/s = XLA cost analysis of one vmapped GD step × steps / vmapped-GD time, against
+    the measured fp32 matmul peak (best of a 2048² (CPU) or 8192² (accelerator) jnp.dot).
+Prints a markdown table (and --json=PATH writes the numbers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from mlcollections_configs import benign_overfitting as bo_config  # pylint: disable=g-import-not-at-top,line-too-long
+from xsens.data import signal_noise as sn  # pylint: disable=g-import-not-at-top
+from xsens.models import one_layer_vit as vit  # pylint: disable=g-import-not-at-top
+from xsens.studies import benign_overfitting as bo  # pylint: disable=g-import-not-at-top
+from xsens.train import full_batch_gd as gd  # pylint: disable=g-import-not-at-top
+from xsens.train import reduced_vit_gd  # pylint: disable=g-import-not-at-top
+
+
+def _flops(compiled) -> float:
+  ca = compiled.cost_analysis()
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0]
+  return float(ca.get("flops", float("nan")))
+
+
+def _best_time(fn, repeats: int) -> float:
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def matmul_peak(n: int, repeats: int = 5) -> float:
+  """Best fp32 GFLOP/s of an n×n @ n×n jnp.dot (jitted)."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  f = jax.jit(lambda a, b: a @ b)
+  jax.block_until_ready(f(a, b))
+  return 2 * n ** 3 / _best_time(lambda: f(a, b), repeats) / 1e9
+
+
+def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int) -> dict:
+  config = bo_config.get_config(variant or None)
+  config.train.max_steps = steps
+  config.train.loss_threshold = 1e-30  # Never stops early: exactly `steps` updates.
+  n_max = int(max(config.sweep.n_values))
+  mu = float(config.sweep.mu_norms[len(config.sweep.mu_norms) // 2])
+  run_fn = bo.make_run_fn(config, "vit", n_max)
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(runs))
+  ns = jnp.full((runs,), n_max, jnp.int32)
+  mus = jnp.full((runs,), mu, jnp.float32)
+  chunk = jax.jit(jax.vmap(run_fn))
+  t0 = time.perf_counter()
+  compiled = chunk.lower(keys, ns, mus).compile()
+  compile_s = time.perf_counter() - t0
+  jax.block_until_ready(compiled(keys, ns, mus))
+  vmapped_s = _best_time(lambda: compiled(keys, ns, mus), 3)
+  out = jax.device_get(compiled(keys, ns, mus))
+  assert np.all(out["steps"] == steps), out["steps"]
+
+  # FLOPs of one vmapped GD step (XLA cost analysis does not multiply loop trip counts).
+  dc, v = config.data, config.vit
+  kw = bo._data_kwargs(dc)  # pylint: disable=protected-access
+
+  def one_data(key):
+    x, y, _ = sn.sample(key, n_max, mu_norm=mu, **kw)
+    params, w_o = vit.init(jax.random.fold_in(key, 1), int(dc.d), int(v.d_h), int(v.d_v),
+                           init_divisor=float(v.init_divisor))
+    return params, w_o, x, y
+
+  params, w_o, x, y = jax.jit(jax.vmap(one_data))(keys)
+  mask = jnp.ones((runs, n_max))
+  eta = float(config.train.learning_rate)
+  step = jax.vmap(lambda p, w, x, y, m: gd.gd_step(vit.apply, p, w, x, y, m, eta))
+  step_flops = _flops(jax.jit(step).lower(params, w_o, x, y, mask).compile())
+
+  # The GD loop alone (pre-drawn data, no evaluation): what the sweep spends its time on.
+  def gd_loop(p, w, x, y, m):
+    body = lambda _, p: gd.gd_step(vit.apply, p, w, x, y, m, eta)[1]
+    return jax.lax.fori_loop(0, steps, body, p)
+
+  gd_only = jax.jit(jax.vmap(gd_loop)).lower(params, w_o, x, y, mask).compile()
+  jax.block_until_ready(gd_only(params, w_o, x, y, mask))
+  gd_s = _best_time(lambda: gd_only(params, w_o, x, y, mask), 3)
+  achieved = step_flops * steps / gd_s / 1e9
+
+  # The exact reduced-state solver (stretch): same updates, O(T² d_h) per step.
+  red = jax.jit(jax.vmap(lambda p, w, x, y, m: reduced_vit_gd.fit(
+      p, w, x, y, m, eta=eta, max_steps=steps, eps=1e-30)))
+  red_c = red.lower(params, w_o, x, y, mask).compile()
+  jax.block_until_ready(red_c(params, w_o, x, y, mask))
+  red_s = _best_time(lambda: red_c(params, w_o, x, y, mask), 3)
+
+  # Sequential, jitted step: loop over runs and steps in Python.
+  one_step = jax.jit(lambda p, w, x, y, m: gd.gd_step(vit.apply, p, w, x, y, m, eta))
+  take = lambda t, i: jax.tree.map(lambda a: a[i], t)
+  jax.block_until_ready(one_step(take(params, 0), w_o[0], x[0], y[0], mask[0]))
+  seq_runs = min(runs, max(2, eager_runs * 2))
+  t0 = time.perf_counter()
+  for i in range(seq_runs):
+    p = take(params, i)
+    for _ in range(steps):
+      _, p = one_step(p, w_o[i], x[i], y[i], mask[i])
+    jax.block_until_ready(p)
+  seq_jit_rate = seq_runs * steps / (time.perf_counter() - t0)
+
+  # Sequential eager (authors' style): op-by-op, no jit; a few runs and steps.
+  with jax.disable_jit():
+    p = take(params, 0)
+    gd.gd_step(vit.apply, p, w_o[0], x[0], y[0], mask[0], eta)  # Warm the op caches.
+    t0 = time.perf_counter()
+    for i in range(eager_runs):
+      p = take(params, i)
+      for _ in range(eager_steps):
+        _, p = gd.gd_step(vit.apply, p, w_o[i], x[i], y[i], mask[i], eta)
+      jax.block_until_ready(p)
+    eager_rate = eager_runs * eager_steps / (time.perf_counter() - t0)
+
+  peak = matmul_peak(2048 if jax.default_backend() == "cpu" else 8192)
+  rate = runs * steps / gd_s
+  return {
+      "variant": variant or "default", "backend": jax.default_backend(),
+      "device": str(jax.devices()[0].device_kind), "cpu_count": os.cpu_count(),
+      "machine": platform.processor() or platform.machine(),
+      "d": int(dc.d), "M": int(dc.num_tokens), "N": n_max, "d_h": int(v.d_h), "d_v": int(v.d_v),
+      "num_test": int(dc.num_test), "runs": runs, "steps": steps,
+      "compile_s": compile_s, "vmapped_s": vmapped_s,
+      "chunk_run_steps_per_s": runs * steps / vmapped_s,
+      "gd_only_s": gd_s, "vmapped_run_steps_per_s": rate,
+      "sequential_jit_run_steps_per_s": seq_jit_rate,
+      "sequential_eager_run_steps_per_s": eager_rate,
+      "reduced_run_steps_per_s": runs * steps / red_s,
+      "speedup_vs_eager": rate / eager_rate, "speedup_vs_seq_jit": rate / seq_jit_rate,
+      "gd_step_gflop_per_run": step_flops / runs / 1e9,
+      "achieved_gflops": achieved, "matmul_peak_gflops": peak,
+      "fraction_of_peak": achieved / peak,
+      "reduced_speedup_vs_eager": runs * steps / red_s / eager_rate,
+  }
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--variant", default="", help="config variant, e.g. '' or 'paper'")
+  ap.add_argument("--runs", type=int, default=120)
+  ap.add_argument("--steps", type=int, default=50)
+  ap.add_argument("--eager_runs", type=int, default=2)
+  ap.add_argument("--eager_steps", type=int, default=5)
+  ap.add_argument("--json", default="")
+  a = ap.parse_args()
+  r = bench(a.variant, a.runs, a.steps, a.eager_runs, a.eager_steps)
+  print("| quantity | value |\n|---|---|")
+  for k, v in r.items():
+    print(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")
+  if a.json:
+    with open(a.json, "w") as f:
+      json.dump(r, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

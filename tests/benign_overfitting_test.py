@@ -1,0 +1,331 @@
+"""Benign overfitting study: data model, one-layer ViT, GD, vmapped sweep, resume, report."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlcollections_configs import benign_overfitting as bo_config
+from xsens import studies
+from xsens.data import signal_noise as sn
+from xsens.errors import ConfigError
+from xsens.models import one_layer_vit as vit
+from xsens.models import two_layer_cnn as cnn
+from xsens.studies import benign_overfitting as bo
+from xsens.train import full_batch_gd as gd
+
+
+def tiny_config(**sweep):
+  config = bo_config.get_config("smoke")
+  config.dynamics.enabled = False
+  config.sweep.update(sweep)
+  return config
+
+
+# ---------------------------------------------------------------------------------- data
+
+
+def test_snr_and_row_map():
+  assert sn.snr(1.0, 0.2, 1024) == 0.15625
+  assert sn.snr(32.0, 0.2, 1024) == pytest.approx(5.0)
+  assert sn.grid_n(0) == 2 and sn.grid_n(99) == 20 and sn.grid_n(10) == 4
+  assert sn.default_strong_noise_factor(16) == 20.0
+
+
+def test_sample_statistics():
+  n, m, d, mu, sigma = 64, 5, 512, 3.0, 0.5
+  x, y, y_clean = sn.sample(jax.random.key(0), n, num_tokens=m, d=d, mu_norm=mu,
+                            sigma_p=sigma)
+  x, y = np.asarray(x), np.asarray(y)
+  assert x.shape == (n, m, d) and y.shape == (n,)
+  assert y.sum() == 0 and y[0] == 1 and np.all(y[:10].reshape(5, 2).sum(1) == 0)
+  np.testing.assert_array_equal(y, y_clean)
+  # Token 1: μ₊ = ‖μ‖e₁ for y=+1, μ₋ = ‖μ‖e₂ for y=−1.
+  np.testing.assert_allclose(x[y > 0, 0], np.tile(mu * np.eye(d)[0], (32, 1)))
+  np.testing.assert_allclose(x[y < 0, 0], np.tile(mu * np.eye(d)[1], (32, 1)))
+  strong = 5 * np.sqrt(m) * sigma
+  assert x[:, 1].std() == pytest.approx(strong, rel=0.03)
+  assert x[:, 2:].std() == pytest.approx(sigma, rel=0.03)
+  assert abs(x[:, 2:].mean()) < 0.01
+  # Norms concentrate at σ√d.
+  np.testing.assert_allclose(np.linalg.norm(x[:, 2:], axis=-1).mean(), sigma * np.sqrt(d),
+                             rtol=0.02)
+
+
+def test_project_noise_and_layouts():
+  kw = dict(num_tokens=4, d=16, mu_norm=2.0, sigma_p=1.0)
+  x, _, _ = sn.sample(jax.random.key(1), 10, project_noise=True, **kw)
+  assert np.all(np.asarray(x)[:, 1:, :2] == 0)
+  mus = sn.signal_vectors(2.0, 16)
+  assert float(mus[0] @ mus[1]) == 0.0  # μ₊ ⟂ μ₋, noise ⟂ both.
+  assert np.all(np.asarray(x)[:, 1:] @ np.asarray(mus).T == 0)
+  x, y, _ = sn.sample(jax.random.key(1), 10, layout="plus_minus", project_noise=True, **kw)
+  np.testing.assert_allclose(np.asarray(x)[:, 0, 0], 2.0 * np.asarray(y))
+  assert np.all(np.asarray(x)[:, 1:, 0] == 0) and np.any(np.asarray(x)[:, 1:, 1] != 0)
+
+
+def test_label_flip_rate():
+  _, y, yc = sn.sample(jax.random.key(2), 4000, num_tokens=2, d=4, mu_norm=1.0, sigma_p=1.0,
+                       label_flip=0.2)
+  assert np.mean(np.asarray(y) != np.asarray(yc)) == pytest.approx(0.2, abs=0.03)
+
+
+# ---------------------------------------------------------------------------------- model
+
+
+def numpy_vit(params, w_o, x):
+  """Hand-written (1/M) Σ_l softmax(x_lᵀ W_Q W_Kᵀ Xᵀ) X W_V w_O for one example x [M, d]."""
+  wq, wk, wv = (np.asarray(params[k], np.float64) for k in ("wq", "wk", "wv"))
+  x = np.asarray(x, np.float64)
+  total = 0.0
+  for l in range(x.shape[0]):
+    logits = np.array([x[l] @ wq @ wk.T @ x[j] for j in range(x.shape[0])])
+    s = np.exp(logits - logits.max())
+    s /= s.sum()
+    total += s @ x @ wv @ np.asarray(w_o, np.float64)
+  return total / x.shape[0]
+
+
+def test_forward_matches_numpy_and_both_forms():
+  params, w_o = vit.init(jax.random.key(0), 6, 3, 4, init="gaussian", init_std=0.7)
+  x = jax.random.normal(jax.random.key(1), (5, 4, 6))
+  f = np.asarray(vit.apply(params, w_o, x))
+  np.testing.assert_allclose(f, [numpy_vit(params, w_o, xi) for xi in x], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(f, vit.apply_matrix_form(params, w_o, x), rtol=1e-5, atol=1e-6)
+
+
+def test_forward_two_token_hand_example():
+  # W_Q = W_K = I (d=d_h=2): logits x_lᵀx_j; x_1 = (1, 0), x_2 = (0, 2).
+  params = {"wq": jnp.eye(2), "wk": jnp.eye(2), "wv": jnp.eye(2)}
+  w_o = jnp.array([1.0, 1.0])
+  x = jnp.array([[1.0, 0.0], [0.0, 2.0]])
+  s1 = np.exp([1.0, 0.0]) / np.exp([1.0, 0.0]).sum()   # query x_1: logits (1, 0)
+  s2 = np.exp([0.0, 4.0]) / np.exp([0.0, 4.0]).sum()   # query x_2: logits (0, 4)
+  a = (s1 + s2) / 2
+  expected = a[0] * 1.0 + a[1] * 2.0  # values x_jᵀ W_V w_O = 1, 2.
+  assert float(vit.apply(params, w_o, x)) == pytest.approx(expected, rel=1e-6)
+  np.testing.assert_allclose(vit.pooled_attention(params, x), a, rtol=1e-6)
+
+
+def test_torch_scaled_init_bounds():
+  params, w_o = vit.init(jax.random.key(0), 1024, 512, 512, init_divisor=16.0)
+  assert set(params) == {"wq", "wk", "wv"}  # w_O is not a trained parameter.
+  bound = 1 / np.sqrt(1024) / 16
+  assert np.abs(np.asarray(params["wq"])).max() <= bound
+  assert np.abs(np.asarray(params["wq"])).max() > 0.95 * bound
+  assert np.abs(np.asarray(w_o)).max() <= 1 / np.sqrt(512)
+
+
+def test_cnn_matches_formula():
+  params, _ = cnn.init(jax.random.key(0), 5, 3, sigma_0=1.0)
+  x = jax.random.normal(jax.random.key(1), (4, 2, 5))
+  w = np.asarray(params["w"])
+  z = np.einsum("npd,jrd->njrp", np.asarray(x), w)
+  f = (np.maximum(z, 0) ** 3).sum(-1).mean(-1)
+  np.testing.assert_allclose(cnn.apply(params, None, x), f[:, 0] - f[:, 1], rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- GD
+
+
+def _tiny_problem():
+  x, y, _ = sn.sample(jax.random.key(3), 6, num_tokens=3, d=5, mu_norm=1.5, sigma_p=0.3)
+  params, w_o = vit.init(jax.random.key(4), 5, 3, 4, init="gaussian", init_std=0.5)
+  return params, w_o, x, y, jnp.ones(6)
+
+
+def test_gd_step_equals_finite_difference_step():
+  params, w_o, x, y, mask = _tiny_problem()
+  eta = 0.3
+  _, new = gd.gd_step(vit.apply, params, w_o, x, y, mask, eta)
+  with jax.enable_x64(True):
+    p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    args = [jnp.asarray(np.asarray(a), jnp.float64) for a in (w_o, x, y, mask)]
+    loss = lambda p: float(gd.loss_fn(vit.apply, p, *args))
+    h = 1e-6
+    for name in p64:
+      fd = np.zeros_like(p64[name])
+      for idx in np.ndindex(fd.shape):
+        plus = {k: v.copy() for k, v in p64.items()}
+        minus = {k: v.copy() for k, v in p64.items()}
+        plus[name][idx] += h
+        minus[name][idx] -= h
+        fd[idx] = (loss(plus) - loss(minus)) / (2 * h)
+      np.testing.assert_allclose(new[name], p64[name] - eta * fd, rtol=1e-4, atol=1e-6)
+
+
+def test_w_o_is_frozen():
+  params, w_o, x, y, mask = _tiny_problem()
+  w_o_before = np.asarray(w_o).copy()
+  out, steps, _ = gd.fit(vit.apply, params, w_o, x, y, mask, eta=0.5, max_steps=20, eps=1e-9)
+  assert int(steps) == 20 and set(out) == {"wq", "wk", "wv"}
+  assert all(not np.allclose(out[k], params[k]) for k in out)
+  np.testing.assert_array_equal(np.asarray(w_o), w_o_before)
+  grads = jax.grad(gd.loss_fn, argnums=1)(vit.apply, params, w_o, x, y, mask)
+  assert set(grads) == {"wq", "wk", "wv"}
+
+
+def test_early_stopping_records_first_crossing():
+  params, w_o, x, y, mask = _tiny_problem()
+  eta, eps = 1.0, 0.3
+  losses, p = [], params
+  for _ in range(200):
+    loss, p_next = gd.gd_step(vit.apply, p, w_o, x, y, mask, eta)
+    losses.append(float(loss))
+    if loss < eps:
+      break
+    p = p_next
+  expected = next(t for t, l in enumerate(losses) if l < eps)
+  out, steps, converged = jax.jit(
+      lambda p: gd.fit(vit.apply, p, w_o, x, y, mask, eta=eta, max_steps=200, eps=eps))(params)
+  assert int(steps) == expected > 0 and bool(converged)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), out, p)
+  # Never crossing: max_steps updates and converged=False.
+  _, steps, converged = gd.fit(vit.apply, params, w_o, x, y, mask, eta=eta, max_steps=3,
+                               eps=1e-9)
+  assert int(steps) == 3 and not bool(converged)
+
+
+# ---------------------------------------------------------------------------------- sweep
+
+
+def test_vmapped_sweep_equals_individual_runs():
+  config = tiny_config()
+  run = bo.make_run_fn(config, "vit", 8)
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(3))
+  ns, mus = jnp.array([2, 8, 4]), jnp.array([1.0, 64.0, 8.0])
+  batched = jax.jit(jax.vmap(run))(keys, ns, mus)
+  single = jax.jit(run)
+  for i in range(3):
+    one = single(keys[i], ns[i], mus[i])
+    assert int(one["steps"]) == int(batched["steps"][i])
+    assert bool(one["converged"]) == bool(batched["converged"][i])
+    for k in ("test_loss", "train_loss", "test_accuracy"):
+      np.testing.assert_allclose(one[k], batched[k][i], rtol=2e-4, atol=1e-5)
+
+
+def test_interrupted_sweep_resumes_to_the_same_grid(tmp_path):
+  config = tiny_config()
+  full = bo.run_sweep(config, str(tmp_path / "a"), "vit", log=lambda s: None)
+  assert full["complete"] and full["chunks_computed"] == 2
+  part = bo.run_sweep(config, str(tmp_path / "b"), "vit", max_chunks=1, log=lambda s: None)
+  assert not part["complete"] and np.isnan(part["test_loss"]).any()
+  with open(tmp_path / "b" / "sweep_vit" / "index.json") as f:
+    assert len(json.load(f)["chunks"]) == 1
+  resumed = bo.run_sweep(config, str(tmp_path / "b"), "vit", log=lambda s: None)
+  assert resumed["complete"] and resumed["chunks_computed"] == 1
+  for k in bo.RESULT_FIELDS:
+    np.testing.assert_array_equal(resumed[k], full[k])
+  # A different config is refused in that workdir.
+  config.train.learning_rate = 0.05
+  with pytest.raises(ConfigError, match="config.workdir"):
+    bo.run_sweep(config, str(tmp_path / "b"), "vit")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("sweep.n_values", [3, 4]), ("sweep.mu_norms", [0.0]), ("data.num_tokens", 1),
+    ("data.layout", "diagonal"), ("vit.init", "xavier"), ("train.learning_rate", -0.1),
+    ("models", ["mlp"]), ("cnn.q", 0.5), ("data.kind", "cifar"), ("train.solver", "newton")])
+def test_bad_config_fields_raise_before_compile(tmp_path, monkeypatch, field, value):
+  config = bo_config.get_config("smoke")
+  parent, _, leaf = field.rpartition(".")
+  (config[parent] if parent else config)[leaf] = value
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled before validation"))
+  with pytest.raises(ConfigError, match=f"config.{field}"):
+    studies.run(config, str(tmp_path / "wd"))
+  assert not os.path.exists(tmp_path / "wd")
+
+
+def test_fit_boundary_recovers_exponent():
+  ns = np.arange(2, 21, 2)
+  snrs = np.geomspace(0.5, 50, 30)
+  # A sharp transition at N·SNR² = 100, with per-trial noise.
+  rng = np.random.default_rng(0)
+  z = np.log(ns[:, None] * snrs[None] ** 2 / 100)
+  loss = 0.7 / (1 + np.exp(3 * z))
+  trials = loss[..., None] + 0.01 * rng.standard_normal((len(ns), len(snrs), 8))
+  fit = bo.fit_boundary(ns, snrs, trials, 0.2, bootstrap=50)
+  assert fit["k"] == pytest.approx(2.0, abs=0.1) and fit["num_points"] == len(ns)
+  assert fit["k_ci95"][0] <= 2.0 <= fit["k_ci95"][1] or abs(fit["k"] - 2) < 0.05
+
+
+# ---------------------------------------------------------------------------------- smoke
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("bo_smoke"))
+  return workdir, studies.run(bo_config.get_config("smoke"), workdir)
+
+
+def test_smoke_high_n_snr2_generalises_better(smoke_run):
+  workdir, out = smoke_run
+  for name in ("results.md", "results.json", "heatmap_vit.png", "cutoff_vit.png",
+               "boundary_overlay.png", "dynamics_harmful_attention.png"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  loss = np.nanmean(out["sweeps"]["vit"]["test_loss"], -1)  # [N ∈ {2, 8}, ‖μ‖ ∈ {1, 64}]
+  assert loss[1, 1] < loss[0, 0] - 0.2
+  assert {r["model"] for r in out["rows"]} == {"vit", "cnn"}
+
+
+def test_harmful_run_attends_to_strong_noise(smoke_run):
+  _, out = smoke_run
+  harmful = out["dynamics"]["harmful"]["final_mean"]
+  assert harmful["attn_xi2_mean"] > harmful["attn_signal_mean"]
+  assert harmful["train_loss"] < harmful["test_loss"]
+  benign = out["dynamics"]["benign"]["final_mean"]
+  assert benign["gamma_plus"] > harmful["gamma_plus"]
+
+
+def test_reduced_state_solver_equals_direct():
+  from xsens.train import reduced_vit_gd  # pylint: disable=g-import-not-at-top
+  x, y, _ = sn.sample(jax.random.key(5), 6, num_tokens=3, d=40, mu_norm=3.0, sigma_p=0.3)
+  params, w_o = vit.init(jax.random.key(6), 40, 8, 6, init="gaussian", init_std=0.3)
+  mask = jnp.array([1.0, 1, 1, 1, 0, 0])
+  kw = dict(eta=0.5, max_steps=25, eps=0.05)
+  direct = gd.fit(vit.apply, params, w_o, x, y, mask, **kw)
+  reduced = reduced_vit_gd.fit(params, w_o, x, y, mask, **kw)
+  assert int(direct[1]) == int(reduced[1]) > 0 and bool(direct[2]) == bool(reduced[2])
+  for k in params:
+    np.testing.assert_allclose(reduced[0][k], direct[0][k], rtol=1e-4, atol=1e-6)
+  # Through the study: the same grid point with either solver.
+  config = tiny_config()
+  outs = []
+  for solver in ("direct", "reduced"):
+    config.train.solver = solver
+    outs.append(jax.jit(bo.make_run_fn(config, "vit", 8))(jax.random.key(0), 8, 64.0))
+  assert int(outs[0]["steps"]) == int(outs[1]["steps"])
+  np.testing.assert_allclose(outs[0]["test_loss"], outs[1]["test_loss"], rtol=1e-3, atol=1e-5)
+
+
+def test_cli_refuses_bad_field_with_exit_code_2(tmp_path):
+  from tests.helpers import run_cli  # pylint: disable=g-import-not-at-top
+  proc = run_cli("--config=mlcollections_configs/benign_overfitting.py:smoke",
+                 "--config.sweep.trials=0", f"--workdir={tmp_path / 'wd'}", timeout=120)
+  assert proc.returncode == 2, proc.stderr
+  assert "config.sweep.trials" in proc.stderr
+  assert not os.path.exists(tmp_path / "wd")
+
+
+def test_linen_module_with_frozen_readout_matches_pure_gd():
+  import optax  # pylint: disable=g-import-not-at-top
+  x, y, _ = sn.sample(jax.random.key(7), 4, num_tokens=3, d=8, mu_norm=2.0, sigma_p=0.5)
+  module = vit.OneLayerViT(d_h=4, d_v=4, init_scheme="gaussian", init_std=0.5)
+  variables = module.init(jax.random.key(8), x)
+  p = dict(variables["params"])
+  f = module.apply({"params": p}, x)
+  pure = {k: p[k] for k in ("wq", "wk", "wv")}
+  np.testing.assert_allclose(f, vit.apply(pure, p["w_o"], x), rtol=1e-6)
+  tx = vit.frozen_readout(optax.sgd(0.5))
+  opt = tx.init(p)
+  loss = lambda q: gd.logistic_loss(y * module.apply({"params": q}, x))
+  for _ in range(3):
+    updates, opt = tx.update(jax.grad(loss)(p), opt, p)
+    p = optax.apply_updates(p, updates)
+    _, pure = gd.gd_step(vit.apply, pure, variables["params"]["w_o"], x, y, None, 0.5)
+  np.testing.assert_array_equal(p["w_o"], variables["params"]["w_o"])
+  for k in pure:
+    np.testing.assert_allclose(p[k], pure[k], rtol=1e-5, atol=1e-7)

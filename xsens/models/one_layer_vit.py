@@ -1,0 +1,116 @@
+"""The one-layer ViT of Jiang et al. (NeurIPS 2024, arXiv 2409.19345), as pure functions.
+
+  f(X; θ) = (1/M) Σ_{l=1..M} softmax(x_lᵀ W_Q W_Kᵀ Xᵀ) · X W_V w_O
+          = Σ_j a_j(X) · x_jᵀ W_V w_O,   a_j = (1/M) Σ_l softmax_l(j)
+
+(spec §2): every token is a query, the M attention rows are averaged, no CLS token,
+positional embedding, residual, LayerNorm, 1/√d_h scaling or bias. The trained parameters
+are the pytree {"wq": [d, d_h], "wk": [d, d_h], "wv": [d, d_v]}; the read-out w_O [d_v] is
+frozen and kept *outside* that pytree, so GD on the pytree can never move it.
+
+Initialisations (spec §2):
+  * "torch_scaled": PyTorch's Linear default U(±1/√fan_in) (fan_in = d) divided by
+    `init_divisor` (16 in the authors' heat-map script, 32 in the dynamics script); w_O keeps
+    U(±1/√d_v).
+  * "gaussian": W_Q, W_K, W_V i.i.d. N(0, init_std²); w_O ~ U(±1/√d_v) as above.
+
+`OneLayerViT` is the same model as a flax.linen module whose params include w_O; train it
+with `frozen_readout(tx)`, which zeroes w_O's update (optax.multi_transform + set_to_zero).
+The sweeps use the pure functions (w_O outside the pytree), which vmap without ceremony.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+INITS = ("torch_scaled", "gaussian")
+
+
+def init(key, d: int, d_h: int, d_v: int, *, init: str = "torch_scaled",
+         init_divisor: float = 16.0, init_std: float = 1e-3):
+  """Returns (params {"wq", "wk", "wv"}, w_o [d_v])."""
+  kq, kk, kv, ko = jax.random.split(key, 4)
+  if init == "torch_scaled":
+    b = 1.0 / (d ** 0.5) / init_divisor
+    u = lambda k, shape: jax.random.uniform(k, shape, jnp.float32, -b, b)
+  elif init == "gaussian":
+    u = lambda k, shape: init_std * jax.random.normal(k, shape, jnp.float32)
+  else:
+    raise ValueError(f"init must be one of {INITS}, got {init!r}")
+  params = {"wq": u(kq, (d, d_h)), "wk": u(kk, (d, d_h)), "wv": u(kv, (d, d_v))}
+  bo = 1.0 / d_v ** 0.5
+  w_o = jax.random.uniform(ko, (d_v,), jnp.float32, -bo, bo)
+  return params, w_o
+
+
+def attention_logits(params, x):
+  """x [..., M, d] -> [..., M (query), M (key)] logits x_lᵀ W_Q W_Kᵀ x_j."""
+  q = x @ params["wq"]
+  k = x @ params["wk"]
+  return jnp.einsum("...lh,...jh->...lj", q, k)
+
+
+def pooled_attention(params, x):
+  """x [..., M, d] -> a [..., M]: softmax over keys, averaged over the M queries."""
+  return jax.nn.softmax(attention_logits(params, x), axis=-1).mean(axis=-2)
+
+
+def value_readout(params, w_o):
+  """W_V w_O [d]: the only way W_V enters f."""
+  return params["wv"] @ w_o
+
+
+def token_values(params, w_o, x):
+  """x [..., M, d] -> x_jᵀ W_V w_O [..., M]."""
+  return x @ value_readout(params, w_o)
+
+
+def apply(params, w_o, x):
+  """f(X) for x [..., M, d] -> [...] (the pooled form Σ_j a_j x_jᵀ W_V w_O)."""
+  return jnp.sum(pooled_attention(params, x) * token_values(params, w_o, x), axis=-1)
+
+
+def apply_matrix_form(params, w_o, x):
+  """f(X) written as (1/M) Σ_l softmax(x_lᵀ W_Q W_Kᵀ Xᵀ) X W_V w_O (the first form of §2)."""
+  s = jax.nn.softmax(attention_logits(params, x), axis=-1)  # [..., M, M]
+  out = s @ (x @ params["wv"])  # [..., M, d_v]
+  return jnp.mean(out @ w_o, axis=-1)
+
+
+# ------------------------------------------------------------------------------------------
+# The same model as a flax.linen module (for the shared trainer and optax): w_O is a
+# parameter there, frozen by `frozen_readout(tx)` (optax.multi_transform + set_to_zero).
+
+
+class OneLayerViT(nn.Module):
+  """f(X) of the module docstring; params {"wq", "wk", "wv", "w_o"}; x [..., M, d] -> [...]."""
+  d_h: int
+  d_v: int
+  init_scheme: str = "torch_scaled"  # `init` would shadow nn.Module.init.
+  init_divisor: float = 16.0
+  init_std: float = 1e-3
+
+  @nn.compact
+  def __call__(self, x):
+    d = x.shape[-1]
+    if self.init_scheme == "torch_scaled":
+      b = 1.0 / d ** 0.5 / self.init_divisor
+      w_init = lambda k, s: jax.random.uniform(k, s, jnp.float32, -b, b)
+    else:
+      w_init = lambda k, s: self.init_std * jax.random.normal(k, s, jnp.float32)
+    bo = 1.0 / self.d_v ** 0.5
+    params = {"wq": self.param("wq", w_init, (d, self.d_h)),
+              "wk": self.param("wk", w_init, (d, self.d_h)),
+              "wv": self.param("wv", w_init, (d, self.d_v))}
+    w_o = self.param("w_o", lambda k, s: jax.random.uniform(k, s, jnp.float32, -bo, bo),
+                     (self.d_v,))
+    return apply(params, w_o, x)
+
+
+def frozen_readout(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`tx` on W_Q, W_K, W_V and a zero update on w_O (spec §2: w_O is never trained)."""
+  labels = lambda params: {k: "frozen" if k == "w_o" else "trained" for k in params}
+  return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
