@@ -20,7 +20,9 @@ SMOKE_RUNS = {
     "compare_vision": ["runs/vit", "runs/cnn", "runs/mlp"],
 }
 TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py",
-                    "benign_overfitting": "tests/benign_overfitting_test.py"}
+                    "benign_overfitting": "tests/benign_overfitting_test.py",
+                    "robustness": "tests/robustness_study_test.py",
+                    "sensitivity_regularization": "tests/robustness_study_test.py"}
 
 
 def config_names():

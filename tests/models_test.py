@@ -23,6 +23,7 @@ SMALL = {
     "convmixer": dict(width=16, depth=2),
     "mlp": dict(hidden_dims=(32,)),
     "cnn": dict(features=(8, 8, 8), dense_dim=16),
+    "bit_resnet": dict(block_units=(1, 1, 1, 1), width_factor=0.125, num_groups=4),
 }
 
 # Exact parameter counts on 28x28x1 with 10 classes: name -> (model, kwargs, count).
@@ -35,6 +36,8 @@ PARAM_COUNTS = {
     "convmixer": ("convmixer", {}, 21_322),
     "mlp": ("mlp", {}, 468_874),
     "cnn": ("cnn", {}, 458_570),
+    "bit_resnet": ("bit_resnet", {}, 23_514_570),  # BiT R50x1
+    "bit_resnet_r101x1": ("bit_resnet", dict(block_units=(3, 4, 23, 3)), 42_506_698),
 }
 
 BATCHNORM_MODELS = ("resnet18", "densenet", "convmixer")
@@ -223,6 +226,9 @@ def test_config_fields():
     ("cnn", dict(kernel_size=0), MNIST, "model.kernel_size"),
     ("nope", {}, MNIST, "model.name"),
     ("vit", dict(activation="relu"), MNIST, "model.activation"),
+    ("bit_resnet", dict(block_units=(3, 4, 6)), MNIST, "model.block_units"),
+    ("bit_resnet", dict(width_factor=0.1), MNIST, "model.num_groups"),
+    ("bit_resnet", dict(width_factor=-1.0), MNIST, "model.width_factor"),
 ])
 def test_refusals(name, kwargs, image_shape, field):
   with pytest.raises(ConfigError) as info:
@@ -234,8 +240,8 @@ def test_refusals(name, kwargs, image_shape, field):
 def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"allowed: 1, 2, 4, 7, 14, 28$"):
     get_model("vit", NUM_CLASSES, MNIST, patch_size=5)
-  with pytest.raises(ConfigError, match=r"allowed: cnn, convmixer, densenet, mlp, "
-                     r"resnet18, vit$"):
+  with pytest.raises(ConfigError, match=r"allowed: bit_resnet, cnn, convmixer, densenet, "
+                     r"mlp, resnet18, vit$"):
     get_model("nope", NUM_CLASSES, MNIST)
   with pytest.raises(ConfigError, match=r"allowed: relu, gelu, tanh, leaky_relu$"):
     get_model("mlp", NUM_CLASSES, MNIST, activation="swish")

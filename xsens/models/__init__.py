@@ -13,6 +13,7 @@ import dataclasses
 import flax.linen as nn
 
 from xsens.errors import ConfigError
+from xsens.models.bit import BiTResNet
 from xsens.models.cnn import CNN
 from xsens.models.convmixer import ConvMixer
 from xsens.models.densenet import DenseNet
@@ -27,6 +28,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "convmixer": ConvMixer,
     "mlp": MLP,
     "cnn": CNN,
+    "bit_resnet": BiTResNet,
 }
 
 _NOT_CONFIG = ("parent", "name", "num_classes")
@@ -75,5 +77,5 @@ def get_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
   return model
 
 
-__all__ = ["CNN", "ConvMixer", "DenseNet", "MLP", "MODELS", "ResNet18", "ViT",
+__all__ = ["BiTResNet", "CNN", "ConvMixer", "DenseNet", "MLP", "MODELS", "ResNet18", "ViT",
            "config_fields", "get_model"]

@@ -1,15 +1,56 @@
-"""CIFAR-style ResNet-18: 3x3 stem, no max-pool, 4 stages of 2 BasicBlocks."""
+"""CIFAR-style ResNet-18: 3x3 stem, no max-pool, 4 stages of 2 BasicBlocks.
+
+Block removal without retraining (Bhojanapalli et al. 2021, arXiv 2103.14586):
+the static field `skip` lists BasicBlocks by flat index (0..7, in order
+stage1_block1, stage1_block2, stage2_block1, ...) whose residual branch is
+dropped, so the block is the identity. Only blocks with an identity shortcut
+can be removed (`identity_blocks()`); the first block of stages 2-4 changes
+shape through a projection and is refused. The parameter tree does not depend
+on `skip`: `model.clone(skip=(3,)).apply(variables, x, train=False)`.
+"""
 
 import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
 
+from xsens.errors import ConfigError
 from xsens.models import _checks
 
 BASE_WIDTHS = (64, 128, 256, 512)
 STRIDES = (1, 2, 2, 2)
 BLOCKS_PER_STAGE = 2
+
+
+def block_names() -> tuple[str, ...]:
+  """Module names of the BasicBlocks in forward order (flat index -> name)."""
+  return tuple(f"stage{i + 1}_block{j + 1}" for i in range(len(STRIDES))
+               for j in range(BLOCKS_PER_STAGE))
+
+
+def identity_blocks() -> tuple[int, ...]:
+  """Flat indices of the BasicBlocks whose shortcut is the identity.
+
+  The stem and stage 1 share a width and stage 1 has stride 1, so every block
+  but the first of a stride-2 stage keeps its input shape.
+  """
+  return tuple(i * BLOCKS_PER_STAGE + j for i, s in enumerate(STRIDES)
+               for j in range(BLOCKS_PER_STAGE) if j > 0 or s == 1)
+
+
+def check_skip(skip) -> frozenset[int]:
+  """Validates `skip` (flat block indices); returns it as a set."""
+  allowed = identity_blocks()
+  for index in skip:
+    if isinstance(index, bool) or not isinstance(index, int) or index not in allowed:
+      names = block_names()
+      detail = (f" ({names[index]} has a projection shortcut)"
+                if isinstance(index, int) and 0 <= index < len(names) else "")
+      raise ConfigError(
+          "model.skip",
+          f"can only remove blocks with an identity shortcut{detail}; got "
+          f"{index!r}; allowed: {', '.join(map(str, allowed))}")
+  return frozenset(skip)
 
 
 def stage_widths(width_multiplier: float) -> tuple[int, ...]:
@@ -41,6 +82,8 @@ class ResNet18(nn.Module):
   """ResNet-18 for small images: [B, H, W, C] -> logits [B, num_classes]."""
   num_classes: int
   width_multiplier: float = 1.0
+  # Flat indices of BasicBlocks to remove (identity); see the module docstring.
+  skip: tuple[int, ...] = ()
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -49,6 +92,7 @@ class ResNet18(nn.Module):
     # Nothing in the model config shrinks the downsampling, so blame the choice.
     _checks.halvings_fit("name", image_shape, sum(s == 2 for s in STRIDES),
                          "stride-2 stages of resnet18")
+    check_skip(self.skip)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -57,9 +101,13 @@ class ResNet18(nn.Module):
     x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False, momentum=0.9, epsilon=1e-5,
                      name="stem_bn")(x)
     x = nn.relu(x)
+    skip = check_skip(self.skip)
     for i, (width, stride) in enumerate(zip(widths, STRIDES)):
       for j in range(BLOCKS_PER_STAGE):
-        x = BasicBlock(width, stride if j == 0 else 1,
-                       name=f"stage{i + 1}_block{j + 1}")(x, train)
+        block = BasicBlock(width, stride if j == 0 else 1,
+                           name=f"stage{i + 1}_block{j + 1}")
+        if self.is_initializing() or i * BLOCKS_PER_STAGE + j not in skip:
+          y = block(x, train)
+          x = x if i * BLOCKS_PER_STAGE + j in skip else y
     x = x.mean(axis=(1, 2))
     return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)

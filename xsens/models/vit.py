@@ -6,6 +6,19 @@ p x p patch maps to exactly one token (row-major over the patch grid).
 
 Attention weights are sown into the `intermediates` collection; get them with
 `model.apply(variables, x, train=False, mutable=['intermediates'])`.
+
+Layer removal without retraining (Bhojanapalli et al. 2021, "Understanding
+Robustness of Transformers for Image Classification", arXiv 2103.14586): the
+static field `skip` names (layer, part) pairs, part in 'block' | 'attention' |
+'mlp', whose residual branch is dropped (identity on the residual stream). The
+parameter tree does not depend on `skip`, so the same variables apply:
+`model.clone(skip=((3, "mlp"),)).apply(variables, x, train=False)`. A skipped
+attention sub-layer sows no attention weights.
+
+The parameter names follow google-research/vision_transformer (Dosovitskiy et
+al. 2021, "An Image is Worth 16x16 Words", arXiv 2010.11929) where they can;
+`xsens.models.pretrained` maps its `.npz` checkpoints onto this tree. LayerNorm
+uses flax's default epsilon 1e-6, as vit_jax does.
 """
 
 import flax.linen as nn
@@ -17,6 +30,35 @@ from xsens.models import _checks
 
 POOLINGS = ("cls", "mean")
 POSEMBS = ("learned", "sincos")
+SKIP_PARTS = ("block", "attention", "mlp")
+
+
+def skipped_parts(skip, depth: int) -> dict[int, frozenset[str]]:
+  """Validates `skip` and groups it by layer.
+
+  Args:
+    skip: sequence of (layer, part) pairs, layer in [0, depth), part in
+      SKIP_PARTS.
+    depth: number of encoder blocks.
+
+  Returns:
+    {layer: set of parts}; 'block' stands for both 'attention' and 'mlp'.
+
+  Raises:
+    ConfigError: naming `model.skip` for a malformed pair.
+  """
+  out: dict[int, set[str]] = {}
+  for pair in skip:
+    if (not isinstance(pair, (tuple, list)) or len(pair) != 2
+        or not isinstance(pair[0], int) or isinstance(pair[0], bool)
+        or not 0 <= pair[0] < depth or pair[1] not in SKIP_PARTS):
+      raise ConfigError(
+          "model.skip",
+          f"entries must be (layer, part) with layer in [0, {depth}) and part in "
+          f"{', '.join(SKIP_PARTS)}; got {pair!r}")
+    parts = {"attention", "mlp"} if pair[1] == "block" else {pair[1]}
+    out.setdefault(pair[0], set()).update(parts)
+  return {k: frozenset(v) for k, v in out.items()}
 
 
 def posemb_sincos_2d(h: int, w: int, width: int,
@@ -60,19 +102,38 @@ class MlpBlock(nn.Module):
 
 
 class EncoderBlock(nn.Module):
-  """Pre-LN block: x + MHSA(LN(x)); x + MLP(LN(x)). [B, T, D] -> [B, T, D]."""
+  """Pre-LN block: x + MHSA(LN(x)); x + MLP(LN(x)). [B, T, D] -> [B, T, D].
+
+  `skip_attention` / `skip_mlp` drop that residual branch (x passes through
+  unchanged). The sub-modules are built (and initialised) either way, so the
+  parameter tree is the same with or without skipping.
+  """
   num_heads: int
   mlp_dim: int
   dropout_rate: float = 0.0
+  skip_attention: bool = False
+  skip_mlp: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool):
-    y = nn.LayerNorm()(x)
-    y = nn.MultiHeadDotProductAttention(num_heads=self.num_heads)(
-        y, y, deterministic=True, sow_weights=True)
-    x = x + nn.Dropout(self.dropout_rate, deterministic=not train)(y)
-    y = nn.LayerNorm()(x)
-    return x + MlpBlock(self.mlp_dim, self.dropout_rate)(y, train)
+    # Explicit names equal flax's automatic ones, so skipping a branch never
+    # renames the modules after it.
+    ln_0 = nn.LayerNorm(name="LayerNorm_0")
+    attention = nn.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")
+    ln_1 = nn.LayerNorm(name="LayerNorm_1")
+    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_0")
+    init = self.is_initializing()
+
+    if init or not self.skip_attention:
+      y = ln_0(x)
+      y = attention(y, y, deterministic=True, sow_weights=True)
+      y = nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+      x = x if self.skip_attention else x + y
+    if init or not self.skip_mlp:
+      y = mlp(ln_1(x), train)
+      x = x if self.skip_mlp else x + y
+    return x
 
 
 class ViT(nn.Module):
@@ -86,6 +147,11 @@ class ViT(nn.Module):
   pooling: str = "cls"
   posemb: str = "learned"
   dropout_rate: float = 0.0
+  # vit_jax's optional pre-logits layer: Dense(representation_size) -> tanh
+  # between the pooled token and the head (None: no such layer).
+  representation_size: int | None = None
+  # (layer, part) residual branches to drop; see the module docstring.
+  skip: tuple[tuple[int, str], ...] = ()
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -103,6 +169,9 @@ class ViT(nn.Module):
       raise ConfigError(
           "model.width", f"{self.width} must be a multiple of 4 for posemb='sincos'")
     _checks.rate("dropout_rate", self.dropout_rate)
+    if self.representation_size is not None:
+      _checks.positive_int("representation_size", self.representation_size)
+    skipped_parts(self.skip, self.depth)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -123,10 +192,16 @@ class ViT(nn.Module):
       x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
 
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
+    skipped = skipped_parts(self.skip, self.depth)
     for i in range(self.depth):
+      parts = skipped.get(i, frozenset())
       x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate,
+                       skip_attention="attention" in parts,
+                       skip_mlp="mlp" in parts,
                        name=f"encoderblock_{i}")(x, train)
     x = nn.LayerNorm(name="encoder_norm")(x)
 
     x = x[:, 0] if self.pooling == "cls" else x.mean(axis=1)
+    if self.representation_size is not None:
+      x = jnp.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
     return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)

@@ -23,6 +23,21 @@ def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], *,
   return _save(fig, path)
 
 
+def grouped_bar_plot(path: str, groups: Sequence[str], series: Mapping[str, Sequence[float]],
+                     *, ylabel: str = "", title: str = "") -> str:
+  """Bars per group (x axis), one coloured bar per series. Returns the file name."""
+  fig, ax = plt.subplots(figsize=(1.5 + 1.3 * len(groups), 3.4))
+  width = 0.8 / max(len(series), 1)
+  for i, (name, values) in enumerate(series.items()):
+    ax.bar(np.arange(len(groups)) + (i - (len(series) - 1) / 2) * width, values, width,
+           label=name)
+  ax.set_xticks(np.arange(len(groups)), groups)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend(fontsize=8)
+  return _save(fig, path)
+
+
 def line_plot(path: str, x: Sequence[float], series: Mapping[str, Sequence[float]], *,
               errors: Mapping[str, Sequence[float]] | None = None, xlabel: str = "",
               ylabel: str = "", title: str = "", logx: bool = False) -> str:

@@ -1,0 +1,103 @@
+"""ViT vs ResNet robustness: corruptions, adversarial attacks, layer removal, weight noise,
+sharpness, CKA and linear probes ("Understanding Robustness of Transformers for Image
+Classification", Bhojanapalli et al., ICCV 2021, arXiv 2103.14586).
+
+  xsens --config=mlcollections_configs/robustness.py --workdir=workdirs/robustness
+  xsens --config=mlcollections_configs/robustness.py:smoke --workdir=/tmp/rob_smoke
+  xsens --config=mlcollections_configs/robustness.py:setup=cifar10 \
+        --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/rob_c10
+
+Set-ups: `mnist5k` (default, embedded, CPU: a 4-block ViT and a narrow ResNet-18);
+`cifar10` (ViT and ResNet-18 trained from scratch; GPU/TPU-sized).
+Shows: results.md with clean accuracy, mean corruption accuracy, mCE (vs the ResNet),
+accuracy per corruption category, FGSM/PGD accuracy, perturbation structure (low-frequency
+share, patch alignment), the worst single-layer removal and sharpness per model; plots of
+accuracy vs severity and vs ε, layer-removal bars, PGD patch-energy maps, CKA heat maps and
+per-layer probe accuracy.
+"""
+
+import ml_collections
+
+from mlcollections_configs import common
+from mlcollections_configs import train as train_configs
+from xsens.config_utils import parse_arg
+from xsens.measures import corruptions
+
+SETUPS = ("mnist5k", "cifar10")
+
+
+def robustness_config() -> ml_collections.ConfigDict:
+  """Every `config.robustness` field with its CPU default."""
+  return ml_collections.ConfigDict({
+      "seed": 0,
+      "num_examples": 500,          # test examples for every measurement
+      "batch_size": 250,
+      "patch_size": 4,              # the ViT's patch grid, for perturbation structure
+      "baseline_run": "resnet18",   # mCE is relative to this run
+      "corruptions": {"names": list(corruptions.NAMES), "severities": [1, 2, 3, 4, 5]},
+      "adversarial": {"norm": "linf", "epsilons": [0.01, 0.02, 0.05, 0.1],
+                      "main_epsilon": 0.05, "pgd_steps": 10, "step_size_fraction": 0.25,
+                      "low_freq_cutoff": 0.25},
+      "perturbations": {"relative_scale": 0.5, "num_draws": 3, "sharpness_sigma": 0.05,
+                        "sharpness_examples": 500},
+      "representations": {"num_examples": 500},
+  })
+
+
+def get_config(arg=None):
+  arg = parse_arg(arg, setup="mnist5k", smoke=False)
+  if arg.setup not in SETUPS:
+    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
+  config = ml_collections.ConfigDict()
+  config.study = "robustness"
+  config.train = common.train_config()
+  config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  c = config.train
+  c.target_train_accuracy = 0.99
+  c.eval_every = 100
+  c.eval_train_examples = 2000
+  config.robustness = rc = robustness_config()
+  if arg.setup == "mnist5k":
+    c.data.name = "mnist5k"
+    c.total_steps = 1500
+    vit = dict(train_configs.MODEL_PRESETS["vit"], depth=4)
+    config.runs = ml_collections.ConfigDict({
+        "vit": {"model": common.model_config(**vit)},
+        "resnet18": {"model": common.model_config(name="resnet18", width_multiplier=0.125)}})
+  else:
+    c.data.name = "cifar10"
+    c.total_steps = None
+    c.total_epochs = 100.0
+    c.batch_size = 256
+    c.optimizer.schedule = "cosine"
+    c.optimizer.warmup_steps = 1000
+    c.eval_every = 2000
+    c.eval_train_examples = 10000
+    c.checkpoint_every = 2000
+    rc.num_examples = 5000
+    rc.batch_size = 500
+    rc.adversarial.epsilons = [0.5 / 255, 1 / 255, 2 / 255, 4 / 255]
+    rc.adversarial.main_epsilon = 2 / 255
+    rc.representations.num_examples = 5000
+    config.runs = ml_collections.ConfigDict({
+        "vit": {"model": common.model_config(name="vit", patch_size=4, width=384, depth=8,
+                                             num_heads=6, mlp_dim=1536)},
+        "resnet18": {"model": common.model_config(name="resnet18")}})
+  if arg.smoke:
+    train_configs.smoke(c)
+    c.target_train_accuracy = None
+    c.eval_train_examples = None
+    for run in config.runs.values():
+      run.model.update(train_configs.SMOKE_PRESETS[run.model.name])
+    config.runs.vit.model.depth = 2
+    rc.patch_size = 7
+    rc.num_examples = 64
+    rc.batch_size = 32
+    rc.corruptions.names = ["gaussian_noise", "defocus_blur", "fog", "contrast"]
+    rc.corruptions.severities = [1, 5]
+    rc.adversarial.epsilons = [0.05, 0.1]
+    rc.adversarial.pgd_steps = 3
+    rc.perturbations.num_draws = 2
+    rc.perturbations.sharpness_examples = 64
+    rc.representations.num_examples = 64
+  return config

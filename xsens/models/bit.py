@@ -1,0 +1,190 @@
+"""BiT ResNet-v2: pre-activation bottlenecks, weight-standardised convs, GroupNorm.
+
+Kolesnikov et al. 2020, "Big Transfer (BiT): General Visual Representation
+Learning", arXiv 1912.11370; layout and computation of the public
+google-research/big_transfer models (R50x1 = block_units (3, 4, 6, 3),
+width_factor 1), so `xsens.models.pretrained.load_bit` maps their `.npz`
+checkpoints onto this tree name for name:
+
+  root_block/standardized_conv2d/kernel            7x7 stride 2, then zero-pad 1
+                                                    and 3x3 stride-2 max-pool
+  block{b}/unit{u:02d}/a/group_norm/{scale,bias}    GN -> ReLU on the unit input
+  block{b}/unit{u:02d}/a/standardized_conv2d/kernel 1x1 to the bottleneck width
+  block{b}/unit{u:02d}/a/proj/standardized_conv2d/kernel  1x1 (stride) shortcut
+                                                    from the activated input,
+                                                    first unit of each block
+  block{b}/unit{u:02d}/b/...                        GN -> ReLU -> 3x3 (stride)
+  block{b}/unit{u:02d}/c/...                        GN -> ReLU -> 1x1 to 4x width
+  group_norm/{scale,bias}, head/{kernel,bias}       GN -> ReLU -> mean -> Dense
+
+Weight standardisation: each output channel of a conv kernel [kh, kw, cin,
+cout] is normalised over (kh, kw, cin) to zero mean and unit variance
+(epsilon 1e-10) before the convolution. GroupNorm uses epsilon 1e-5.
+Strides sit on the 3x3 conv; blocks 2-4 halve the resolution.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xsens.errors import ConfigError
+from xsens.models import _checks
+
+BASE_WIDTH = 64
+STRIDES = (1, 2, 2, 2)
+EXPANSION = 4
+WS_EPSILON = 1e-10
+GN_EPSILON = 1e-5
+
+
+def standardize(kernel: jnp.ndarray, eps: float = WS_EPSILON) -> jnp.ndarray:
+  """[kh, kw, cin, cout] -> per-output-channel zero mean, unit variance."""
+  mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
+  var = jnp.square(kernel - mean).mean(axis=(0, 1, 2), keepdims=True)
+  return (kernel - mean) / jnp.sqrt(var + eps)
+
+
+def widths(width_factor: float) -> tuple[int, tuple[int, ...]]:
+  """(root width, bottleneck width of blocks 1-4); outputs are 4x bottleneck."""
+  mid = tuple(max(1, round(BASE_WIDTH * 2**i * width_factor)) for i in range(4))
+  return max(1, round(BASE_WIDTH * width_factor)), mid
+
+
+class StdConv(nn.Module):
+  """Bias-free conv with a weight-standardised kernel. [B,H,W,Cin] -> [B,H',W',F]."""
+  features: int
+  kernel_size: int
+  strides: int = 1
+  padding: int = 0
+
+  @nn.compact
+  def __call__(self, x):
+    k = self.kernel_size
+    kernel = self.param("kernel", nn.initializers.lecun_normal(),
+                        (k, k, x.shape[-1], self.features), jnp.float32)
+    pad = ((self.padding, self.padding),) * 2
+    return jax.lax.conv_general_dilated(
+        x, standardize(kernel).astype(x.dtype), (self.strides,) * 2, pad,
+        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+class _Proj(nn.Module):
+  """The unit's 1x1 (strided) shortcut projection."""
+  features: int
+  strides: int
+
+  @nn.compact
+  def __call__(self, x):
+    return StdConv(self.features, 1, self.strides, name="standardized_conv2d")(x)
+
+
+class _NormConv(nn.Module):
+  """GN -> ReLU -> StdConv; optionally also the projection of that activation.
+
+  Returns (conv output, projected shortcut or None).
+  """
+  features: int
+  kernel_size: int
+  num_groups: int
+  strides: int = 1
+  proj_features: int | None = None
+  proj_strides: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    y = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=GN_EPSILON,
+                             name="group_norm")(x))
+    out = StdConv(self.features, self.kernel_size, self.strides,
+                  self.kernel_size // 2, name="standardized_conv2d")(y)
+    if self.proj_features is None:
+      return out, None
+    return out, _Proj(self.proj_features, self.proj_strides, name="proj")(y)
+
+
+class PreActUnit(nn.Module):
+  """Pre-activation bottleneck. [B, H, W, Cin] -> [B, H/s, W/s, 4 * mid].
+
+  x + c(b(a(x))), each of a, b, c = GN -> ReLU -> conv (1x1, 3x3 with the
+  stride, 1x1). Where the shape changes, the shortcut is a strided 1x1 conv of
+  the activated input relu(GN_a(x)) instead of x.
+  """
+  mid: int
+  num_groups: int
+  strides: int = 1
+
+  @nn.compact
+  def __call__(self, x):
+    out = self.mid * EXPANSION
+    project = x.shape[-1] != out or self.strides != 1
+    y, shortcut = _NormConv(self.mid, 1, self.num_groups,
+                            proj_features=out if project else None,
+                            proj_strides=self.strides, name="a")(x)
+    y, _ = _NormConv(self.mid, 3, self.num_groups, self.strides, name="b")(y)
+    y, _ = _NormConv(out, 1, self.num_groups, name="c")(y)
+    return y + (x if shortcut is None else shortcut)
+
+
+class _Block(nn.Module):
+  """`units` PreActUnits named unit01, unit02, ...; the first one strided."""
+  units: int
+  mid: int
+  num_groups: int
+  strides: int
+
+  @nn.compact
+  def __call__(self, x):
+    for u in range(self.units):
+      x = PreActUnit(self.mid, self.num_groups, self.strides if u == 0 else 1,
+                     name=f"unit{u + 1:02d}")(x)
+    return x
+
+
+class BiTResNet(nn.Module):
+  """BiT ResNet-v2 classifier: [B, H, W, C] -> logits [B, num_classes]."""
+  num_classes: int
+  block_units: tuple[int, ...] = (3, 4, 6, 3)
+  width_factor: float = 1.0
+  num_groups: int = 32
+
+  def check_input(self, image_shape: tuple[int, int, int]) -> None:
+    """Raises ConfigError for settings impossible on (H, W, C) inputs."""
+    _checks.image(image_shape, self.num_classes)
+    _checks.positive_ints("block_units", self.block_units)
+    if len(self.block_units) != len(STRIDES):
+      raise ConfigError("model.block_units",
+                        f"must hold {len(STRIDES)} unit counts (e.g. R50: 3, 4, 6, "
+                        f"3); got {tuple(self.block_units)!r}")
+    _checks.positive_float("width_factor", self.width_factor)
+    _checks.positive_int("num_groups", self.num_groups)
+    root, mid = widths(self.width_factor)
+    channels = sorted({root, *mid, *(m * EXPANSION for m in mid)})
+    bad = [c for c in channels if c % self.num_groups]
+    if bad:
+      raise ConfigError(
+          "model.num_groups",
+          f"{self.num_groups} must divide every normalised width "
+          f"{', '.join(map(str, channels))} (width_factor={self.width_factor}); "
+          f"{bad[0]} is not a multiple")
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train  # No dropout or batch statistics.
+    root, mid = widths(self.width_factor)
+    x = _Root(root, name="root_block")(x)
+    for b, (units, width, stride) in enumerate(zip(self.block_units, mid, STRIDES)):
+      x = _Block(units, width, self.num_groups, stride, name=f"block{b + 1}")(x)
+    x = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=GN_EPSILON,
+                             name="group_norm")(x))
+    x = x.mean(axis=(1, 2))
+    return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)
+
+
+class _Root(nn.Module):
+  """7x7 stride-2 StdConv (pad 3), zero pad 1, 3x3 stride-2 max-pool."""
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    x = StdConv(self.features, 7, 2, 3, name="standardized_conv2d")(x)
+    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    return nn.max_pool(x, (3, 3), strides=(2, 2), padding="VALID")
