@@ -46,6 +46,9 @@ def train_config() -> ml_collections.ConfigDict:
       "name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
       "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,
       "grad_clip_norm": ml_collections.FieldReference(None, field_type=float)})
+  # Start from public weights: a vit_jax (ViT) or big_transfer (bit_resnet) .npz file.
+  c.pretrained = ml_collections.ConfigDict({
+      "path": ml_collections.FieldReference(None, field_type=str), "reinit_head": True})
   c.batch_size = 128
   c.total_steps = ml_collections.FieldReference(1000, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)

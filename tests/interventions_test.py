@@ -106,3 +106,31 @@ def test_trainer_runs_with_regulariser_and_augmentation(tmp_path):
   assert result.summary["steps"] == 4
   from xsens.train.metrics import read_metrics  # pylint: disable=g-import-not-at-top
   assert any("train/penalty" in r for r in read_metrics(str(tmp_path)))
+
+
+def test_fine_tune_from_a_vit_jax_checkpoint(tmp_path, monkeypatch):
+  """`pretrained.path` loads a vit_jax .npz (posemb resized, head re-initialised)."""
+  from tests import pretrained_test  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(pretrained_test, "C", 1)  # mnist5k is grey.
+  ck = pretrained_test.fake_vit_checkpoint(grid=2)
+  path = str(tmp_path / "vit.npz")
+  np.savez(path, **ck)
+  config = smoke_train("vit", total_steps=1, **{
+      "pretrained.path": path, "optimizer.name": "sgd", "optimizer.learning_rate": 1e-9,
+      "model.patch_size": 4, "model.width": 8, "model.depth": 2, "model.num_heads": 2,
+      "model.mlp_dim": 16})
+  result = trainer.train_and_evaluate(config, str(tmp_path / "wd"))
+  params = result.variables["params"]
+  np.testing.assert_allclose(np.asarray(params["embedding"]["kernel"]),
+                             ck["embedding/kernel"], atol=1e-6)
+  assert params["head"]["kernel"].shape == (8, 10)
+
+
+def test_missing_pretrained_checkpoint_is_refused(tmp_path):
+  config = smoke_train("vit", **{"pretrained.path": str(tmp_path / "nope.npz")})
+  with pytest.raises(ConfigError, match="config.pretrained.path: no checkpoint at"):
+    trainer.train_and_evaluate(config, str(tmp_path / "wd"))
+  config = smoke_train("cnn", **{"pretrained.path": str(tmp_path / "nope.npz")})
+  with pytest.raises(ConfigError, match="load into models vit, bit_resnet, not 'cnn'"):
+    trainer.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()

@@ -125,9 +125,42 @@ def build_experiment(config, num_devices: int | None = None) -> Experiment:
                                **model_kwargs(config.model))
   if "augment" in config or "regularizer" in config:
     interventions.validate_intervention_config(config, train.image_shape)
+  _validate_pretrained(config)
   total_steps = resolve_total_steps(config, len(train))
   tx = optim.make_optimizer(config.optimizer, total_steps)
   return Experiment(config, train, test, model, tx, losses.get_loss(config.loss), total_steps)
+
+
+PRETRAINED_LOADERS = {"vit": "load_vit", "bit_resnet": "load_bit"}
+
+
+def _validate_pretrained(config) -> None:
+  path = config.get("pretrained", {}).get("path")
+  if path is None:
+    return
+  if config.model.name not in PRETRAINED_LOADERS:
+    raise ConfigError("pretrained.path", f"pretrained weights load into models "
+                      f"{', '.join(PRETRAINED_LOADERS)}, not {config.model.name!r}")
+  if not os.path.exists(path):
+    raise ConfigError("pretrained.path", f"no checkpoint at {path!r} (a vit_jax / "
+                      "big_transfer .npz file on local disk)")
+
+
+def load_pretrained(config, model, image_shape, key) -> dict | None:
+  """Params from `config.pretrained.path` (vit_jax or big_transfer `.npz`), or None.
+
+  The head is re-initialised when `pretrained.reinit_head` (fine-tuning to new classes).
+  """
+  path = config.get("pretrained", {}).get("path")
+  if path is None:
+    return None
+  from xsens.models import pretrained  # pylint: disable=g-import-not-at-top
+  loader = getattr(pretrained, PRETRAINED_LOADERS[config.model.name])
+  try:
+    return loader(path, model, image_shape, reinit_head=config.pretrained.reinit_head,
+                  key=key)["params"]
+  except pretrained.CheckpointError as e:
+    raise ConfigError("pretrained.path", f"{path!r} does not fit the model: {e}") from None
 
 
 # ----------------------------------------------------------------------------- jitted parts
@@ -310,6 +343,11 @@ def run_experiment(exp: Experiment, workdir: str,
   restored_step = manager.latest_step()
   if restored_step is None:
     state = jax.jit(init_fn, out_shardings=state_shardings)(init_key)
+    loaded = load_pretrained(config, exp.model, exp.train.image_shape, init_key)
+    if loaded is not None:  # Fine-tune from a public checkpoint: fresh optimizer state.
+      params = jax.device_put(loaded, state_shardings["params"])
+      opt = jax.jit(exp.tx.init, out_shardings=state_shardings["opt"])(params)
+      state = dict(state, params=params, opt=opt)
   else:
     state = ckpt.restore(manager, restored_step,
                          ckpt.abstract_with_shardings(abstract, state_shardings))
