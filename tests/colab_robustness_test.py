@@ -1,15 +1,12 @@
 """Executes colab/robustness.ipynb end to end in smoke mode (a real kernel, < 60 s)."""
 
-import os
 import re
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.helpers import REPO
+from tests import notebooks
 
-NOTEBOOK = os.path.join(REPO, "colab", "robustness.ipynb")
+NOTEBOOK = notebooks.notebook_path("robustness.ipynb")
 MODELS = ("ViT", "ResNet-18")
 # e.g. "ViT: clean accuracy 0.850, mean corruption accuracy 0.770 (drop +0.080; 3 ...".
 CORRUPTION_LINE = re.compile(
@@ -23,19 +20,8 @@ MCE_LINE = re.compile(r"^(?P<model>.+?): mCE (?P<mce>[0-9.]+)", re.MULTILINE)
 NUM_SMOKE_IMAGES = 64
 
 
-def _outputs(nb, kind):
-  return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-          if o.get("output_type") == kind]
-
-
 def test_committed_notebook_is_clean():
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  nbformat.validate(nb)
-  assert nb.metadata["kernelspec"]["name"] == "python3"
-  for cell in nb.cells:
-    if cell.cell_type == "code":
-      assert not cell.outputs and cell.execution_count is None, cell.source[:80]
-  source = "\n".join(c.source for c in nb.cells)
+  source = notebooks.committed_source(NOTEBOOK)
   assert re.search(r"^TRAIN_STEPS = ", source, re.MULTILINE)
   assert "2103.14586" in source and "1903.12261" in source
   assert "XSENS_NOTEBOOK_SMOKE" in source
@@ -45,27 +31,16 @@ def test_committed_notebook_is_clean():
 
 @pytest.fixture(scope="module")
 def executed_notebook():
-  # The kernel is a subprocess: it inherits os.environ, including the session's private
-  # TFDS_DATA_DIR (tests/conftest.py), where it prepares mnist5k.
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setenv("XSENS_NOTEBOOK_SMOKE", "1")
-    mp.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # Faster compiles.
-    # CPU only: on a GPU host the pytest process may already hold the GPU memory.
-    mp.setenv("JAX_PLATFORMS", "cpu")
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(nb, timeout=180, kernel_name="python3",
-                            resources={"metadata": {"path": REPO}})
-    client.execute()  # Raises CellExecutionError (with the traceback) if a cell fails.
-  return nb
+  return notebooks.execute_smoke(NOTEBOOK, timeout=180)
 
 
 def _stdout(nb):
-  return "".join(o["text"] for o in _outputs(nb, "stream") if o["name"] == "stdout")
+  return notebooks.stdout(nb)
 
 
 def test_notebook_runs_without_errors(executed_notebook):
   nb = executed_notebook
-  assert not _outputs(nb, "error")
+  assert not notebooks.outputs(nb, "error")
   for cell in nb.cells:
     if cell.cell_type == "code":
       assert cell.execution_count is not None, cell.source[:80]
@@ -99,7 +74,7 @@ def test_notebook_reports_accuracies_of_both_models(executed_notebook):
 
 def test_notebook_shows_figures(executed_notebook):
   nb = executed_notebook
-  images = [o for o in _outputs(nb, "display_data") + _outputs(nb, "execute_result")
+  images = [o for o in notebooks.outputs(nb, "display_data") + notebooks.outputs(nb, "execute_result")
             if "image/png" in o.get("data", {})]
   # Corruption gallery, accuracy vs severity, per-category bars, layer-removal bars.
   assert len(images) >= 4, f"{len(images)} image/png outputs"
