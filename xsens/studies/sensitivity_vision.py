@@ -23,7 +23,6 @@ import numpy as np
 
 from xsens.errors import ConfigError
 from xsens.measures import sensitivity as sens
-from xsens.measures import tokens as tokens_lib
 from xsens.report import plots, tables
 from xsens.studies import compare
 from xsens.train import sharding
