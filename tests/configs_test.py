@@ -22,7 +22,8 @@ SMOKE_RUNS = {
 TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py",
                     "benign_overfitting": "tests/benign_overfitting_test.py",
                     "robustness": "tests/robustness_study_test.py",
-                    "sensitivity_regularization": "tests/robustness_study_test.py"}
+                    "sensitivity_regularization": "tests/robustness_study_test.py",
+                    "reuse": "tests/reuse_study_test.py"}
 
 
 def config_names():

@@ -24,6 +24,7 @@ SMALL = {
     "mlp": dict(hidden_dims=(32,)),
     "cnn": dict(features=(8, 8, 8), dense_dim=16),
     "bit_resnet": dict(block_units=(1, 1, 1, 1), width_factor=0.125, num_groups=4),
+    "reuse_vit": dict(patch_size=4, width=16, depth=2, num_heads=2, mlp_dim=32),
 }
 
 # Exact parameter counts on 28x28x1 with 10 classes: name -> (model, kwargs, count).
@@ -38,6 +39,7 @@ PARAM_COUNTS = {
     "cnn": ("cnn", {}, 458_570),
     "bit_resnet": ("bit_resnet", {}, 23_514_570),  # BiT R50x1
     "bit_resnet_r101x1": ("bit_resnet", dict(block_units=(3, 4, 23, 3)), 42_506_698),
+    "reuse_vit": ("reuse_vit", {}, 63_690),  # layer 1 reuses all 4 heads: no Q, K
 }
 
 BATCHNORM_MODELS = ("resnet18", "densenet", "convmixer")
@@ -241,7 +243,7 @@ def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"allowed: 1, 2, 4, 7, 14, 28$"):
     get_model("vit", NUM_CLASSES, MNIST, patch_size=5)
   with pytest.raises(ConfigError, match=r"allowed: bit_resnet, cnn, convmixer, densenet, "
-                     r"mlp, resnet18, vit$"):
+                     r"mlp, resnet18, reuse_vit, vit$"):
     get_model("nope", NUM_CLASSES, MNIST)
   with pytest.raises(ConfigError, match=r"allowed: relu, gelu, tanh, leaky_relu$"):
     get_model("mlp", NUM_CLASSES, MNIST, activation="swish")

@@ -19,6 +19,7 @@ from xsens.models.convmixer import ConvMixer
 from xsens.models.densenet import DenseNet
 from xsens.models.mlp import MLP
 from xsens.models.resnet import ResNet18
+from xsens.models.reuse_vit import ReuseViT
 from xsens.models.vit import ViT
 
 MODELS: dict[str, type[nn.Module]] = {
@@ -29,6 +30,7 @@ MODELS: dict[str, type[nn.Module]] = {
     "mlp": MLP,
     "cnn": CNN,
     "bit_resnet": BiTResNet,
+    "reuse_vit": ReuseViT,
 }
 
 _NOT_CONFIG = ("parent", "name", "num_classes")

@@ -14,6 +14,7 @@ STUDIES = {
     "robustness": "xsens.studies.robustness",
     "sensitivity_regularization": "xsens.studies.sensitivity_regularization",
     "benign_overfitting": "xsens.studies.benign_overfitting",
+    "reuse": "xsens.studies.reuse",
 }
 
 

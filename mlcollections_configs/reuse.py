@@ -1,0 +1,104 @@
+"""Reuse Transformers: a ViT vs ViTs that reuse attention of the previous layer.
+
+Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
+Transformers", arXiv 2110.06821 (spec: google_papers.md §A).
+
+  xsens --config=mlcollections_configs/reuse.py --workdir=workdirs/reuse
+  xsens --config=mlcollections_configs/reuse.py:smoke --workdir=/tmp/reuse_smoke
+  xsens --config=mlcollections_configs/reuse.py:setup=cifar10 \
+        --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/reuse_c10
+
+Set-ups (`setup=`):
+- `mnist5k` (default, embedded; 13.5 min measured on 2 CPU cores shared with two other
+  jobs, 80-175 s per run): ViT depth 4, width 64, 4 heads, patch 4 (T = 50 tokens), 500
+  steps of Adam (batch 128); runs `vit` (baseline) and
+  `reuse_p{P}_k{K}` for P in {H/2, H} = {2, 4} and K in {L/2, L-1} = {2, 3}.
+- `cifar10`: the same grid on a ViT depth 6, width 192, 6 heads, patch 4 (T = 65),
+  P in {3, 6}, K in {3, 5}, 30 epochs (GPU-sized); TFDS data read from `data_dir`.
+
+Shows: results.md with, per run, params, test accuracy, forward and attention FLOPs
+(XLA cost analysis), peak temp memory and time of one training step, plus
+accuracy_vs_flops.png, similarity_layers.png (layer x layer attention similarity of
+the trained baseline, the same ViT at random init and the full-reuse run) and
+similarity_kth_best.png. The paper's claim: reuse matches or beats the baseline's
+accuracy at lower compute and memory.
+"""
+
+import ml_collections
+
+from mlcollections_configs import common
+from mlcollections_configs import train as train_configs
+from xsens.config_utils import parse_arg
+
+SETUPS = ("mnist5k", "cifar10")
+
+
+def _runs(vit: dict, heads: tuple[int, ...], layers: tuple[int, ...]
+          ) -> ml_collections.ConfigDict:
+  runs = {"vit": {"model": common.model_config(name="vit", **vit)}}
+  for p in heads:
+    for k in layers:
+      runs[f"reuse_p{p}_k{k}"] = {"model": common.model_config(
+          name="reuse_vit", reuse_heads=p, reuse_layers=k, **vit)}
+  return ml_collections.ConfigDict(runs)
+
+
+def _grid(vit: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  h, depth = vit["num_heads"], vit["depth"]
+  heads = tuple(sorted({max(h // 2, 1), h}))
+  layers = tuple(sorted({max(depth // 2, 1), depth - 1}))
+  return heads, layers
+
+
+def get_config(arg=None):
+  arg = parse_arg(arg, setup="mnist5k", smoke=False)
+  if arg.setup not in SETUPS:
+    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
+  config = ml_collections.ConfigDict()
+  config.study = "reuse"
+  config.train = common.train_config()
+  config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  c = config.train
+
+  rc = config.reuse = ml_collections.ConfigDict()
+  rc.seed = 0                 # random-init model for the similarity baseline
+  rc.baseline = "vit"
+  rc.num_examples = 500       # test images for the attention similarity
+  rc.batch_size = 100
+  rc.cost_batch_size = 128    # batch of the FLOPs / memory / step-time measurements
+  rc.timing_repeats = 5
+  rc.similarity_runs = []     # more trained runs in the similarity heat map
+
+  if arg.setup == "mnist5k":
+    vit = dict(patch_size=4, width=64, depth=4, num_heads=4, mlp_dim=128)
+    c.data.name = "mnist5k"
+    c.total_steps = 500
+    c.batch_size = 128
+    c.eval_every = 250
+    c.checkpoint_every = 250
+  else:
+    vit = dict(patch_size=4, width=192, depth=6, num_heads=6, mlp_dim=384)
+    c.data.name = "cifar10"
+    c.total_steps = None
+    c.total_epochs = 30.0
+    c.batch_size = 128
+    c.optimizer.schedule = "cosine"
+    c.optimizer.warmup_steps = 500
+    c.eval_every = 1000
+    c.checkpoint_every = 2000
+    rc.num_examples = 1000
+  heads, layers = _grid(vit)
+
+  if arg.smoke:
+    train_configs.smoke(c)
+    vit.update(train_configs.SMOKE_PRESETS["vit"])
+    vit.update(depth=2, num_heads=2)
+    heads, layers = (1, 2), (1,)
+    rc.num_examples = 40
+    rc.batch_size = 20
+    rc.cost_batch_size = 16
+    rc.timing_repeats = 2
+  config.runs = _runs(vit, heads, layers)
+  full = f"reuse_p{max(heads)}_k{max(layers)}"
+  rc.similarity_runs = [full]
+  return config

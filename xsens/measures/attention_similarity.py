@@ -1,0 +1,141 @@
+"""How similar are the attention maps of different heads and layers?
+
+Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
+Transformers", arXiv 2110.06821, §A.1 of the spec: attention scores are
+"considerably redundant, especially adjacent layers showing high similarity".
+The paper's metric is "based on total variation distance"; its exact
+normalisation is not known, so we use, for row-stochastic T x T head maps A, B,
+
+  sim(A, B) = 1 - (1/T) Σ_i ½ ‖A_i − B_i‖₁   ∈ [0, 1],
+
+averaged over inputs; layer ℓ vs ℓ' is the mean over heads h of ℓ of
+max_{h'} sim(A_ℓ^h, A_ℓ'^{h'}) (so it is not symmetric in ℓ, ℓ' and the diagonal
+is 1), and per head the k-th best match in the previous layer.
+
+Works for any model that sows `attention_weights` [B, H, T, T] into the
+`intermediates` collection (xsens ViT and ReuseViT do), trained or freshly
+initialised. Layers are ordered by the number in their module path
+(`encoderblock_<i>`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def attention_maps(model, variables, images) -> list[jax.Array]:
+  """Per-layer attention maps of one batch, in layer order.
+
+  Args:
+    model: a flax module whose `apply(variables, x, train=False,
+      mutable=['intermediates'])` sows `attention_weights`.
+    variables: its variables.
+    images: [B, ...] inputs.
+
+  Returns:
+    A list of [B, H, T, T] arrays, one per (non-skipped) attention layer.
+  """
+  _, state = model.apply(variables, images, train=False, mutable=["intermediates"])
+  found = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]:
+    keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+    if "attention_weights" in keys:
+      nums = tuple(int(n) for k in keys for n in re.findall(r"\d+", k)
+                   if k != "attention_weights")
+      found.append((nums, "/".join(keys), leaf))
+  found.sort(key=lambda t: (t[0], t[1]))
+  return [leaf for _, _, leaf in found]
+
+
+def similarity(a: jax.Array, b: jax.Array) -> jax.Array:
+  """1 − mean over query rows of the total-variation distance.
+
+  Args:
+    a: [..., T, T] row-stochastic maps.
+    b: [..., T, T] (broadcast against `a`).
+
+  Returns:
+    [...] similarities in [0, 1] (1 for identical maps).
+  """
+  tv = 0.5 * jnp.abs(a - b).sum(axis=-1)   # [..., T]
+  return 1.0 - tv.mean(axis=-1)
+
+
+def head_similarity(maps: jax.Array) -> jax.Array:
+  """Every head against every head, averaged over the batch.
+
+  Args:
+    maps: [L, B, H, T, T] attention maps of L layers.
+
+  Returns:
+    [L, H, L, H]: entry (ℓ, h, ℓ', h') = mean_b sim(A_ℓ^h, A_ℓ'^{h'}).
+  """
+  def one_pair(a, b):  # [B, H, T, T] x [B, H, T, T] -> [H, H]
+    return similarity(a[:, :, None], b[:, None, :]).mean(axis=0)
+  rows = jax.vmap(lambda a: jax.vmap(lambda b: one_pair(a, b))(maps))(maps)
+  return rows.transpose(0, 2, 1, 3)   # [L, L, H, H] -> [L, H, L, H]
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _batch_similarity(variables, images, mask, *, model):
+  maps = jnp.stack(attention_maps(model, variables, images))   # [L, B, H, T, T]
+  maps = maps.astype(jnp.float32)
+  w = mask / jnp.maximum(mask.sum(), 1.0)
+
+  def one_pair(a, b):
+    s = similarity(a[:, :, None], b[:, None, :])   # [B, H, H]
+    return jnp.einsum("b,bhk->hk", w, s)
+  rows = jax.vmap(lambda a: jax.vmap(lambda b: one_pair(a, b))(maps))(maps)
+  return rows.transpose(0, 2, 1, 3), mask.sum()
+
+
+def collect_head_similarity(model, variables, images: np.ndarray, *,
+                            batch_size: int = 100) -> np.ndarray:
+  """`head_similarity` averaged over a dataset, batch by batch.
+
+  Args:
+    model: see `attention_maps`; every layer must have the same head count.
+    variables: its variables (trained or random-init).
+    images: [N, ...] inputs.
+    batch_size: examples per forward pass (the last batch is padded and masked).
+
+  Returns:
+    [L, H, L, H] float64 mean similarities over the N inputs.
+  """
+  n = len(images)
+  total, count = 0.0, 0.0
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, start + batch_size)
+    mask = (idx < n).astype(np.float32)
+    x = jnp.asarray(images[np.minimum(idx, n - 1)])
+    s, c = _batch_similarity(variables, x, jnp.asarray(mask), model=model)
+    total = total + np.asarray(s, np.float64) * float(c)
+    count += float(c)
+  return total / count
+
+
+def layer_similarity(head_sim: np.ndarray) -> np.ndarray:
+  """[L, H, L, H] -> [L, L]: mean over heads h of ℓ of max_{h'} sim(ℓ h, ℓ' h')."""
+  return np.asarray(head_sim).max(axis=3).mean(axis=1)
+
+
+def adjacent_kth_best(head_sim: np.ndarray) -> np.ndarray:
+  """Per head, its sorted similarities to the previous layer's heads.
+
+  Args:
+    head_sim: [L, H, L, H] from `collect_head_similarity`.
+
+  Returns:
+    [L - 1, H, H]: entry (ℓ - 1, h, k) is the (k+1)-th best sim of head h of
+    layer ℓ to any head of layer ℓ - 1 (k = 0: best match).
+  """
+  head_sim = np.asarray(head_sim)
+  num_layers = head_sim.shape[0]
+  out = [np.sort(head_sim[l, :, l - 1, :], axis=-1)[:, ::-1]
+         for l in range(1, num_layers)]
+  return np.stack(out) if out else np.zeros((0,) + head_sim.shape[1:2] * 2)

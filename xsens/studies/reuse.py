@@ -1,0 +1,203 @@
+"""Study `reuse`: does reusing attention keep accuracy at lower compute and memory?
+
+Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
+Transformers", arXiv 2110.06821 (spec §A). Trains a baseline ViT and ReuseViT
+variants (P reused heads in layers 1..K) with the one trainer
+(`compare.train_runs`) and reports per run:
+
+- params, train/test accuracy;
+- forward FLOPs of one eval batch and the attention share of it, both from XLA's
+  cost analysis (attention FLOPs = FLOPs of the model minus FLOPs of the same
+  model with every attention sub-layer skipped; includes its pre-LayerNorm);
+- peak temporary memory of one training step (loss + gradients) from XLA's
+  memory analysis, and its wall time (best of a few timed calls);
+- the attention similarity (§A.1, `xsens.measures.attention_similarity`) of the
+  trained baseline vs the same architecture at random init: the layer x layer
+  heat map and each head's k-th best match in the previous layer.
+
+Writes results.md/json, accuracy_vs_flops.png, similarity_layers.png and
+similarity_kth_best.png.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from xsens.errors import ConfigError
+from xsens.measures import attention_similarity as asim
+from xsens.report import plots, tables
+from xsens.studies import compare
+
+
+def _cost(compiled) -> dict:
+  ca = compiled.cost_analysis()
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0] if ca else {}
+  return ca or {}
+
+
+def forward_flops(model, variables, images) -> float:
+  """XLA's FLOP count of `model.apply(variables, images, train=False)`."""
+  fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
+  return float(_cost(fn.lower(variables, images).compile()).get("flops", float("nan")))
+
+
+def attention_flops(model, variables, images) -> float:
+  """Forward FLOPs spent in the attention sub-layers (model minus attention-free model)."""
+  no_attention = tuple(model.skip) + tuple((i, "attention") for i in range(model.depth))
+  return (forward_flops(model, variables, images)
+          - forward_flops(model.clone(skip=no_attention), variables, images))
+
+
+def train_step_cost(model, variables, images, labels, *, repeats: int = 5) -> dict:
+  """Peak temp memory (XLA memory analysis) and best-of-`repeats` time of loss+grads."""
+  def loss(params, x, y):
+    logits = model.apply({**variables, "params": params}, x, train=False)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  fn = jax.jit(jax.value_and_grad(loss))
+  compiled = fn.lower(variables["params"], images, labels).compile()
+  mem = compiled.memory_analysis()
+  temp = float(getattr(mem, "temp_size_in_bytes", float("nan"))) if mem else float("nan")
+  jax.block_until_ready(compiled(variables["params"], images, labels))
+  best = float("inf")
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(variables["params"], images, labels))
+    best = min(best, time.perf_counter() - t0)
+  return {"peak_temp_mb": temp / 2**20, "step_ms": 1e3 * best}
+
+
+def validate_reuse_config(rc) -> None:
+  for field in ("num_examples", "batch_size", "cost_batch_size", "timing_repeats"):
+    if not (isinstance(rc[field], int) and rc[field] > 0):
+      raise ConfigError(f"reuse.{field}", f"must be a positive int, got {rc[field]!r}")
+
+
+def _model_fields(model) -> tuple[int, int]:
+  """(P resolved, K) of a run's model; (0, 0) for a model without reuse."""
+  p = getattr(model, "reuse_heads", 0)
+  p = model.num_heads if p == -1 else p
+  return p, getattr(model, "reuse_layers", 0)
+
+
+def _scatter(path, rows, x_key, y_key, *, xlabel, ylabel, title) -> str:
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(4.8, 3.4))
+  for r in rows:
+    ax.scatter(r[x_key], r[y_key], s=30)
+    ax.annotate(r["run"], (r[x_key], r[y_key]), fontsize=7, xytext=(3, 3),
+                textcoords="offset points")
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return os.path.basename(path)
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Trains every run of `config.runs`, measures cost and similarity, writes the report."""
+  rc = config.reuse
+  validate_reuse_config(rc)
+  probe = compare.validate_runs(config)
+  if rc.baseline not in probe:
+    raise ConfigError("reuse.baseline", f"{rc.baseline!r} is not a run; runs: "
+                      f"{', '.join(probe)}")
+  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
+  rows = compare.summary_rows(results)
+  by_name = {r["run"]: r for r in rows}
+  for name, res in results.items():
+    x = jnp.asarray(res.test.images[:rc.cost_batch_size])
+    y = jnp.asarray(res.test.labels[:rc.cost_batch_size])
+    p, k = _model_fields(res.model)
+    total = forward_flops(res.model, res.variables, x)
+    attn = attention_flops(res.model, res.variables, x)
+    cost = train_step_cost(res.model, res.variables, x, y, repeats=rc.timing_repeats)
+    by_name[name].update({
+        "reuse_heads": p, "reuse_layers": k, "fwd_gflops": total / 1e9,
+        "attn_gflops": attn / 1e9, "attn_share": attn / total, **cost})
+  base = by_name[rc.baseline]
+  for r in rows:
+    r["flops_vs_base"] = r["fwd_gflops"] / base["fwd_gflops"]
+    r["attn_flops_vs_base"] = (r["attn_gflops"] / base["attn_gflops"]
+                               if base["attn_gflops"] else float("nan"))
+    r["mem_vs_base"] = r["peak_temp_mb"] / base["peak_temp_mb"]
+
+  # Attention similarity: trained baseline vs the same architecture at random init.
+  res = results[rc.baseline]
+  images = res.test.images[:rc.num_examples]
+  random_vars = res.model.init(jax.random.key(rc.seed), jnp.asarray(images[:1]),
+                               train=False)
+  head_sim = {
+      "trained": asim.collect_head_similarity(res.model, res.variables, images,
+                                              batch_size=rc.batch_size),
+      "random init": asim.collect_head_similarity(res.model, random_vars, images,
+                                                  batch_size=rc.batch_size)}
+  for name in rc.similarity_runs:
+    if name != rc.baseline and name in results:
+      r = results[name]
+      head_sim[f"{name} (trained)"] = asim.collect_head_similarity(
+          r.model, r.variables, images, batch_size=rc.batch_size)
+  layer_sim = {n: asim.layer_similarity(s) for n, s in head_sim.items()}
+  kth = {n: asim.adjacent_kth_best(s) for n, s in head_sim.items()}
+
+  plot_files = [
+      _scatter(os.path.join(workdir, "accuracy_vs_flops.png"), rows, "fwd_gflops",
+               "test_accuracy", xlabel=f"forward GFLOPs (batch {rc.cost_batch_size})",
+               ylabel="test accuracy", title="Accuracy vs compute"),
+      plots.heatmap_grid(os.path.join(workdir, "similarity_layers.png"),
+                         {n: m for n, m in layer_sim.items()},
+                         title="Layer x layer attention similarity (row ℓ vs column ℓ')",
+                         cbar_label="mean best-head similarity"),
+  ]
+  num_heads = next(iter(kth.values())).shape[-1]
+  if next(iter(kth.values())).shape[0]:
+    plot_files.append(plots.line_plot(
+        os.path.join(workdir, "similarity_kth_best.png"), list(range(1, num_heads + 1)),
+        {n: kth[n].mean(axis=(0, 1)) for n in kth},
+        xlabel="k (k-th best head in the previous layer)", ylabel="similarity",
+        title="Adjacent-layer head similarity"))
+  adjacent = {n: float(np.mean([m[l, l - 1] for l in range(1, len(m))]))
+              if len(m) > 1 else float("nan") for n, m in layer_sim.items()}
+  columns = ["run", "reuse_heads", "reuse_layers", "params", "steps", "train_accuracy",
+             "test_accuracy", "fwd_gflops", "attn_gflops", "attn_share", "flops_vs_base",
+             "attn_flops_vs_base", "peak_temp_mb", "mem_vs_base", "step_ms", "wall_s"]
+  notes = _notes(config, rows, adjacent, len(images))
+  md = tables.write_results(
+      workdir, f"Reuse attention on {config.train.data.name}", rows, columns=columns,
+      notes=notes, plots=plot_files,
+      extra={"layer_similarity": {n: m.tolist() for n, m in layer_sim.items()},
+             "adjacent_kth_best": {n: m.tolist() for n, m in kth.items()},
+             "adjacent_layer_similarity": adjacent,
+             "device": jax.devices()[0].device_kind})
+  return {"rows": rows, "markdown": md, "layer_similarity": layer_sim,
+          "adjacent_kth_best": kth}
+
+
+def _notes(config, rows, adjacent, n) -> str:
+  rc = config.reuse
+  base = next(r for r in rows if r["run"] == rc.baseline)
+  lines = [
+      f"P = reused heads per reusing layer, K = last reusing layer (layers 1..K reuse). "
+      f"FLOPs: XLA cost analysis of one eval forward pass on {rc.cost_batch_size} test "
+      f"images; attn = FLOPs minus those of the same model with every attention "
+      f"sub-layer skipped. peak_temp_mb: XLA temp buffer of one loss+grad step at that "
+      f"batch; step_ms: best of {rc.timing_repeats} calls on {jax.devices()[0].device_kind}. "
+      f"All models trained with the same training block "
+      f"({config.train.total_steps} steps, batch {config.train.batch_size}, one seed).",
+      "",
+      "Accuracy vs the baseline (test accuracy difference): " + ", ".join(
+          f"{r['run']} {r['test_accuracy'] - base['test_accuracy']:+.4f}"
+          for r in rows if r["run"] != rc.baseline) + ".",
+      "",
+      f"Attention similarity on {n} test images: mean adjacent-layer similarity "
+      + ", ".join(f"{k} {v:.3f}" for k, v in adjacent.items()) + ".",
+  ]
+  return "\n".join(lines)
