@@ -221,6 +221,86 @@ def test_vectorised_equals_loop_for_all_chunk_sizes():
       np.testing.assert_allclose(out[name], ref[name], rtol=1e-6)
 
 
+def test_loop_compiles_once_and_accepts_unhashable_models():
+  tok = random_tokens(33, b=3, t=4)
+  traces = []
+
+  def model(x):
+    traces.append(x.shape)
+    return token0_model(x)
+
+  kw = dict(sigma=1.0, num_draws=2)
+  first = sens.token_sensitivity_loop(model, tok, KEY, **kw)
+  second = sens.token_sensitivity_loop(model, tok, KEY, **kw)
+  assert len(traces) == 2, traces            # Clean labels + one pair step.
+  np.testing.assert_array_equal(first["per_token"], second["per_token"])
+
+  class Unhashable:
+    __hash__ = None
+
+    def __call__(self, x):
+      return token0_model(x)
+
+  out = sens.token_sensitivity_loop(Unhashable(), tok, KEY, **kw)
+  np.testing.assert_array_equal(out["per_token"], first["per_token"])
+
+
+def test_example_chunk_size_does_not_change_results():
+  tok = random_tokens(28, b=5, t=4)
+  model = mlp_model(mlp_params(jax.random.key(29), 4, 4))
+  kw = dict(sigma=1.5, num_draws=3)
+  ref = sens.token_sensitivity_loop(model, tok, KEY, example_chunk_size=2,
+                                    **kw)
+  assert 0.05 < float(ref["mean"]) < 0.95
+  sizes = [(None, 1), (3, 1), (4, 2), (5, None), (1, 7)]  # (pairs, examples)
+  for c, e in sizes:
+    batches = []
+
+    def counting(x):
+      batches.append(x.shape[0])
+      return model(x)
+
+    out = jax.jit(lambda x, key: sens.token_sensitivity(
+        counting, x, key, chunk_size=c, example_chunk_size=e, **kw))(tok, KEY)
+    for name in ("per_token", "per_example", "flips", "count"):
+      np.testing.assert_array_equal(out[name], ref[name],
+                                    err_msg=f"{name} chunk={c} examples={e}")
+    # n = ceil(B / e) strided blocks of ceil(B / n) examples (e = 2: three
+    # blocks of 2, one padding copy), times min(c, T * R) pairs per call.
+    examples = 5 if e is None else -(-5 // -(-5 // e))
+    assert max(batches) == examples * min(c or 12, 12), (c, e, batches)
+  with pytest.raises(ValueError, match="example_chunk_size"):
+    sens.token_sensitivity(model, tok, KEY, example_chunk_size=0, **kw)
+
+
+def test_example_chunk_size_in_other_estimators():
+  tok = random_tokens(30, b=4, t=5)
+  images = jax.random.normal(jax.random.key(31), (3, 4, 4, 1))
+  model = mlp_model(mlp_params(jax.random.key(32), 5, 4))
+  probe = lambda x: jnp.stack([jnp.zeros(x.shape[0]),
+                               x.reshape(x.shape[0], -1).sum(-1)], -1)
+
+  @jax.jit
+  def run(x, im, key):
+    outs = []
+    for e in (None, 2):   # 2 blocks of 2: 4 tokens; 3 images + 1 padding.
+      kw = dict(sigma=2.0, num_draws=4, chunk_size=3, example_chunk_size=e)
+      outs.append(dict(
+          glob=sens.global_sensitivity(model, x, key, **kw)["per_example"],
+          pix=sens.scattered_pixel_sensitivity(
+              probe, im, key, num_pixels=3, **kw)["per_example"],
+          img=sens.image_token_sensitivity(
+              probe, im, key, patch_size=2, **kw)["per_token"],
+          smooth=sens.smooth_token_sensitivity(model, x, key, **kw)))
+    return outs
+
+  full, blocked = run(tok, images, KEY)
+  for name in ("glob", "pix", "img"):
+    np.testing.assert_array_equal(blocked[name], full[name], err_msg=name)
+  np.testing.assert_allclose(blocked["smooth"], full["smooth"], rtol=1e-6)
+  assert float(full["smooth"]) > 0
+
+
 def test_labels_argument():
   tok = random_tokens(11)
   model = mlp_model(mlp_params(jax.random.key(12), 5, 4))
@@ -301,15 +381,17 @@ def test_sharded_batch_matches_unsharded():
       w1 = jax.random.normal(k1, (5, 3, 8)); w2 = jax.random.normal(k2, (8, 4))
       f = lambda t: jnp.tanh(jnp.einsum('btd,tdh->bh', t, w1)) @ w2
       tok = jax.random.normal(k3, (8, 5, 3))
-      run = jax.jit(lambda t, k: sens.token_sensitivity(
-          f, t, k, sigma=1.0, num_draws=3, chunk_size=4))
-      ref = run(tok, jax.random.key(1))
       mesh = jax.make_mesh((4,), ('data',))
       sharded = jax.device_put(tok, NamedSharding(mesh, P('data')))
-      out = run(sharded, jax.random.key(1))
-      np.testing.assert_array_equal(out['per_token'], ref['per_token'])
-      assert out['per_token'].sharding.is_equivalent_to(
-          NamedSharding(mesh, P('data')), 2), out['per_token'].sharding
+      for e in (None, 4):
+        run = jax.jit(lambda t, k: sens.token_sensitivity(
+            f, t, k, sigma=1.0, num_draws=3, chunk_size=4,
+            example_chunk_size=e))
+        ref = run(tok, jax.random.key(1))
+        out = run(sharded, jax.random.key(1))
+        np.testing.assert_array_equal(out['per_token'], ref['per_token'])
+        assert out['per_token'].sharding.is_equivalent_to(
+            NamedSharding(mesh, P('data')), 2), out['per_token'].sharding
       print('OK')
   """)
   env = dict(os.environ,

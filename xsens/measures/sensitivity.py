@@ -12,18 +12,19 @@ label y(X) = argmax_k f_k(X):
   X^(i,eps): x_i <- x_i + eps,  eps ~ N(0, sigma^2 I_D).
 
 Every function here is pure: no globals, no I/O, no Python-side randomness.
-Sizes (`num_draws`, `chunk_size`, ...) are static Python ints; `sigma` may be a
-traced scalar. Models enter only as functions (`from_tokens`, `predict_fn`, see
-`xsens.measures.tokens`), so the measures compose with `jax.jit`, `jax.vmap`
-(e.g. over keys) and, for `smooth_token_sensitivity`, `jax.grad`. Batches may
-be sharded over devices on axis 0: perturbed copies are laid out [B, c, ...]
-and merged batch-major into [B * c, ...], so a batch sharding stays a batch
+Sizes (`num_draws`, `chunk_size`, `example_chunk_size`, ...) are static Python
+ints; `sigma` may be a traced scalar. Models enter only as functions
+(`from_tokens`, `predict_fn`, see `xsens.measures.tokens`), so the measures
+compose with `jax.jit`, `jax.vmap` (e.g. over keys) and, for
+`smooth_token_sensitivity`, `jax.grad`. Batches may be sharded over devices on
+axis 0: perturbed copies are laid out [B, c, ...] and merged batch-major into
+[B * c, ...] (example blocks are strided), so a batch sharding stays a batch
 sharding under GSPMD; nothing calls back to the host.
 
 Noise scheme (all token-wise estimators): the (token t, draw r) pair has index
 q = t * num_draws + r and noise `normal(fold_in(key, q), [B, D])`. Results are
-therefore independent of `chunk_size` and equal to a Python loop over (t, r)
-with the same keys (`token_sensitivity_loop`).
+therefore independent of `chunk_size` and `example_chunk_size` and equal to a
+Python loop over (t, r) with the same keys (`token_sensitivity_loop`).
 
 Returned dictionaries (hard estimators) hold:
   per_example [B]: flip frequency of each example (0 where fully masked);
@@ -39,6 +40,7 @@ Returned dictionaries (hard estimators) hold:
     per-example means (spec §2.3 (b)); they agree when no token is masked.
 """
 
+import functools
 import math
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -63,9 +65,10 @@ def _check_positive_int(name: str, value: Any) -> None:
     raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
 
 
-def _check_chunk_size(chunk_size: Optional[int]) -> None:
+def _check_chunk_size(chunk_size: Optional[int],
+                      name: str = "chunk_size") -> None:
   if chunk_size is not None:
-    _check_positive_int("chunk_size", chunk_size)
+    _check_positive_int(name, chunk_size)
 
 
 def _check_sigma(sigma: Any) -> None:
@@ -127,19 +130,43 @@ def _map_chunks(fn: Callable[[Array], Array], num_items: int,
   return full
 
 
-def _forward_copies(fn: Callable[[Array], Array], copies: Array) -> Array:
-  """One call of fn on c perturbed copies of a batch.
+def _forward_copies(fn: Callable[[Array], Array], copies: Array,
+                    example_chunk_size: Optional[int] = None) -> Array:
+  """fn on c perturbed copies of a batch, in one call or in example blocks.
 
   Args:
-    fn: [B', ...] -> [B', K].
+    fn: [B', ...] -> [B', ...].
     copies: [B, c, ...]; merged batch-major so a batch sharding survives.
+    example_chunk_size: examples per call; None = all B (one call on B * c).
+      Otherwise the batch is cut into n = ceil(B / example_chunk_size)
+      strided blocks (example i * n + j in block j, the last example repeated
+      to pad B to a multiple of n) that run in sequence under `lax.map`, so
+      each call sees at most example_chunk_size * c inputs and every block
+      spans the whole (possibly sharded) batch axis.
 
   Returns:
-    outputs [B, c, K].
+    outputs [B, c, ...]; each example's output is the same whatever
+    example_chunk_size is, up to the batch-size dependence of fn's numerics.
   """
   b, c = copies.shape[:2]
-  out = fn(copies.reshape(b * c, *copies.shape[2:]))
-  return out.reshape(b, c, *out.shape[1:])
+  item = copies.shape[2:]
+
+  def call(x):                                    # [b', c, ...] -> same
+    out = fn(x.reshape(x.shape[0] * c, *item))
+    return out.reshape(x.shape[0], c, *out.shape[1:])
+
+  if example_chunk_size is None or example_chunk_size >= b:
+    return call(copies)
+  num_blocks = -(-b // example_chunk_size)
+  block = -(-b // num_blocks)
+  pad = num_blocks * block - b
+  if pad:
+    copies = jnp.concatenate(
+        [copies, jnp.broadcast_to(copies[-1:], (pad, c, *item))], axis=0)
+  blocks = jnp.moveaxis(copies.reshape(block, num_blocks, c, *item), 1, 0)
+  out = jax.lax.map(call, blocks)                  # [n, block, c, ...]
+  out = jnp.moveaxis(out, 0, 1)
+  return out.reshape(num_blocks * block, *out.shape[2:])[:b]
 
 
 def _token_delta(noise: Array, token_ids: Array, num_tokens: int,
@@ -162,10 +189,12 @@ def _token_delta(noise: Array, token_ids: Array, num_tokens: int,
 
 
 def _clean_labels(fn: Callable[[Array], Array], x: Array,
-                  labels: Optional[Array]) -> Array:
+                  labels: Optional[Array],
+                  example_chunk_size: Optional[int] = None) -> Array:
   if labels is not None:
     return jnp.asarray(labels)
-  return jnp.argmax(fn(x), axis=-1)
+  return jnp.argmax(_forward_copies(fn, x[:, None], example_chunk_size)[:, 0],
+                    axis=-1)
 
 
 # ----------------------------------------------------------------------------
@@ -272,6 +301,7 @@ def token_sensitivity(
     example_mask: Optional[Array] = None,
     labels: Optional[Array] = None,
     chunk_size: Optional[int] = None,
+    example_chunk_size: Optional[int] = None,
 ) -> dict[str, Array]:
   """Token-wise Gaussian sensitivity (arXiv 2403.06925 Fig. 1; spec §1, §2.1).
 
@@ -280,7 +310,11 @@ def token_sensitivity(
   pairs are vectorised: a chunk of c pairs is c perturbed copies of the batch,
   [B, c, T, D] -> [B * c, T, D], one from_tokens call. Peak memory is that of
   one forward pass on chunk_size * B examples (T * R * B when chunk_size is
-  None); chunks run in sequence under `lax.map`.
+  None); chunks run in sequence under `lax.map`. With example_chunk_size = e,
+  each chunk is further cut into blocks of at most e examples, so every
+  forward sees at most e * chunk_size inputs. Results do not depend on either
+  size. Speed does: on CPU a small ViT runs fastest at forward batches of
+  about 64 (docs/benchmarks.md); accelerators prefer larger ones.
 
   Args:
     from_tokens: tokens [B', T, D] -> logits [B', K], any batch size B'.
@@ -293,6 +327,9 @@ def token_sensitivity(
     example_mask: [B] bool or weights, for padded batches.
     labels: [B] int labels to compare with; default the clean argmax.
     chunk_size: (token, draw) pairs per forward call; None = all T * R.
+    example_chunk_size: examples per forward call; None = all B. The batch
+      is split into ceil(B / example_chunk_size) strided blocks, so a batch
+      sharding stays a batch sharding.
 
   Returns:
     dict: per_token [B, T] flip probabilities (0 where masked), per_example
@@ -302,15 +339,17 @@ def token_sensitivity(
   _check_tokens(tokens)
   _check_positive_int("num_draws", num_draws)
   _check_chunk_size(chunk_size)
+  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
-  y = _clean_labels(from_tokens, tokens, labels)
+  y = _clean_labels(from_tokens, tokens, labels, example_chunk_size)
 
   def chunk_flips(ids):                            # ids [c] -> flips [B, c]
     noise = jnp.swapaxes(_pair_noise(key, ids, (b, d), dtype), 0, 1)
     delta = _token_delta(noise, ids // num_draws, t, sigma, dtype)
-    logits = _forward_copies(from_tokens, tokens[:, None] + delta)
+    logits = _forward_copies(from_tokens, tokens[:, None] + delta,
+                             example_chunk_size)
     return jnp.argmax(logits, axis=-1) != y[:, None]
 
   flips = _map_chunks(chunk_flips, t * num_draws, chunk_size)
@@ -329,33 +368,54 @@ def token_sensitivity_loop(
     example_mask: Optional[Array] = None,
     labels: Optional[Array] = None,
     chunk_size: Optional[int] = None,
+    example_chunk_size: Optional[int] = None,
 ) -> dict[str, Array]:
   """Reference `token_sensitivity`: a Python loop of jitted batch forwards.
 
   Same arguments, keys and result; one [B, T, D] forward per (token, draw)
   pair. For tests and benchmarks only (not jittable as a whole; T * R
-  dispatches). `chunk_size` is accepted for signature parity and ignored.
+  dispatches). `chunk_size` and `example_chunk_size` are accepted for
+  signature parity and ignored.
   """
-  del chunk_size
+  del chunk_size, example_chunk_size
   _check_tokens(tokens)
   _check_positive_int("num_draws", num_draws)
   _check_sigma(sigma)
-  b, t, d = tokens.shape
-  dtype = _noise_dtype(tokens)
-  y = jax.jit(lambda x: _clean_labels(from_tokens, x, labels))(tokens)
-
-  @jax.jit
-  def pair_flips(x, k, y, s, q):                   # one pair -> flips [B]
-    noise = jax.random.normal(jax.random.fold_in(k, q), (b, d), dtype)
-    scaled = (s * noise).astype(dtype)
-    onehot = jax.nn.one_hot(q // num_draws, t, dtype=dtype)
-    logits = from_tokens(x + onehot[None, :, None] * scaled[:, None, :])
-    return jnp.argmax(logits, axis=-1) != y
-
-  flips = [pair_flips(tokens, key, y, sigma, jnp.int32(tok * num_draws + r))
+  b, t, _ = tokens.shape
+  try:
+    hash(from_tokens)
+    clean_fn = functools.partial(_loop_clean_labels, from_tokens)
+    pair_fn = functools.partial(_loop_pair_flips, from_tokens, num_draws)
+  except TypeError:                                # Unhashable: jit per call.
+    clean_fn = jax.jit(functools.partial(_loop_clean_labels.__wrapped__,
+                                         from_tokens))
+    pair_fn = jax.jit(functools.partial(_loop_pair_flips.__wrapped__,
+                                        from_tokens, num_draws))
+  y = jnp.asarray(labels) if labels is not None else clean_fn(tokens)
+  flips = [pair_fn(tokens, key, y, sigma, jnp.int32(tok * num_draws + r))
            for tok in range(t) for r in range(num_draws)]
   return _token_result(jnp.stack(flips, axis=1), _unit_mask(token_mask, b, t),
                        num_draws, example_mask)
+
+
+# Module-level so that repeated loop calls with the same from_tokens object
+# reuse one compilation (from_tokens and num_draws are static).
+@functools.partial(jax.jit, static_argnums=0)
+def _loop_clean_labels(from_tokens: TokenFn, x: Array) -> Array:
+  return jnp.argmax(from_tokens(x), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _loop_pair_flips(from_tokens: TokenFn, num_draws: int, x: Array,
+                     key: Array, y: Array, sigma: Any, q: Array) -> Array:
+  """Flips [B] of the single (token, draw) pair q."""
+  b, t, d = x.shape
+  dtype = _noise_dtype(x)
+  noise = jax.random.normal(jax.random.fold_in(key, q), (b, d), dtype)
+  scaled = (sigma * noise).astype(dtype)
+  onehot = jax.nn.one_hot(q // num_draws, t, dtype=dtype)
+  logits = from_tokens(x + onehot[None, :, None] * scaled[:, None, :])
+  return jnp.argmax(logits, axis=-1) != y
 
 
 def global_sensitivity(
@@ -369,6 +429,7 @@ def global_sensitivity(
     example_mask: Optional[Array] = None,
     labels: Optional[Array] = None,
     chunk_size: Optional[int] = None,
+    example_chunk_size: Optional[int] = None,
 ) -> dict[str, Array]:
   """Global Gaussian sensitivity: all valid tokens noised at once (App. A.2).
 
@@ -382,6 +443,7 @@ def global_sensitivity(
     token_mask: [B, T] or [T] bool; masked tokens receive no noise.
     example_mask: [B] bool or weights.
     chunk_size: draws per forward call; None = all R.
+    example_chunk_size: as in `token_sensitivity`.
 
   Returns:
     dict: per_example [B] flip frequency, mean, stderr, stderr_noise, flips,
@@ -390,16 +452,18 @@ def global_sensitivity(
   _check_tokens(tokens)
   _check_positive_int("num_draws", num_draws)
   _check_chunk_size(chunk_size)
+  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
   mask = _unit_mask(token_mask, b, t)
-  y = _clean_labels(from_tokens, tokens, labels)
+  y = _clean_labels(from_tokens, tokens, labels, example_chunk_size)
 
   def chunk_flips(ids):                            # ids [c] -> flips [B, c]
     noise = jnp.swapaxes(_pair_noise(key, ids, (b, t, d), dtype), 0, 1)
     delta = (sigma * noise).astype(dtype) * mask[:, None, :, None].astype(dtype)
-    logits = _forward_copies(from_tokens, tokens[:, None] + delta)
+    logits = _forward_copies(from_tokens, tokens[:, None] + delta,
+                             example_chunk_size)
     return jnp.argmax(logits, axis=-1) != y[:, None]
 
   flips = _map_chunks(chunk_flips, num_draws, chunk_size)        # [B, R]
@@ -487,6 +551,7 @@ def scattered_pixel_sensitivity(
     example_mask: Optional[Array] = None,
     labels: Optional[Array] = None,
     chunk_size: Optional[int] = None,
+    example_chunk_size: Optional[int] = None,
 ) -> dict[str, Array]:
   """Scattered-pixel sensitivity, the official code's estimator (spec §2.2).
 
@@ -506,6 +571,7 @@ def scattered_pixel_sensitivity(
     example_mask: [B] bool or weights.
     labels: [B] int; default the clean argmax.
     chunk_size: draws per forward call; None = all R.
+    example_chunk_size: as in `token_sensitivity`.
 
   Returns:
     dict: per_example [B], mean, stderr, stderr_noise, flips, count.
@@ -516,14 +582,15 @@ def scattered_pixel_sensitivity(
   _check_positive_int("num_draws", num_draws)
   _check_positive_int("num_pixels", num_pixels)
   _check_chunk_size(chunk_size)
+  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
   b = images.shape[0]
-  y = _clean_labels(predict_fn, images, labels)
+  y = _clean_labels(predict_fn, images, labels, example_chunk_size)
 
   def chunk_flips(ids):
     copies = scattered_pixel_perturb(images, key, ids, sigma=sigma,
                                      num_pixels=num_pixels)
-    logits = _forward_copies(predict_fn, copies)
+    logits = _forward_copies(predict_fn, copies, example_chunk_size)
     return jnp.argmax(logits, axis=-1) != y[:, None]
 
   flips = _map_chunks(chunk_flips, num_draws, chunk_size)        # [B, R]
@@ -561,6 +628,7 @@ def smooth_token_sensitivity(
     token_mask: Optional[Array] = None,
     example_mask: Optional[Array] = None,
     chunk_size: Optional[int] = None,
+    example_chunk_size: Optional[int] = None,
 ) -> Array:
   """Differentiable token-wise sensitivity E ||g(X^(t,eps)) - g(X)||.
 
@@ -576,7 +644,9 @@ def smooth_token_sensitivity(
 
   Args:
     from_tokens, tokens, key, sigma, num_draws, token_mask, example_mask,
-      chunk_size: as in `token_sensitivity`.
+      chunk_size, example_chunk_size: as in `token_sensitivity` (the
+      example blocks bound forward memory; backward memory is bounded by
+      chunk_size only).
     norm: 'l1', 'l2' or 'sq_l2'.
     on: 'logits' or 'probs'.
 
@@ -590,6 +660,7 @@ def smooth_token_sensitivity(
   _check_tokens(tokens)
   _check_positive_int("num_draws", num_draws)
   _check_chunk_size(chunk_size)
+  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
@@ -598,12 +669,14 @@ def smooth_token_sensitivity(
     out = from_tokens(x)
     return jax.nn.softmax(out, -1) if on == "probs" else out
 
-  clean = g(tokens)                                              # [B, K]
+  clean = _forward_copies(g, tokens[:, None],
+                          example_chunk_size)[:, 0]              # [B, K]
 
   def chunk_dist(ids):                             # ids [c] -> dist [B, c]
     noise = jnp.swapaxes(_pair_noise(key, ids, (b, d), dtype), 0, 1)
     delta = _token_delta(noise, ids // num_draws, t, sigma, dtype)
-    out = _forward_copies(g, tokens[:, None] + delta)            # [B, c, K]
+    out = _forward_copies(g, tokens[:, None] + delta,
+                          example_chunk_size)                    # [B, c, K]
     return _output_distance(out - clean[:, None], norm)
 
   num_pairs = t * num_draws
@@ -637,6 +710,7 @@ def image_token_sensitivity(
     chunk_size: Optional[int] = None,
     labels: Optional[Array] = None,
     example_mask: Optional[Array] = None,
+    example_chunk_size: Optional[int] = None,
 ) -> dict[str, Array]:
   """Patch-wise sensitivity of an image classifier (spec §2.1, paper mode).
 
@@ -647,8 +721,8 @@ def image_token_sensitivity(
   Args:
     predict_fn: images [B', H, W, C] -> logits [B', K].
     images: [B, H, W, C].
-    key, sigma, num_draws, chunk_size, labels, example_mask: as in
-      `token_sensitivity`.
+    key, sigma, num_draws, chunk_size, labels, example_mask,
+      example_chunk_size: as in `token_sensitivity`.
     patch_size: p; must divide H and W (CIFAR code default 4, T = 64).
 
   Returns:
@@ -658,7 +732,8 @@ def image_token_sensitivity(
       predict_fn, patch_size, images.shape[1:])
   out = token_sensitivity(
       from_tokens, to_tokens(images), key, sigma=sigma, num_draws=num_draws,
-      labels=labels, example_mask=example_mask, chunk_size=chunk_size)
+      labels=labels, example_mask=example_mask, chunk_size=chunk_size,
+      example_chunk_size=example_chunk_size)
   grid = tokens_lib.patch_grid(images.shape, patch_size)
   out["per_patch_map"] = out["per_token"].reshape(images.shape[0], *grid)
   return out

@@ -1,0 +1,622 @@
+"""Benchmark: the token-wise sensitivity estimator on this machine (CPU).
+
+  python experiments/bench_sensitivity.py                  # ~3 min idle
+  python experiments/bench_sensitivity.py --quick          # ~25 s idle
+  python experiments/bench_sensitivity.py --json=/tmp/bench_sensitivity.json
+
+Measures, and prints as markdown tables:
+  * peak: the fp32 matmul peak, best jitted 2048x2048 @ 2048x2048 over the
+    whole run (sampled between all other timings, so the ratios below use the
+    machine's best moment, a conservative choice on a shared machine);
+  * forward sweep: GFLOP/s of one jitted forward per forward batch size, the
+    reason for the chunk sizes used below;
+  * estimator: `image_token_sensitivity` for a ViT (28x28x1, width 128,
+    depth 6, 4 heads, MLP 256) at patch 4 (T = 49) and 7 (T = 16) and the
+    small CNN (patch 4), at batch 64 and 256, for several (chunk_size,
+    example_chunk_size); evaluations/s = B * T * R / time, GFLOP/s = forward
+    flops per example (XLA cost analysis of the forward) * B * (T * R + 1)
+    (clean forward included) / time. XLA's cost analysis of the whole
+    estimator counts each `lax.map` body once; its ratio to the forward-based
+    count is printed in column `ca/fwd` to show this;
+  * forward only: the same number of forwards at the same forward batch on
+    pre-made inputs (the estimator's ceiling: its overhead is the gap);
+  * baselines on the same (token, draw) evaluations: (a)
+    `token_sensitivity_loop` (a Python loop over (token, draw) of jitted
+    batch forwards); (b) the official PyTorch code's pattern (for each
+    example, token and draw, one jitted forward of batch 1), timed on a
+    subsample of examples and extrapolated per evaluation;
+  * memory: `memory_analysis()` of the compiled estimator (temp + argument +
+    output bytes) as R grows, chunked vs unchunked (compiled, not run);
+  * profile: the ViT forward's thunk time by op kind (XLA profiler trace)
+    with analytic matmul flops per kind.
+All timings are best-of-N, interleaved round-robin within each group so that
+ratios compare the same moments of a noisy, shared machine. XLA flags and
+thread counts are whatever the environment sets (recorded in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top
+import flax
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+from xsens.measures import sensitivity as sens
+from xsens.measures import tokens as tokens_lib
+from xsens.models import get_model
+# pylint: enable=g-import-not-at-top
+
+IMAGE_SHAPE = (28, 28, 1)
+NUM_CLASSES = 10
+VIT_KW = dict(width=128, depth=6, num_heads=4, mlp_dim=256)
+SIGMA = 1.0
+PEAK_N = 2048
+
+
+# ----------------------------------------------------------------------------
+# Machine and timing helpers.
+# ----------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+  """nproc, CPU model, versions, XLA_FLAGS and load average."""
+  model = "unknown"
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          model = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return dict(
+      nproc=len(os.sched_getaffinity(0)), cpu_model=model,
+      machine=platform.machine(), python=platform.python_version(),
+      jax=jax.__version__, jaxlib=jaxlib.__version__, flax=flax.__version__,
+      backend=jax.default_backend(), devices=str(jax.devices()),
+      xla_flags=os.environ.get("XLA_FLAGS", ""),
+      loadavg_start=os.getloadavg())
+
+
+def _flops(compiled) -> float:
+  ca = compiled.cost_analysis()
+  if isinstance(ca, (list, tuple)):
+    ca = ca[0]
+  return float(ca.get("flops", float("nan")))
+
+
+def _memory(compiled) -> dict[str, int]:
+  m = compiled.memory_analysis()
+  out = dict(temp=int(m.temp_size_in_bytes),
+             argument=int(m.argument_size_in_bytes),
+             output=int(m.output_size_in_bytes))
+  out["total"] = out["temp"] + out["argument"] + out["output"]
+  return out
+
+
+class Timer:
+  """Best-of-N wall times of thunks, interleaved; also samples the peak."""
+
+  def __init__(self):
+    a = jax.random.normal(jax.random.key(0), (PEAK_N, PEAK_N), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (PEAK_N, PEAK_N), jnp.float32)
+    mm = jax.jit(jnp.matmul).lower(a, b).compile()
+    self._peak_thunk = lambda: mm(a, b)
+    self._peak_thunk().block_until_ready()
+    self.peak_best_s = math.inf
+
+  @property
+  def peak_gflops(self) -> float:
+    return 2 * PEAK_N**3 / self.peak_best_s / 1e9
+
+  def sample_peak(self, n: int = 1) -> None:
+    for _ in range(n):
+      t0 = time.perf_counter()
+      self._peak_thunk().block_until_ready()
+      self.peak_best_s = min(self.peak_best_s, time.perf_counter() - t0)
+
+  def best(self, thunks: dict[str, Callable[[], Any]], rounds: int,
+           warm_up: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """{name: dict(s=best wall seconds, cpu=process CPU / wall at best)}.
+
+    Args:
+      thunks: name -> zero-argument callable (AOT-compiled where possible).
+      rounds: N of best-of-N; the thunks run round-robin.
+      warm_up: names to run once, untimed, first: those that compile on
+        their first call. The others are AOT-compiled already.
+    """
+    for name, fn in thunks.items():
+      if name in warm_up:
+        jax.block_until_ready(fn())
+    out = {k: dict(s=math.inf, cpu=float("nan")) for k in thunks}
+    for _ in range(rounds):
+      self.sample_peak()
+      for name, fn in thunks.items():
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(fn())
+        wall = time.perf_counter() - t0
+        if wall < out[name]["s"]:
+          out[name] = dict(s=wall, cpu=(time.process_time() - c0) / wall)
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Models.
+# ----------------------------------------------------------------------------
+
+
+def build_model(name: str, patch_size: int):
+  """(label, predict_fn(variables, images), variables)."""
+  if name == "vit":
+    model = get_model("vit", NUM_CLASSES, IMAGE_SHAPE, patch_size=patch_size,
+                      **VIT_KW)
+    label = f"ViT p{patch_size}"
+  else:
+    model = get_model("cnn", NUM_CLASSES, IMAGE_SHAPE)
+    label = f"CNN p{patch_size}"
+  x = jnp.zeros((1, *IMAGE_SHAPE), jnp.float32)
+  variables = model.init(jax.random.key(1), x)
+  return label, (lambda v, im: model.apply(v, im, train=False)), variables
+
+
+def forward_flops_per_example(apply, variables, batch: int) -> float:
+  x = jnp.zeros((batch, *IMAGE_SHAPE), jnp.float32)
+  return _flops(jax.jit(apply).lower(variables, x).compile()) / batch
+
+
+def images_for(batch: int, seed: int = 0) -> jax.Array:
+  return jax.random.normal(jax.random.key(seed), (batch, *IMAGE_SHAPE))
+
+
+# ----------------------------------------------------------------------------
+# Estimator, baselines.
+# ----------------------------------------------------------------------------
+
+
+def estimator_fn(apply, patch_size: int, num_draws: int,
+                 chunk_size, example_chunk_size):
+  def fn(variables, images, key):
+    out = sens.image_token_sensitivity(
+        lambda im: apply(variables, im), images, key, patch_size=patch_size,
+        sigma=SIGMA, num_draws=num_draws, chunk_size=chunk_size,
+        example_chunk_size=example_chunk_size)
+    return out["per_token"], out["mean"]
+  return fn
+
+
+def loop_thunk(apply, variables, images, key, patch_size, num_draws):
+  """Baseline (a): `token_sensitivity_loop`, T * R jitted batch forwards."""
+  to_tokens, from_tokens = tokens_lib.image_token_fns(
+      lambda im: apply(variables, im), patch_size, IMAGE_SHAPE)
+  tok = to_tokens(images)
+  return lambda: sens.token_sensitivity_loop(
+      from_tokens, tok, key, sigma=SIGMA, num_draws=num_draws)["per_token"]
+
+
+def per_example_thunk(apply, variables, images, key, patch_size, num_draws,
+                      num_examples):
+  """Baseline (b): per example, token and draw, one jitted batch-1 forward.
+
+  The pattern of the official PyTorch code (estija/sensitivity, language/
+  utils.py `embedding_label_sensitivity`): clone the example, add noise to
+  one token, run the model on that single input. Runs `num_examples`
+  examples; returns (thunk, evaluations per call).
+  """
+  to_tokens, from_tokens = tokens_lib.image_token_fns(
+      lambda im: apply(variables, im), patch_size, IMAGE_SHAPE)
+  tok = to_tokens(images[:num_examples])             # [n, T, D]
+  t, d = tok.shape[1:]
+
+  @jax.jit
+  def clean(x1):
+    return jnp.argmax(from_tokens(x1), -1)
+
+  @jax.jit
+  def one(x1, y1, q):                                # x1 [1, T, D]
+    noise = jax.random.normal(jax.random.fold_in(key, q), (1, d))
+    x1 = x1.at[:, q // num_draws].add(SIGMA * noise)
+    return jnp.argmax(from_tokens(x1), -1) != y1
+
+  def thunk():
+    flips = []
+    for b in range(num_examples):
+      x1 = tok[b:b + 1]
+      y1 = clean(x1)
+      for q in range(t * num_draws):
+        flips.append(one(x1, y1, jnp.int32(q)))
+    return flips
+
+  return thunk, num_examples * t * num_draws
+
+
+# ----------------------------------------------------------------------------
+# Sections.
+# ----------------------------------------------------------------------------
+
+
+def forward_sweep(timer, models, batches, rounds):
+  """GFLOP/s of one jitted forward per forward batch size."""
+  rows = []
+  for name, patch in models:
+    label, apply, variables = build_model(name, patch)
+    thunks, flops = {}, {}
+    for fb in batches:
+      x = images_for(fb)
+      compiled = jax.jit(apply).lower(variables, x).compile()
+      flops[fb] = _flops(compiled)
+      # Repeat small batches so each sample is >= ~20 ms of work.
+      reps = max(1, 256 // fb)
+      thunks[fb] = (lambda c=compiled, x=x, reps=reps:
+                    [c(variables, x) for _ in range(reps)])
+      flops[fb] *= reps
+    times = timer.best(thunks, rounds, warm_up=tuple(thunks))
+    for fb in batches:
+      gf = flops[fb] / times[fb]["s"] / 1e9
+      rows.append(dict(model=label, forward_batch=fb, gflops=gf,
+                       cpu_util=times[fb]["cpu"],
+                       mflop_per_example=flops[fb] / max(1, 256 // fb) / fb
+                       / 1e6))
+      print(f"  {label:8s} forward batch {fb:5d}: {gf:6.1f} GFLOP/s "
+            f"(cpu {times[fb]['cpu']:.2f})", flush=True)
+  return rows
+
+
+def estimator_case(timer, name, patch, batch, num_draws, configs, rounds,
+                   per_example_n, with_forward_only=True):
+  """Estimator configs and baselines for one (model, batch, R).
+
+  with_forward_only=False skips the forward-only reference to keep the
+  default run short.
+  """
+  label, apply, variables = build_model(name, patch)
+  t = (IMAGE_SHAPE[0] // patch) * (IMAGE_SHAPE[1] // patch)
+  images, key = images_for(batch), jax.random.key(2)
+  fpe = forward_flops_per_example(apply, variables, 64)
+  evals = batch * t * num_draws
+  model_flops = fpe * batch * (t * num_draws + 1)
+
+  thunks, meta = {}, {}
+  # Reference: the same number of forwards at the first config's forward
+  # batch on pre-made inputs, under lax.map like the estimator's chunks.
+  cs, ecs = configs[0]
+  fb0 = min(ecs or batch, batch) * min(cs or t * num_draws, t * num_draws)
+  total = batch * (t * num_draws + 1)
+  if with_forward_only and total % fb0 == 0:
+    inputs = jax.random.normal(jax.random.key(3),
+                               (total // fb0, fb0, *IMAGE_SHAPE))
+    fwd = jax.jit(lambda v, xs: jax.lax.map(
+        lambda x: jnp.argmax(apply(v, x), -1), xs)).lower(
+            variables, inputs).compile()
+    thunks["forward only"] = lambda: fwd(variables, inputs)
+    meta["forward only"] = dict(forward_batch=fb0, ca_flops=_flops(fwd))
+  for cs, ecs in configs:
+    fn = estimator_fn(apply, patch, num_draws, cs, ecs)
+    compiled = jax.jit(fn).lower(variables, images, key).compile()
+    name_ = f"chunk={cs} examples={ecs}"
+    fb = min(ecs or batch, batch) * min(cs or t * num_draws, t * num_draws)
+    meta[name_] = dict(chunk_size=cs, example_chunk_size=ecs,
+                       forward_batch=fb, ca_flops=_flops(compiled))
+    thunks[name_] = (lambda c=compiled: c(variables, images, key))
+  thunks["(a) loop"] = loop_thunk(apply, variables, images, key, patch,
+                                  num_draws)
+  pe_thunk, pe_evals = per_example_thunk(apply, variables, images, key, patch,
+                                         num_draws, per_example_n)
+  thunks["(b) per-example"] = pe_thunk
+  # The loop compiles on its first call: with rounds >= 2 the best-of drops
+  # that call, so it is not warmed up separately (it is the slowest thunk).
+  times = timer.best(thunks, max(2, rounds), warm_up=("(b) per-example",))
+
+  rows = []
+  pe_per_eval = times["(b) per-example"]["s"] / pe_evals
+  for k, tm in times.items():
+    if k == "(b) per-example":
+      seconds, note = pe_per_eval * evals, (
+          f"extrapolated from {pe_evals} evaluations "
+          f"({per_example_n} examples)")
+    else:
+      seconds, note = tm["s"], ""
+    row = dict(model=label, tokens=t, batch=batch, num_draws=num_draws,
+               method=k, seconds=seconds, evals_per_s=evals / seconds,
+               gflops=model_flops / seconds / 1e9, cpu_util=tm["cpu"],
+               note=note)
+    row["pct_peak"] = 100 * row["gflops"] / timer.peak_gflops
+    if k in meta:
+      row.update(meta[k])
+      row["ca_over_forward_flops"] = meta[k]["ca_flops"] / model_flops
+    rows.append(row)
+  best = min((r for r in rows if r["method"].startswith("chunk=")),
+             key=lambda r: r["seconds"])
+  for r in rows:
+    r["time_vs_best_estimator"] = r["seconds"] / best["seconds"]
+  return rows
+
+
+def memory_table(patch, batch, draws_list, chunk_sizes):
+  """memory_analysis() bytes of the compiled ViT estimator (not run)."""
+  label, apply, variables = build_model("vit", patch)
+  images, key = images_for(batch), jax.random.key(2)
+  rows = []
+  for r in draws_list:
+    for cs, ecs in chunk_sizes:
+      fn = estimator_fn(apply, patch, r, cs, ecs)
+      compiled = jax.jit(fn).lower(variables, images, key).compile()
+      t = (IMAGE_SHAPE[0] // patch) * (IMAGE_SHAPE[1] // patch)
+      rows.append(dict(model=label, batch=batch, tokens=t, num_draws=r,
+                       chunk_size=cs, example_chunk_size=ecs,
+                       **_memory(compiled)))
+      m = rows[-1]
+      print(f"  R={r:3d} chunk={cs} examples={ecs}: total "
+            f"{m['total'] / 2**20:9.1f} MiB (temp {m['temp'] / 2**20:.1f})",
+            flush=True)
+  return rows
+
+
+def _vit_kind(op_name: str) -> str:
+  if "hqk" in op_name or "qhd" in op_name or "softmax" in op_name:
+    return "attention (QK^T, softmax, AV)"
+  if "dot_general" in op_name:
+    return "dense matmuls (QKV, out, MLP, head)"
+  if "conv" in op_name:
+    return "patch embedding (conv)"
+  if "LayerNorm" in op_name or "encoder_norm" in op_name:
+    return "LayerNorm"
+  if "MlpBlock" in op_name:
+    return "GELU / bias"
+  return "other elementwise (bias, residual, transpose, concat)"
+
+
+def vit_matmul_flops(patch: int, batch: int) -> dict[str, float]:
+  """Analytic matmul flops of the ViT forward per op kind (batch examples)."""
+  t = (IMAGE_SHAPE[0] // patch) * (IMAGE_SHAPE[1] // patch)
+  n, d, m = t + 1, VIT_KW["width"], VIT_KW["mlp_dim"]
+  dense = VIT_KW["depth"] * (2 * n * d * 4 * d + 2 * 2 * n * d * m)
+  dense += 2 * d * NUM_CLASSES
+  attention = VIT_KW["depth"] * 2 * 2 * n * n * d
+  embed = 2 * t * patch * patch * IMAGE_SHAPE[2] * d
+  return {"dense matmuls (QKV, out, MLP, head)": dense * batch,
+          "attention (QK^T, softmax, AV)": attention * batch,
+          "patch embedding (conv)": embed * batch}
+
+
+def profile_vit(patch: int, batch: int, calls: int) -> list[dict[str, Any]]:
+  """Thunk time of the ViT forward by op kind, from a profiler trace."""
+  _, apply, variables = build_model("vit", patch)
+  x = images_for(batch)
+  compiled = jax.jit(apply).lower(variables, x).compile()
+  kinds = {}
+  for line in compiled.as_text().splitlines():
+    m = re.match(r"\s*(?:ROOT )?%(\S+) = ", line)
+    if m:
+      op = re.search(r'op_name="([^"]+)"', line)
+      kinds[m.group(1)] = _vit_kind(op.group(1) if op else line)
+  compiled(variables, x).block_until_ready()
+  tmp = tempfile.mkdtemp(prefix="bench_sens_trace_")
+  try:
+    with jax.profiler.trace(tmp, create_perfetto_trace=True):
+      for _ in range(calls):
+        compiled(variables, x).block_until_ready()
+    files = glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"),
+                      recursive=True)
+    if not files:
+      return []
+    with gzip.open(files[0]) as f:
+      trace = json.load(f)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  us = collections.Counter()
+  for e in trace.get("traceEvents", []):
+    if e.get("ph") == "X" and e.get("name") in kinds:
+      us[kinds[e["name"]]] += e["dur"] / calls
+  total = sum(us.values())
+  flops = vit_matmul_flops(patch, batch)
+  rows = []
+  for kind, v in us.most_common():
+    fl = flops.get(kind, 0.0)
+    rows.append(dict(kind=kind, us=v, share=100 * v / total,
+                     matmul_gflop=fl / 1e9,
+                     gflops=fl / (v * 1e-6) / 1e9 if fl else 0.0))
+  return rows
+
+
+# ----------------------------------------------------------------------------
+# Printing.
+# ----------------------------------------------------------------------------
+
+
+def _fmt_bytes(n: int) -> str:
+  return f"{n / 2**20:,.1f} MiB"
+
+
+def print_cases(rows, peak):
+  print(f"\nPeak (fp32 matmul {PEAK_N}^3, best over run): {peak:.1f} GFLOP/s")
+  print("| model | T | B | R | method | fwd batch | s | evals/s | GFLOP/s | "
+        "% peak | time / best estimator | cpu/wall | ca/fwd |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    ca = r.get("ca_over_forward_flops")
+    print(f"| {r['model']} | {r['tokens']} | {r['batch']} | {r['num_draws']} "
+          f"| {r['method']} | {r.get('forward_batch', '')} "
+          f"| {r['seconds']:.3f} | {r['evals_per_s']:,.0f} "
+          f"| {r['gflops']:.1f} | {r['pct_peak']:.0f}% "
+          f"| {r['time_vs_best_estimator']:.2f} | {r['cpu_util']:.2f} "
+          f"| {'' if ca is None else f'{ca:.3f}'} |")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true",
+                      help="< 1 min: fewer models, sizes and repeats.")
+  parser.add_argument("--json", default=None, help="write results here.")
+  parser.add_argument("--rounds", type=int, default=None,
+                      help="best-of-N rounds per timing (default 3, quick 2).")
+  parser.add_argument("--forward_batch", type=int, default=64,
+                      help="target examples per forward call for the "
+                           "'sensible' estimator config.")
+  args = parser.parse_args(argv)
+  rounds = args.rounds or (2 if args.quick else 3)
+  fb = args.forward_batch
+  t_start = time.perf_counter()
+
+  def section(title):
+    print(f"\n## {title} [{time.perf_counter() - t_start:.0f} s]", flush=True)
+
+  info = machine_info()
+  print("## Machine")
+  for k, v in info.items():
+    print(f"  {k}: {v}")
+  timer = Timer()
+  timer.sample_peak(5)
+  print(f"  matmul peak (initial best of 5): {timer.peak_gflops:.1f} GFLOP/s",
+        flush=True)
+
+  section("Forward sweep")
+  sweep_models = [("vit", 4)] if args.quick else [("vit", 4), ("vit", 7),
+                                                   ("cnn", 4)]
+  sweep_batches = [64, 256] if args.quick else [16, 32, 64, 128, 256, 512]
+  sweep = forward_sweep(timer, sweep_models, sweep_batches, rounds)
+
+  section("Estimator and baselines")
+
+  def sensible(batch, pairs):
+    """(chunk_size, example_chunk_size) giving forward batches of ~fb."""
+    if batch >= fb:
+      return (1, fb if batch > fb else None)
+    return (min(pairs, max(1, fb // batch)), None)
+
+  if args.quick:
+    plan = [("vit", 7, 64, 1), ("cnn", 4, 64, 1)]
+  else:
+    plan = [("vit", 4, 64, 1), ("vit", 4, 256, 1), ("vit", 7, 64, 4),
+            ("vit", 7, 256, 1), ("cnn", 4, 64, 1), ("cnn", 4, 256, 1)]
+  cases = []
+  for name, patch, batch, r in plan:
+    t = (IMAGE_SHAPE[0] // patch) ** 2
+    configs = [sensible(batch, t * r)]
+    if batch > fb:
+      configs.append((1, None))                    # Forward batch = B.
+    if not args.quick and batch <= fb:
+      configs.append((max(1, 4 * fb // batch), None))  # Forward batch 4 fb.
+      configs.append((None, None))                 # One forward of B * T * R.
+    configs = list(dict.fromkeys(configs))
+    heavy = name == "vit" and patch == 4 and batch > fb   # ~5 s per call.
+    case = estimator_case(
+        timer, name, patch, batch, r, configs,
+        rounds=max(2, rounds - 1) if heavy else rounds,
+        with_forward_only=not heavy,
+        per_example_n=1 if (args.quick or name == "vit" and patch == 4) else 2)
+    for row in case:
+      print(f"  {row['model']} B={batch} R={r} {row['method']:28s} "
+            f"{row['seconds']:8.3f} s {row['evals_per_s']:10,.0f} evals/s "
+            f"{row['gflops']:6.1f} GFLOP/s", flush=True)
+    cases.extend(case)
+
+  section("Memory (compiled, not run)")
+  draws = [1, 4] if args.quick else [1, 4, 16, 64]
+  mem = memory_table(4, 64, draws, [(1, None), (4, None), (None, None)]
+                     if not args.quick else [(1, None), (None, None)])
+
+  section("Profile of the ViT forward")
+  prof_batches = (fb,) if args.quick else (fb, 4 * fb)
+  prof = {pb: profile_vit(4, pb, calls=3 if args.quick else 5)
+          for pb in prof_batches}
+
+  info["loadavg_end"] = os.getloadavg()
+  peak = timer.peak_gflops
+  for r in cases:                                  # Final (best) peak.
+    r["pct_peak"] = 100 * r["gflops"] / peak
+  for r in sweep:
+    r["pct_peak"] = 100 * r["gflops"] / peak
+
+  print("\n# Results")
+  print(f"loadavg start {info['loadavg_start']}, end {info['loadavg_end']}")
+  print("\n## Forward GFLOP/s by forward batch")
+  print("| model | MFLOP/example | " + " | ".join(
+      f"B={b}" for b in sweep_batches) + " |")
+  print("|---|---|" + "---|" * len(sweep_batches))
+  for label in dict.fromkeys(r["model"] for r in sweep):
+    rs = [r for r in sweep if r["model"] == label]
+    print(f"| {label} | {rs[0]['mflop_per_example']:.1f} | " + " | ".join(
+        f"{r['gflops']:.0f} ({r['pct_peak']:.0f}%)" for r in rs) + " |")
+  print("\n## Estimator and baselines")
+  print_cases(cases, peak)
+  print("\n## Memory of the compiled ViT p4 estimator, B = 64: "
+        "temp + argument + output")
+  print("| R | T x R | chunk_size | example_chunk_size | temp | argument | "
+        "output | total |")
+  print("|---|---|---|---|---|---|---|---|")
+  for m in mem:
+    print(f"| {m['num_draws']} | {m['tokens'] * m['num_draws']} | "
+          f"{m['chunk_size']} | "
+          f"{m['example_chunk_size']} | {_fmt_bytes(m['temp'])} | "
+          f"{_fmt_bytes(m['argument'])} | {_fmt_bytes(m['output'])} | "
+          f"{_fmt_bytes(m['total'])} |")
+  print("\n## ViT p4 forward: thunk time by op kind (profiler trace)")
+  print("| op kind | " + " | ".join(
+      f"B={pb}: us/example | share | GFLOP/s" for pb in prof) + " |")
+  print("|---|" + "---|---|---|" * len(prof))
+  kinds = list(dict.fromkeys(p["kind"] for rows in prof.values()
+                             for p in rows))
+  for kind in kinds:
+    cells = []
+    for pb, rows in prof.items():
+      p = next((p for p in rows if p["kind"] == kind), None)
+      if p is None:
+        cells.append("- | - | -")
+      else:
+        gf = f"{p['gflops']:.0f}" if p["matmul_gflop"] else "-"
+        cells.append(f"{p['us'] / pb:.1f} | {p['share']:.0f}% | {gf}")
+    print(f"| {kind} | " + " | ".join(cells) + " |")
+  print("\n## Summary: best estimator config per case")
+  print("| model | T | B | R | config | fwd batch | evals/s | GFLOP/s | % peak "
+        "| estimator / forward-only time (same fwd batch) | (a) loop / "
+        "estimator time | (b) per-example / estimator time |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  for key in dict.fromkeys((r["model"], r["batch"], r["num_draws"])
+                           for r in cases):
+    rs = [r for r in cases if (r["model"], r["batch"], r["num_draws"]) == key]
+    est = min((r for r in rs if r["method"].startswith("chunk=")),
+              key=lambda r: r["seconds"])
+    ratio = {r["method"]: r["seconds"] / est["seconds"] for r in rs}
+    fwd = [r for r in rs if r["method"] == "forward only"]
+    same = [r for r in rs if fwd and r["method"].startswith("chunk=")
+            and r["forward_batch"] == fwd[0]["forward_batch"]]
+    if same:
+      ratio["forward only"] = same[0]["seconds"] / fwd[0]["seconds"]
+    fmt = lambda k: f"{ratio[k]:.2f}" if k in ratio else "-"
+    print(f"| {est['model']} | {est['tokens']} | {est['batch']} | "
+          f"{est['num_draws']} | {est['method']} | {est['forward_batch']} | "
+          f"{est['evals_per_s']:,.0f} | {est['gflops']:.1f} | "
+          f"{est['pct_peak']:.0f}% | {fmt('forward only')} | "
+          f"{fmt('(a) loop')} | {fmt('(b) per-example')} |")
+  elapsed = time.perf_counter() - t_start
+  print(f"\nTotal benchmark time: {elapsed:.0f} s")
+
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(dict(machine=info, peak_gflops=peak, forward_sweep=sweep,
+                     estimator=cases, memory=mem, profile=prof,
+                     seconds=elapsed, quick=args.quick), f, indent=1,
+                default=str)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+  main()
