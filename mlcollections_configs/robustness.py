@@ -46,16 +46,8 @@ def robustness_config() -> ml_collections.ConfigDict:
 
 def get_config(arg=None):
   arg = parse_arg(arg, setup="mnist5k", smoke=False)
-  if arg.setup not in SETUPS:
-    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
-  config = ml_collections.ConfigDict()
-  config.study = "robustness"
-  config.train = common.train_config()
-  config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  config = common.multi_run_config("robustness", arg.setup, SETUPS)
   c = config.train
-  c.target_train_accuracy = 0.99
-  c.eval_every = 100
-  c.eval_train_examples = 2000
   config.robustness = rc = robustness_config()
   if arg.setup == "mnist5k":
     c.data.name = "mnist5k"

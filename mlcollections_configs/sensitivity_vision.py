@@ -59,16 +59,8 @@ def _paper_runs(setup: str) -> ml_collections.ConfigDict:
 
 def get_config(arg=None):
   arg = parse_arg(arg, setup="mnist5k", smoke=False)
-  if arg.setup not in SETUPS:
-    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
-  config = ml_collections.ConfigDict()
-  config.study = "sensitivity_vision"
-  config.train = common.train_config()
-  config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  config = common.multi_run_config("sensitivity_vision", arg.setup, SETUPS)
   c = config.train
-  c.target_train_accuracy = 0.99
-  c.eval_every = 100
-  c.eval_train_examples = 2000
 
   sc = config.sensitivity = ml_collections.ConfigDict()
   sc.seed = 0
