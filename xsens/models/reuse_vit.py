@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
-from xsens.models.vit import MlpBlock, ViT, posemb_sincos_2d, skipped_parts
+from xsens.models.vit import MlpBlock, ViT, embed_tokens, skipped_parts
 
 
 def resolve_reuse_heads(reuse_heads: int, num_heads: int) -> int:
@@ -161,20 +161,7 @@ class ReuseViT(ViT):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    p = self.patch_size
-    x = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID",
-                name="embedding")(x)
-    b, h, w, d = x.shape
-    x = x.reshape(b, h * w, d)
-    if self.posemb == "learned":
-      x = x + self.param("pos_embedding", nn.initializers.normal(stddev=0.02),
-                         (1, h * w, d), jnp.float32)
-    else:
-      x = x + posemb_sincos_2d(h, w, d)
-    if self.pooling == "cls":
-      cls = self.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)
-      x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
-
+    x = embed_tokens(self, x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     skipped = skipped_parts(self.skip, self.depth)
     scores = None

@@ -136,6 +136,28 @@ class EncoderBlock(nn.Module):
     return x
 
 
+def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
+  """The ViT stem, run inside `vit`'s compact `__call__` (params land in its scope).
+
+  Patch embedding (a p×p conv with stride p, so one pixel patch is one token), learned or
+  sin-cos position embedding, then the CLS token when `vit.pooling == "cls"`.
+  [B, H, W, C] -> [B, T (+1), width].
+  """
+  p = vit.patch_size
+  x = nn.Conv(vit.width, (p, p), strides=(p, p), padding="VALID", name="embedding")(images)
+  b, h, w, d = x.shape
+  x = x.reshape(b, h * w, d)
+  if vit.posemb == "learned":
+    x = x + vit.param("pos_embedding", nn.initializers.normal(stddev=0.02),
+                      (1, h * w, d), jnp.float32)
+  else:
+    x = x + posemb_sincos_2d(h, w, d)
+  if vit.pooling == "cls":
+    cls = vit.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)
+    x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
+  return x
+
+
 class ViT(nn.Module):
   """ViT classifier: [B, H, W, C] -> logits [B, num_classes]."""
   num_classes: int
@@ -175,22 +197,7 @@ class ViT(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    p = self.patch_size
-    x = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID",
-                name="embedding")(x)
-    b, h, w, d = x.shape
-    x = x.reshape(b, h * w, d)
-
-    if self.posemb == "learned":
-      x = x + self.param("pos_embedding", nn.initializers.normal(stddev=0.02),
-                         (1, h * w, d), jnp.float32)
-    else:
-      x = x + posemb_sincos_2d(h, w, d)
-
-    if self.pooling == "cls":
-      cls = self.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)
-      x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
-
+    x = embed_tokens(self, x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     skipped = skipped_parts(self.skip, self.depth)
     for i in range(self.depth):
