@@ -13,7 +13,8 @@ References:
     clean and the perturbed model run in eval mode (`train=False`): dropout is
     off and BatchNorm uses, and never updates, its running statistics.
 
-Models enter as xsens flax modules (`xsens.models.ViT`, `xsens.models.ResNet18`)
+Models enter as xsens flax modules (`xsens.models.ViT`, `xsens.models.ResNet18`,
+`xsens.models.BiTResNet`)
 whose static `skip` field removes residual branches while the same variables
 apply. `perturb_weights` and `sharpness` are pure and jittable; the accuracy
 drivers (`accuracy`, `layer_removal_accuracy`, `weight_noise_accuracy`) loop
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens.models import bit as bit_lib
 from xsens.models import resnet as resnet_lib
 from xsens.models import vit as vit_lib
 
@@ -135,7 +137,8 @@ def removable_layers(model: nn.Module,
     model: `ViT` (every encoder block, any of PARTS) or `ResNet18` (blocks with
       an identity shortcut, see `xsens.models.resnet.identity_blocks`; a
       BasicBlock has no separate attention / MLP, so only the 'block' entry of
-      `parts` applies to it).
+      `parts` applies to it) or `BiTResNet` (units with an identity shortcut,
+      `xsens.models.bit.identity_units`, flat unit index; 'block' only).
     parts: subset of ('block', 'attention', 'mlp').
 
   Returns:
@@ -143,7 +146,7 @@ def removable_layers(model: nn.Module,
 
   Raises:
     ValueError: for an unknown part, parts none of which the model has, or a
-      model other than ViT / ResNet18.
+      model other than ViT / ResNet18 / BiTResNet.
   """
   for part in parts:
     if part not in PARTS:
@@ -155,7 +158,12 @@ def removable_layers(model: nn.Module,
       raise ValueError(f"ResNet18 blocks have no {', '.join(map(repr, parts))} "
                        f"sub-layer; only 'block' can be removed.")
     return tuple((i, "block") for i in resnet_lib.identity_blocks())
-  raise ValueError(f"layer removal supports ViT and ResNet18, not "
+  if isinstance(model, bit_lib.BiTResNet):
+    if "block" not in parts:
+      raise ValueError(f"BiT units have no {', '.join(map(repr, parts))} sub-layer; "
+                       f"only 'block' (a whole unit) can be removed.")
+    return tuple((i, "block") for i in bit_lib.identity_units(model.block_units))
+  raise ValueError(f"layer removal supports ViT, ResNet18 and BiTResNet, not "
                    f"{type(model).__name__}.")
 
 
@@ -169,7 +177,8 @@ def remove_layers(model: nn.Module, layers: Sequence[Layer]) -> nn.Module:
   projection shortcut are refused with a ConfigError.
 
   Args:
-    model: `ViT` or `ResNet18` (any existing `skip` is replaced).
+    model: `ViT`, `ResNet18` or `BiTResNet` (any existing `skip` is replaced;
+      BiT: (i, 'block') makes unit i, flat index, the identity).
     layers: (layer, part) pairs.
 
   Returns:
@@ -187,7 +196,15 @@ def remove_layers(model: nn.Module, layers: Sequence[Layer]) -> nn.Module:
     skip = tuple(i for i, _ in layers)
     resnet_lib.check_skip(skip)
     return model.clone(skip=skip)
-  raise ValueError(f"layer removal supports ViT and ResNet18, not "
+  if isinstance(model, bit_lib.BiTResNet):
+    bad = [p for _, p in layers if p != "block"]
+    if bad:
+      raise ValueError(f"BiT units have no {bad[0]!r} sub-layer; only 'block' can be "
+                       f"removed.")
+    skip = tuple(i for i, _ in layers)
+    bit_lib.check_skip(skip, model.block_units)
+    return model.clone(skip=skip)
+  raise ValueError(f"layer removal supports ViT, ResNet18 and BiTResNet, not "
                    f"{type(model).__name__}.")
 
 

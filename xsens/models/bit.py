@@ -21,6 +21,13 @@ Weight standardisation: each output channel of a conv kernel [kh, kw, cin,
 cout] is normalised over (kh, kw, cin) to zero mean and unit variance
 (epsilon 1e-10) before the convolution. GroupNorm uses epsilon 1e-5.
 Strides sit on the 3x3 conv; blocks 2-4 halve the resolution.
+
+Unit removal without retraining (Bhojanapalli et al. 2021, arXiv 2103.14586): the static
+field `skip` lists units by flat index (0.. sum(block_units) - 1, in the order
+block1/unit01, block1/unit02, ..., block2/unit01, ...) whose residual branch is dropped,
+so the unit is the identity. Only units with an identity shortcut can be removed
+(`identity_units`: every unit but the first of each block, which projects). The
+parameter tree does not depend on `skip`.
 """
 
 import flax.linen as nn
@@ -42,6 +49,35 @@ def standardize(kernel: jnp.ndarray, eps: float = WS_EPSILON) -> jnp.ndarray:
   mean = kernel.mean(axis=(0, 1, 2), keepdims=True)
   var = jnp.square(kernel - mean).mean(axis=(0, 1, 2), keepdims=True)
   return (kernel - mean) / jnp.sqrt(var + eps)
+
+
+def unit_names(block_units) -> tuple[str, ...]:
+  """'block{b}/unit{u:02d}' of every unit, in flat order."""
+  return tuple(f"block{b + 1}/unit{u + 1:02d}" for b, n in enumerate(block_units)
+               for u in range(n))
+
+
+def identity_units(block_units) -> tuple[int, ...]:
+  """Flat indices of the units whose shortcut is the identity (all but each block's first)."""
+  out, start = [], 0
+  for n in block_units:
+    out.extend(range(start + 1, start + n))
+    start += n
+  return tuple(out)
+
+
+def check_skip(skip, block_units) -> frozenset[int]:
+  """Validates `skip` (flat unit indices); returns it as a set."""
+  allowed = identity_units(block_units)
+  for index in skip:
+    if isinstance(index, bool) or not isinstance(index, int) or index not in allowed:
+      names = unit_names(block_units)
+      detail = (f" ({names[index]} has a projection shortcut)"
+                if isinstance(index, int) and 0 <= index < len(names) else "")
+      raise ConfigError(
+          "model.skip", f"can only remove units with an identity shortcut{detail}; got "
+          f"{index!r}; allowed: {', '.join(map(str, allowed))}")
+  return frozenset(skip)
 
 
 def widths(width_factor: float) -> tuple[int, tuple[int, ...]]:
@@ -125,17 +161,22 @@ class PreActUnit(nn.Module):
 
 
 class _Block(nn.Module):
-  """`units` PreActUnits named unit01, unit02, ...; the first one strided."""
+  """`units` PreActUnits named unit01, unit02, ...; the first one strided. Units whose
+  index is in `skip` are the identity (built, so initialised, either way)."""
   units: int
   mid: int
   num_groups: int
   strides: int
+  skip: tuple[int, ...] = ()
 
   @nn.compact
   def __call__(self, x):
     for u in range(self.units):
-      x = PreActUnit(self.mid, self.num_groups, self.strides if u == 0 else 1,
-                     name=f"unit{u + 1:02d}")(x)
+      unit = PreActUnit(self.mid, self.num_groups, self.strides if u == 0 else 1,
+                        name=f"unit{u + 1:02d}")
+      if self.is_initializing() or u not in self.skip:
+        y = unit(x)
+        x = x if u in self.skip else y
     return x
 
 
@@ -145,6 +186,8 @@ class BiTResNet(nn.Module):
   block_units: tuple[int, ...] = (3, 4, 6, 3)
   width_factor: float = 1.0
   num_groups: int = 32
+  # Flat indices of units to drop (identity on the residual stream); see the module docstring.
+  skip: tuple[int, ...] = ()
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -165,14 +208,19 @@ class BiTResNet(nn.Module):
           f"{self.num_groups} must divide every normalised width "
           f"{', '.join(map(str, channels))} (width_factor={self.width_factor}); "
           f"{bad[0]} is not a multiple")
+    check_skip(self.skip, self.block_units)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train  # No dropout or batch statistics.
     root, mid = widths(self.width_factor)
+    skip = check_skip(self.skip, self.block_units)
     x = _Root(root, name="root_block")(x)
+    start = 0
     for b, (units, width, stride) in enumerate(zip(self.block_units, mid, STRIDES)):
-      x = _Block(units, width, self.num_groups, stride, name=f"block{b + 1}")(x)
+      local = tuple(sorted(i - start for i in skip if start <= i < start + units))
+      x = _Block(units, width, self.num_groups, stride, local, name=f"block{b + 1}")(x)
+      start += units
     x = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=GN_EPSILON,
                              name="group_norm")(x))
     x = x.mean(axis=(1, 2))

@@ -228,7 +228,14 @@ def _forward_order(features: dict) -> dict:
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
-  """Trains the runs, measures every section, writes results.md/json and the plots."""
+  """Trains the runs, measures every section, writes results.md/json and the plots.
+
+  A config with an `imagenet` section (setup "imagenet") evaluates pretrained checkpoints on
+  streamed ImageNet instead: see `xsens.studies.robustness_imagenet`.
+  """
+  if "imagenet" in config:
+    from xsens.studies import robustness_imagenet  # pylint: disable=g-import-not-at-top
+    return robustness_imagenet.run(config, workdir, overwrite=overwrite)
   rc = config.robustness
   experiments = compare.validate_runs(config)
   validate_robustness_config(rc, list(experiments), config.train.data.normalize)

@@ -1,0 +1,577 @@
+"""The ImageNet variant of study `robustness`: public ViT and BiT checkpoints, no training.
+
+Bhojanapalli et al., "Understanding Robustness of Transformers for Image Classification",
+ICCV 2021, arXiv 2103.14586 (spec google_papers.md §E) compare ViT-B/16 and BiT ResNets
+pre-trained on ImageNet-21k and fine-tuned on ImageNet. This variant evaluates such
+checkpoints (vit_jax `.npz`, e.g. imagenet21k+imagenet2012/ViT-B_16.npz, and big_transfer
+`.npz`, e.g. BiT-M-R50x1-ILSVRC2012.npz; `runs.<run>.pretrained.path`, loaded by
+`xsens.models.pretrained` with the architecture read off the checkpoint) on TFDS imagenet2012
+validation, streamed by `xsens.data.streaming` (nothing the size of the split is held):
+
+  - clean top-1 on the first `imagenet.limit` examples of a seeded permutation;
+  - the common corruptions (`robustness.corruptions`, default 15 × 5) on the same examples:
+    read from TFDS `imagenet2012_corrupted/<name>_<severity>` when every needed config is
+    prepared in the data_dir (`imagenet.corruption_source` "auto" or "tfds"), else
+    synthesised per batch with `xsens.measures.corruptions` ("synthesize");
+    accuracy per corruption / category / severity, mCA, mCE and relative mCE against the run
+    `robustness.baseline_run`, and Hendrycks' AlexNet-normalised mCE when all 15 × 5 are run;
+  - FGSM / PGD accuracy vs ε, PGD transfer between the runs and the PGD perturbations'
+    structure (energy per `robustness.patch_size` patch, low-frequency share, patch
+    alignment) on the first `robustness.num_examples` examples;
+  - layer removal (`xsens.measures.perturbations`, no retraining) on the same subset: for a
+    ViT one block / its attention / its MLP at a time, for a BiT ResNet one bottleneck unit
+    with an identity shortcut at a time (every unit but the first of each block).
+
+Not in this variant (left to the mnist5k / cifar10 setups): per-layer weight noise,
+sharpness, CKA and linear probes.
+
+Geometry (our design, documented in `xsens.data.streaming`): every image is first brought to
+ImageNet-C's geometry, the central 224/256 of the shorter side resized bicubically to
+224 × 224 (exactly how TFDS made imagenet2012_corrupted), so clean, TFDS-corrupted and
+synthesised images share one geometry; corruptions act on these 224² [0, 1] images, which are
+then resized (bilinear, on the device) to `imagenet.image_size` and mapped to [-1, 1], the
+input range of both the vit_jax and big_transfer models. The public releases' own eval
+resizes the whole image (no crop) to the fine-tuning resolution (384 for the
+imagenet21k+imagenet2012 ViT-B/16, 480 for BiT-M-ILSVRC2012), so clean accuracies here are a
+little different from the published ones.
+
+Cost of synthesised corruptions (host CPU, measured here at 224²): about 0.6 CPU-s per image
+per severity for all 15 (zoom blur alone 0.35 s), so 10 000 images × 5 severities are about
+8 CPU-hours, spread over `imagenet.num_workers` threads (NumPy releases the GIL); a prepared
+imagenet2012_corrupted (decode only) or a smaller `imagenet.limit` is much cheaper.
+
+Memory: the streaming passes hold two batches of `imagenet.batch_size` × 224² × 3; the
+adversarial / layer-removal subset is materialised in model space:
+`robustness.num_examples` × image_size² × 3 × 4 bytes (500 × 224² ≈ 0.3 GB).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xsens import models as models_lib
+from xsens.data import streaming
+from xsens.errors import ConfigError
+from xsens.measures import adversarial as adv
+from xsens.measures import corruption_eval, corruptions
+from xsens.measures import perturbations as pert
+from xsens.models import pretrained
+from xsens.models import vit as vit_lib
+from xsens.report import plots, tables
+from xsens.studies import robustness
+
+BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
+CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
+LOADERS = {"vit": (pretrained.vit_config_from_checkpoint, pretrained.vit_params_from_checkpoint),
+           "bit_resnet": (pretrained.bit_config_from_checkpoint,
+                          pretrained.bit_params_from_checkpoint)}
+DOWNLOADS = {
+    "vit": "e.g. https://storage.googleapis.com/vit_models/imagenet21k+imagenet2012/"
+           "ViT-B_16.npz (google-research/vision_transformer)",
+    "bit_resnet": "e.g. https://storage.googleapis.com/bit_models/BiT-M-R50x1-ILSVRC2012.npz "
+                  "(google-research/big_transfer)"}
+
+# Hendrycks & Dietterich (ICLR 2019) AlexNet top-1 errors on ImageNet-C, mean over the five
+# severities, as listed in github.com/hendrycks/robustness (ImageNet-C/test.py); mCE relative
+# to AlexNet is mean_c [mean_s E(c, s) / ALEXNET_ERRORS[c]].
+ALEXNET_ERRORS = {
+    "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
+    "defocus_blur": 0.819880, "glass_blur": 0.826268, "motion_blur": 0.785948,
+    "zoom_blur": 0.798360, "snow": 0.866816, "frost": 0.826572, "fog": 0.819324,
+    "brightness": 0.564592, "contrast": 0.853204, "elastic_transform": 0.646056,
+    "pixelate": 0.717840, "jpeg_compression": 0.606500}
+
+
+def alexnet_mce(errors) -> float:
+  """Hendrycks' ImageNet-C mCE: mean_c [sum_s E(c, s) / sum_s E_AlexNet(c, s)].
+
+  Args:
+    errors: {(corruption, severity): top-1 error} for all 15 corruptions × severities 1..5.
+  """
+  names = {c for c, _ in errors}
+  if names != set(ALEXNET_ERRORS) or len(errors) != 5 * len(ALEXNET_ERRORS):
+    raise ValueError("the AlexNet-normalised mCE needs all 15 corruptions at severities 1..5")
+  return float(np.mean([np.mean([errors[(c, s)] for s in corruptions.SEVERITIES])
+                        / ALEXNET_ERRORS[c] for c in ALEXNET_ERRORS]))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PretrainedRun:
+  """One loaded checkpoint."""
+  model: nn.Module
+  variables: dict
+  num_params: int
+  path: str
+
+
+# ------------------------------------------------------------------------------------ validation
+
+
+def _positive_int(value, field: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    raise ConfigError(field, f"must be a positive int, got {value!r}")
+
+
+def validate(config) -> None:
+  """Cheap checks of `config.imagenet`, `config.robustness` and `config.runs` (no I/O)."""
+  ic, rc = config.imagenet, config.robustness
+  if not config.runs:
+    raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
+  for name, run in config.runs.items():
+    model_name = run.model.get("name")
+    if model_name not in LOADERS:
+      raise ConfigError(f"runs.{name}.model.name", f"got {model_name!r}; the ImageNet setup "
+                        f"evaluates pretrained checkpoints of: {', '.join(LOADERS)}")
+    path = run.get("pretrained", {}).get("path")
+    if path is None:
+      raise ConfigError(f"runs.{name}.pretrained.path", "must be set to a local "
+                        f"{model_name} checkpoint fine-tuned on ImageNet-1k, "
+                        f"{DOWNLOADS[model_name]}; e.g. --config.runs.{name}.pretrained.path="
+                        "/path/to/file.npz")
+    if not os.path.isfile(os.path.expanduser(str(path))):
+      raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
+                        f"({DOWNLOADS[model_name]})")
+  if ic.normalize not in robustness.PIXEL_SCALE:
+    raise ConfigError("imagenet.normalize", f"got {ic.normalize!r}; allowed: "
+                      f"{', '.join(robustness.PIXEL_SCALE)} (vit_jax and big_transfer use "
+                      "'half', [-1, 1])")
+  robustness.validate_robustness_config(rc, list(config.runs), ic.normalize)
+  if ic.corruption_source not in CORRUPTION_SOURCES:
+    raise ConfigError("imagenet.corruption_source", f"got {ic.corruption_source!r}; allowed: "
+                      f"{', '.join(CORRUPTION_SOURCES)}")
+  _positive_int(ic.image_size, "imagenet.image_size")
+  if ic.limit is not None:
+    _positive_int(ic.limit, "imagenet.limit")
+  if ic.image_size % rc.patch_size:
+    raise ConfigError("robustness.patch_size", f"{rc.patch_size} must divide "
+                      f"imagenet.image_size={ic.image_size} (perturbation energy per patch)")
+  if ic.limit is not None and rc.num_examples > ic.limit:
+    raise ConfigError("robustness.num_examples", f"{rc.num_examples} exceeds imagenet.limit="
+                      f"{ic.limit}; the adversarial / layer-removal subset is the first "
+                      "robustness.num_examples of the evaluated examples")
+
+
+def _open_clean(ic, batch_size: int) -> streaming.Stream:
+  return streaming.open_stream(
+      ic.name, split=ic.split, data_dir=ic.data_dir, image_size=BASE_SIZE, crop="center",
+      crop_fraction=ic.crop_fraction, resample="bicubic", normalize="uint8", limit=ic.limit,
+      seed=ic.seed, batch_size=batch_size, num_workers=ic.num_workers,
+      image_key=ic.image_key, label_key=ic.label_key, field="imagenet.name",
+      split_field="imagenet.split")
+
+
+def corrupted_name(ic, name: str, severity: int) -> str:
+  """TFDS name of one ImageNet-C set, e.g. "imagenet2012_corrupted/glass_blur_3" (TFDS's
+  imagenet2012_corrupted uses Hendrycks' names, the same as `corruptions.NAMES`)."""
+  return f"{ic.corrupted_name}/{name}_{int(severity)}"
+
+
+def corruption_source(ic, rc) -> str:
+  """"tfds" or "synthesize" from `imagenet.corruption_source` and what the data_dir holds."""
+  if ic.corruption_source == "synthesize":
+    return "synthesize"
+  wanted = [corrupted_name(ic, c, s) for c in rc.corruptions.names
+            for s in rc.corruptions.severities]
+  missing = [w for w in wanted if not streaming.is_prepared(w, ic.data_dir)]
+  if not missing:
+    return "tfds"
+  if ic.corruption_source == "tfds":
+    data_dir = streaming._resolve_data_dir(ic.data_dir)  # pylint: disable=protected-access
+    raise ConfigError("imagenet.corrupted_name", f"{len(missing)} of the {len(wanted)} "
+                      f"ImageNet-C sets are not prepared in {data_dir!r}, e.g. {missing[0]!r} "
+                      "(xsens never downloads; `tfds build imagenet2012_corrupted "
+                      "--file_format=array_record` needs TensorFlow and the ImageNet tars), "
+                      "or set imagenet.corruption_source='synthesize'")
+  return "synthesize"
+
+
+def load_run(name: str, run, image_shape, num_classes: int | None) -> PretrainedRun:
+  """Builds the model implied by the checkpoint (+ `runs.<name>.model` overrides) and loads it."""
+  field = f"runs.{name}.pretrained.path"
+  path = os.path.expanduser(str(run.pretrained.path))
+  kind = run.model.name
+  config_fn, params_fn = LOADERS[kind]
+  try:
+    ckpt = pretrained.read_npz(path)
+    kwargs = config_fn(ckpt)
+  except (OSError, ValueError) as e:
+    raise ConfigError(field, f"cannot read {path!r} as a {kind} checkpoint: {e}") from None
+  overrides = {k: v for k, v in run.model.items() if k != "name" and v is not None}
+  kwargs.update(overrides)
+  classes = kwargs.pop("num_classes")
+  if num_classes is not None and classes != num_classes:
+    raise ConfigError(field, f"{path!r} has a {classes}-way head but the dataset has "
+                      f"{num_classes} classes; use a checkpoint fine-tuned on ImageNet-1k "
+                      f"({DOWNLOADS[kind]})")
+  try:
+    model = models_lib.get_model(kind, classes, image_shape, **kwargs)
+  except ConfigError as e:
+    raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
+  try:
+    params = params_fn(ckpt, model, image_shape)
+  except pretrained.CheckpointError as e:
+    raise ConfigError(field, f"{path!r} does not fit the model: {e}") from None
+  num_params = int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
+  return PretrainedRun(model=model, variables={"params": params}, num_params=num_params,
+                       path=path)
+
+
+# ---------------------------------------------------------------------------- jitted helpers
+
+
+def model_input(x, image_size: int, normalize: str):
+  """[B, h, w, 3] pixels (uint8, or float in [0, 1]) -> model space at image_size² (bilinear
+  resize with antialiasing, then `normalize`). Traced inside the jitted helpers."""
+  x = x.astype(jnp.float32)
+  b, h, w, c = x.shape
+  if (h, w) != (image_size, image_size):
+    x = jax.image.resize(x, (b, image_size, image_size, c), "bilinear", antialias=True)
+  if normalize == "half":
+    x = (x - 0.5) / 0.5
+  return x
+
+
+@functools.partial(jax.jit, static_argnames=("image_size", "normalize"))
+def _to_model(x, *, image_size: int, normalize: str):
+  if x.dtype == jnp.uint8:
+    x = x.astype(jnp.float32) / 255.0
+  return model_input(x, image_size, normalize)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "image_size", "normalize"))
+def _correct(model, variables, x, labels, mask, *, image_size: int, normalize: str):
+  """Number of correct real rows. x: [B, h, w, 3] uint8 or float in [0, 1]."""
+  if x.dtype == jnp.uint8:
+    x = x.astype(jnp.float32) / 255.0
+  logits = model.apply(variables, model_input(x, image_size, normalize), train=False)
+  return jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "norm", "num_steps", "patch_size"))
+def _attack(model, variables, x, labels, mask, key, epsilon, step_size, clip_min, clip_max, *,
+            norm: str, num_steps: int, patch_size: int, low_freq_cutoff: float = 0.25):
+  """FGSM and PGD in model space on one batch: correct counts, the PGD delta and the delta's
+  structure summed over real rows (patch energy [gh, gw], low-frequency share, alignment)."""
+  predict = lambda z: model.apply(variables, z, train=False)
+  hits = lambda z: jnp.sum((jnp.argmax(predict(z), -1) == labels) * mask)
+  x_f = adv.fgsm(predict, x, labels, epsilon=epsilon, norm=norm, clip_min=clip_min,
+                 clip_max=clip_max)
+  x_p = adv.pgd(predict, x, labels, key, epsilon=epsilon, num_steps=num_steps,
+                step_size=step_size, norm=norm, clip_min=clip_min, clip_max=clip_max)
+  delta = x_p - x
+  structure = {
+      "patch_energy": jnp.einsum("b,bij->ij", mask, adv.patch_energy(delta, patch_size)),
+      "low_freq_share": jnp.sum(mask * adv.frequency_share(delta, low_freq_cutoff)),
+      "patch_alignment": jnp.sum(mask * adv.patch_alignment(delta, patch_size))}
+  return hits(x_f), hits(x_p), delta, structure
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _correct_model_space(model, variables, x, labels, mask):
+  logits = model.apply(variables, x, train=False)
+  return jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
+
+
+# ------------------------------------------------------------------------------ the sections
+
+
+def _pad(x: np.ndarray, size: int) -> np.ndarray:
+  """Pads rows to `size` by repeating the last one."""
+  if len(x) == size:
+    return x
+  return np.concatenate([x, np.repeat(x[-1:], size - len(x), axis=0)])
+
+
+def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
+  """Clean and corrupted accuracy of every run, streamed; summaries and mCE."""
+  names, sevs = list(rc.corruptions.names), [int(s) for s in rc.corruptions.severities]
+  kw = dict(image_size=int(ic.image_size), normalize=ic.normalize)
+  correct = {r: {"clean": 0.0, **{(c, s): 0.0 for c in names for s in sevs}} for r in runs}
+  totals = {"clean": 0.0}
+  clean = _open_clean(ic, batch_size)
+
+  def count(key, x, batch):
+    for r, run in runs.items():
+      correct[r][key] += float(_correct(run.model, run.variables, x, batch["label"],
+                                        batch["mask"], **kw))
+
+  workers = int(ic.num_workers)
+  pool = concurrent.futures.ThreadPoolExecutor(workers)
+  for b, batch in enumerate(clean.batches()):
+    totals["clean"] += float(batch["mask"].sum())
+    count("clean", batch["image"], batch)
+    if source == "synthesize":
+      real = int(batch["mask"].sum())
+      x01 = batch["image"][:real].astype(np.float32) / 255.0
+      pairs = [(ci, c, s) for ci, c in enumerate(names) for s in sevs]
+      corrupt = lambda p, x01=x01, b=b: corruptions.corrupt(
+          x01, p[1], p[2], seed=(int(rc.seed), b, p[0], p[2]))
+      # NumPy releases the GIL in its heavy ops: corrupt `num_workers` copies at a time.
+      for start in range(0, len(pairs), workers):
+        chunk = pairs[start:start + workers]
+        for (_, c, s), xc in zip(chunk, pool.map(corrupt, chunk)):
+          count((c, s), _pad(xc, len(batch["mask"])), batch)
+  pool.shutdown()
+  if source == "synthesize":
+    for key in correct[next(iter(runs))]:
+      totals[key] = totals["clean"]
+  else:
+    for c in names:
+      for s in sevs:
+        stream = streaming.open_stream(
+            corrupted_name(ic, c, s), split=ic.corrupted_split, data_dir=ic.data_dir,
+            image_size=BASE_SIZE, crop="resize", resample="bicubic", normalize="uint8",
+            limit=ic.limit, seed=ic.seed, batch_size=batch_size, num_workers=ic.num_workers,
+            image_key=ic.image_key, label_key=ic.label_key, field="imagenet.corrupted_name",
+            split_field="imagenet.corrupted_split")
+        totals[(c, s)] = 0.0
+        for batch in stream.batches():
+          totals[(c, s)] += float(batch["mask"].sum())
+          count((c, s), batch["image"], batch)
+  acc = {r: {k: v / totals[k] for k, v in counts.items() if k != "clean"}
+         for r, counts in correct.items()}
+  clean_acc = {r: counts["clean"] / totals["clean"] for r, counts in correct.items()}
+  summary = {r: corruption_eval.summarize(acc[r], clean_acc[r]) for r in runs}
+  errs = {r: corruption_eval.errors(a) for r, a in acc.items()}
+  mce = {}
+  for r in runs:
+    base = rc.baseline_run
+    mce[r] = {"mce": corruption_eval.mce(errs[r], errs[base])}
+    try:
+      mce[r]["relative_mce"] = corruption_eval.relative_mce(
+          errs[r], 1 - clean_acc[r], errs[base], 1 - clean_acc[base])
+    except ValueError:  # The baseline does not degrade on some corruption: undefined.
+      mce[r]["relative_mce"] = float("nan")
+  alexnet = None
+  if set(names) == set(ALEXNET_ERRORS) and sorted(sevs) == list(corruptions.SEVERITIES):
+    alexnet = {r: alexnet_mce(e) for r, e in errs.items()}
+  by_severity = {r: [float(np.mean([a[(c, s)] for c in names])) for s in sevs]
+                 for r, a in acc.items()}
+  counted = {k if isinstance(k, str) else f"{k[0]}:{k[1]}": int(v) for k, v in totals.items()}
+  return {"accuracy": acc, "summary": summary, "mce": mce, "mce_alexnet": alexnet,
+          "by_severity": by_severity, "num_examples": counted,
+          "source": source}
+
+
+def _subset(ic, rc, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """The first robustness.num_examples clean examples in model space (float32 on the host)."""
+  stream = _open_clean(ic, batch_size)
+  stream = dataclasses.replace(stream, indices=stream.indices[:rc.num_examples])
+  images, labels = [], []
+  for batch in stream.batches():
+    keep = batch["mask"] > 0
+    x = _to_model(batch["image"], image_size=int(ic.image_size), normalize=ic.normalize)
+    images.append(np.asarray(x)[keep])
+    labels.append(batch["label"][keep])
+  return np.concatenate(images), np.concatenate(labels)
+
+
+def _fixed_batches(n: int, batch_size: int):
+  for start in range(0, n, batch_size):
+    idx = np.minimum(np.arange(start, start + batch_size), n - 1)
+    mask = (np.arange(start, start + batch_size) < n).astype(np.float32)
+    yield idx, mask
+
+
+def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
+  """FGSM / PGD accuracy vs ε per run, PGD transfer at the main ε, perturbation structure."""
+  ac = rc.adversarial
+  lo, hi = robustness.PIXEL_RANGE[normalize]
+  scale = robustness.PIXEL_SCALE[normalize]
+  n, bs = len(labels), int(rc.batch_size)
+  names = list(runs)
+  fgsm = {r: [0.0] * len(ac.epsilons) for r in names}
+  pgd = {r: [0.0] * len(ac.epsilons) for r in names}
+  transfer = {f"{s}->{t}": 0.0 for s in names for t in names if s != t}
+  structure = {r: None for r in names}
+  for b, (idx, mask) in enumerate(_fixed_batches(n, bs)):
+    x, y = jnp.asarray(images[idx]), jnp.asarray(labels[idx])
+    deltas = {}
+    for j, r in enumerate(names):
+      run = runs[r]
+      for e, eps in enumerate(ac.epsilons):
+        k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, j), e), b)
+        f, p, delta, struct = _attack(
+            run.model, run.variables, x, y, mask, k, eps * scale,
+            eps * scale * ac.step_size_fraction, lo, hi, norm=ac.norm,
+            num_steps=int(ac.pgd_steps), patch_size=int(rc.patch_size),
+            low_freq_cutoff=float(ac.low_freq_cutoff))
+        fgsm[r][e] += float(f)
+        pgd[r][e] += float(p)
+        if eps == ac.main_epsilon:
+          deltas[r] = delta
+          struct = jax.device_get(struct)
+          structure[r] = struct if structure[r] is None else jax.tree.map(
+              np.add, structure[r], struct)
+    for s in names:
+      for t in names:
+        if s != t:
+          x_adv = jnp.clip(x + deltas[s], lo, hi)
+          transfer[f"{s}->{t}"] += float(_correct_model_space(
+              runs[t].model, runs[t].variables, x_adv, y, mask))
+  return {"fgsm": {r: [v / n for v in fgsm[r]] for r in names},
+          "pgd": {r: [v / n for v in pgd[r]] for r in names},
+          "transfer": {k: v / n for k, v in transfer.items()},
+          "patch_energy": {r: np.asarray(structure[r]["patch_energy"]) / n for r in names},
+          "low_freq_share": {r: float(structure[r]["low_freq_share"]) / n for r in names},
+          "patch_alignment": {r: float(structure[r]["patch_alignment"]) / n for r in names}}
+
+
+def removal_section(runs, rc, images, labels) -> dict:
+  """Layer removal of every run on the subset (ViT: block / attention / MLP; BiT: whole
+  units); None for a model without removable layers (e.g. a BiT with one unit per block)."""
+  out = {}
+  for r, run in runs.items():
+    parts = pert.PARTS if isinstance(run.model, vit_lib.ViT) else ("block",)
+    layers = pert.removable_layers(run.model, parts)
+    out[r] = (pert.layer_removal_accuracy(run.model, run.variables, images, labels,
+                                          layers=layers, batch_size=int(rc.batch_size))
+              if layers else None)
+  return out
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Loads the checkpoints, streams ImageNet(-C), measures, writes results.md/json + plots.
+
+  Nothing is trained or checkpointed, so `overwrite` has no effect: a rerun recomputes and
+  replaces the report.
+  """
+  del overwrite
+  validate(config)
+  ic, rc = config.imagenet, config.robustness
+  batch_size = int(ic.batch_size)
+  clean = _open_clean(ic, batch_size)  # Missing dataset -> ConfigError before any work.
+  source = corruption_source(ic, rc)
+  image_shape = (int(ic.image_size), int(ic.image_size), 3)
+  runs = {name: load_run(name, run_cfg, image_shape, clean.num_classes)
+          for name, run_cfg in config.runs.items()}
+  key = jax.random.key(rc.seed)
+  timings = {}
+  with robustness._timed(timings, "corruptions"):  # pylint: disable=protected-access
+    corr = corruption_section(runs, ic, rc, source, batch_size)
+  with robustness._timed(timings, "subset"):  # pylint: disable=protected-access
+    images, labels = _subset(ic, rc, batch_size)
+  with robustness._timed(timings, "adversarial"):  # pylint: disable=protected-access
+    advs = adversarial_section(runs, rc, ic.normalize, images, labels,
+                               jax.random.fold_in(key, 1))
+  with robustness._timed(timings, "layer_removal"):  # pylint: disable=protected-access
+    removal = removal_section(runs, rc, images, labels)
+  rows = _rows(runs, rc, corr, advs, removal, image_shape)
+  os.makedirs(workdir, exist_ok=True)
+  plot_files = _plots(workdir, rc, corr, advs, removal)
+  md = tables.write_results(
+      workdir, f"Robustness of pretrained models on {ic.name} ({ic.split})", rows,
+      notes=_notes(ic, rc, corr, advs, len(labels)), plots=plot_files,
+      extra={**_extra(runs, corr, advs, removal), "timings_s": timings})
+  return {"rows": rows, "markdown": md, "corruptions": corr, "adversarial": advs,
+          "layer_removal": removal}
+
+
+def _rows(runs, rc, corr, advs, removal, image_shape) -> list[dict]:
+  main = list(rc.adversarial.epsilons).index(rc.adversarial.main_epsilon)
+  eps_label = f"{rc.adversarial.main_epsilon * 255:g}/255"
+  rows = []
+  for r, run in runs.items():
+    s = corr["summary"][r]
+    rows.append({
+        "run": r, "model": type(run.model).__name__, "params": run.num_params,
+        "image_size": image_shape[0], "clean_accuracy": s["clean"], "mCA": s["mca"],
+        "mCE": corr["mce"][r]["mce"], "rel_mCE": corr["mce"][r]["relative_mce"],
+        "mCE_alexnet": None if corr["mce_alexnet"] is None else corr["mce_alexnet"][r],
+        **{f"acc_{c}": v for c, v in s["per_category"].items()},
+        f"FGSM@{eps_label}": advs["fgsm"][r][main], f"PGD@{eps_label}": advs["pgd"][r][main],
+        "low_freq_share": advs["low_freq_share"][r],
+        "patch_alignment": advs["patch_alignment"][r],
+        "worst_removal_acc": (None if removal[r] is None
+                              else min(removal[r]["accuracy"].values()))})
+  return rows
+
+
+def _plots(workdir, rc, corr, advs, removal) -> list[str]:
+  names = list(corr["summary"])
+  sev = [int(s) for s in rc.corruptions.severities]
+  eps = [float(e) * 255 for e in rc.adversarial.epsilons]
+  files = [
+      plots.line_plot(os.path.join(workdir, "corruption_severity.png"), sev,
+                      corr["by_severity"], xlabel="severity",
+                      ylabel="top-1 (mean over corruptions)",
+                      title=f"ImageNet-C ({corr['source']}) accuracy vs severity"),
+      plots.grouped_bar_plot(
+          os.path.join(workdir, "corruption_categories.png"),
+          list(corr["summary"][names[0]]["per_category"]),
+          {n: list(corr["summary"][n]["per_category"].values()) for n in names},
+          ylabel="top-1", title="Accuracy per corruption category"),
+      plots.line_plot(os.path.join(workdir, "adversarial_epsilon.png"), eps,
+                      {**{f"{n} FGSM": advs["fgsm"][n] for n in names},
+                       **{f"{n} PGD": advs["pgd"][n] for n in names}},
+                      xlabel="ε (× 1/255 pixel units)", ylabel="top-1",
+                      title=f"{rc.adversarial.norm} attacks"),
+      plots.heatmap_grid(os.path.join(workdir, "perturbation_patch_energy.png"),
+                         advs["patch_energy"],
+                         title=f"PGD perturbation energy per {rc.patch_size}×{rc.patch_size} "
+                               "patch", cbar_label="energy share"),
+  ]
+  for n in names:
+    if removal[n] is None:
+      continue
+    acc = removal[n]["accuracy"]
+    files.append(plots.bar_plot(
+        os.path.join(workdir, f"layer_removal_{n}.png"),
+        [f"{layer}:{part}" for layer, part in acc], list(acc.values()), ylabel="top-1",
+        title=f"{n}: one part removed (intact {removal[n]['baseline']:.3f})"))
+  return files
+
+
+def _notes(ic, rc, corr, advs, n_subset) -> str:
+  transfer = ", ".join(f"{k}: {v:.3f}" for k, v in advs["transfer"].items())
+  source = ("TFDS imagenet2012_corrupted (the same seeded positions; its stored order need "
+            "not match imagenet2012's, so with a limit the two samples are independent)"
+            if corr["source"] == "tfds" else
+            "synthesised per batch with xsens.measures.corruptions (seed "
+            "(robustness.seed, batch, corruption, severity); imagenet2012_corrupted was not "
+            "fully prepared in the data_dir or corruption_source='synthesize')")
+  return (
+      f"Pretrained checkpoints, no training. Clean and corrupted top-1 on "
+      f"{corr['num_examples']['clean']} {ic.name} {ic.split} images (a seeded random "
+      f"subset when imagenet.limit < the split), ImageNet-C geometry (central 224/256 crop, "
+      f"bicubic to 224), resized to {ic.image_size}² and scaled to [-1, 1]. Corruptions: "
+      f"{len(rc.corruptions.names)} × severities {list(rc.corruptions.severities)}, {source}. "
+      f"mCE / rel_mCE relative to `{rc.baseline_run}`; mCE_alexnet with Hendrycks' AlexNet "
+      f"errors (only when all 15 × 5 are run). Attacks on the first {n_subset} images: "
+      f"{rc.adversarial.norm}, ε in [0, 1] pixel units (column labels × 1/255), PGD "
+      f"{rc.adversarial.pgd_steps} steps of ε·{rc.adversarial.step_size_fraction:g}, random "
+      f"start. Transfer (PGD at the main ε, target accuracy): {transfer}. "
+      f"`low_freq_share`: PGD energy below {rc.adversarial.low_freq_cutoff:g}× Nyquist; "
+      f"`patch_alignment` on the {rc.patch_size}-pixel grid (0.5: no preference). "
+      f"`worst_removal_acc`: the most harmful single removal (ViT: a block, its attention or "
+      f"its MLP; BiT: one bottleneck unit with an identity shortcut, flat index).")
+
+
+def _extra(runs, corr, advs, removal) -> dict:
+  def keyed(d):
+    return {f"{k[0]}:{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in d.items()}
+  return {
+      "checkpoints": {r: run.path for r, run in runs.items()},
+      "corruption_source": corr["source"], "num_examples": corr["num_examples"],
+      "corruption_accuracy": {n: keyed(a) for n, a in corr["accuracy"].items()},
+      "corruption_summary": corr["summary"], "mce": corr["mce"],
+      "mce_alexnet": corr["mce_alexnet"],
+      "adversarial": {k: advs[k] for k in ("fgsm", "pgd", "transfer", "low_freq_share",
+                                           "patch_alignment")},
+      "patch_energy": {n: m.tolist() for n, m in advs["patch_energy"].items()},
+      "layer_removal": {n: None if r is None else
+                        {"baseline": r["baseline"], "accuracy": keyed(r["accuracy"])}
+                        for n, r in removal.items()},
+  }
+
