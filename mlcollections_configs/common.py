@@ -34,6 +34,11 @@ def train_config() -> ml_collections.ConfigDict:
   """Every field `xsens.train.trainer.train_and_evaluate` reads, with defaults."""
   c = ml_collections.ConfigDict()
   c.seed = 0
+  # One source of randomness each (None: use `seed`): parameter init, mini-batch order, and
+  # the step key (augmentation, dropout, regulariser noise). `seed` also fixes the data.
+  c.init_seed = ml_collections.FieldReference(None, field_type=int)
+  c.order_seed = ml_collections.FieldReference(None, field_type=int)
+  c.augment_seed = ml_collections.FieldReference(None, field_type=int)
   c.data = default_data_config()
   c.model = model_config("vit")
   c.loss = "cross_entropy"
@@ -77,3 +82,26 @@ def multi_run_config(study: str, setup: str, setups) -> ml_collections.ConfigDic
   config.train.eval_every = 100
   config.train.eval_train_examples = 2000
   return config
+
+
+def distill_config(alpha: float = 0.5, temperature: float = 4.0, **overrides
+                   ) -> ml_collections.ConfigDict:
+  """A `config.distill` block (see `xsens.train.distill`): add it to a training block to
+  distil from a teacher, e.g. `teacher_workdir=<a finished xsens run>`."""
+  c = ml_collections.ConfigDict({
+      "alpha": alpha, "temperature": temperature,
+      "teacher_workdir": ml_collections.FieldReference(None, field_type=str),
+      "teacher_logits": ml_collections.FieldReference(None, field_type=str),
+      "teacher_mode": "precomputed",
+      "per_class_alpha": ml_collections.FieldReference(None, field_type=list),
+      "margin": ml_collections.FieldReference(None, field_type=list)})
+  c.update(overrides)
+  return c
+
+
+def codistill_config(beta: float = 0.5, peer_seed_offset: int = 1000,
+                     burn_in_steps: int = 0) -> ml_collections.ConfigDict:
+  """A `config.codistill` block for `xsens.train.codistill` (Anil et al. 2018): model b is
+  initialised from init_seed + peer_seed_offset."""
+  return ml_collections.ConfigDict({"beta": beta, "peer_seed_offset": peer_seed_offset,
+                                    "burn_in_steps": burn_in_steps})

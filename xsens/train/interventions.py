@@ -10,6 +10,14 @@ with W one q×q window per example at a uniformly random corner in {0..H−q} ×
 (the official code never draws the last offset; we do), or on the patch grid when
 `grid_aligned`. The MSE is over logits, averaged over batch × classes, with no
 stop-gradient on either branch.
+
+`regularizer.name = "min_entropy"` is the minimum-entropy regulariser of "On the
+reproducibility of neural network predictions" (Bhojanapalli et al., arXiv 2102.03349, spec
+google_papers.md §F; the form and λ are not confirmed from the paper, a reasonable default):
+
+  L = task + λ·mean_i H(p(x_i)),   H(p) = −Σ_k p_k log p_k,   λ = regularizer.weight ≥ 0,
+
+on the softmax of the clean training logits, added (not mixed) to the task loss.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 
-REGULARIZERS = ("none", "sensitivity")
+REGULARIZERS = ("none", "sensitivity", "min_entropy")
 
 
 def validate_intervention_config(config, image_shape) -> None:
@@ -34,6 +42,11 @@ def validate_intervention_config(config, image_shape) -> None:
     raise ConfigError("regularizer.name",
                       f"unknown regularizer {reg.name!r}; allowed: {', '.join(REGULARIZERS)}")
   if reg.name == "none":
+    return
+  if reg.name == "min_entropy":
+    if not reg.weight >= 0:
+      raise ConfigError("regularizer.weight", f"must be >= 0 (λ of the entropy term), got "
+                        f"{reg.weight}")
     return
   if not 0 <= reg.weight <= 1:
     raise ConfigError("regularizer.weight", f"must be in [0, 1] (the paper's p), got {reg.weight}")
@@ -85,6 +98,12 @@ def patch_noise(images: jax.Array, key: jax.Array, *, sigma: float, patch_size: 
 def sensitivity_penalty(clean_logits: jax.Array, noisy_logits: jax.Array) -> jax.Array:
   """MSE(f(x̃), f(x)) over batch × classes (PyTorch `nn.MSELoss()` semantics). Scalar."""
   return jnp.mean(jnp.square(noisy_logits - clean_logits))
+
+
+def entropy_penalty(logits: jax.Array) -> jax.Array:
+  """Mean over the batch of H(softmax(logits)) in nats. [B, K] -> scalar."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+  return -jnp.mean(jnp.sum(jnp.exp(logp) * logp, -1))
 
 
 def combine(task_loss: jax.Array, penalty: jax.Array, weight: float) -> jax.Array:

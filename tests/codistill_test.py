@@ -1,0 +1,88 @@
+"""Co-distillation (xsens/train/codistill.py): zero coupling = two independent runs."""
+
+import jax
+import numpy as np
+import pytest
+
+from mlcollections_configs import common
+from tests.train_test import smoke_train
+from xsens.errors import ConfigError
+from xsens.train import checkpoint as ckpt
+from xsens.train import codistill, trainer
+from xsens.train.metrics import read_metrics
+
+
+def _leaves(result):
+  return [np.asarray(x) for x in jax.tree.leaves(result.variables["params"])]
+
+
+def _config(beta, **overrides):
+  # Gaussian augmentation on: both peers must see the independent runs' augmented batches.
+  config = smoke_train("mlp", init_seed=3, order_seed=5, augment_seed=7,
+                       **{"augment.gaussian_std": 0.3, "augment.gaussian_prob": 0.5},
+                       **overrides)
+  config.codistill = common.codistill_config(beta=beta, peer_seed_offset=10)
+  return config
+
+
+@pytest.fixture(scope="module")
+def zero(tmp_path_factory):
+  root = tmp_path_factory.mktemp("codistill")
+  co = codistill.train_and_evaluate(_config(0.0), str(root / "co"))
+  plain_a = trainer.train_and_evaluate(
+      smoke_train("mlp", init_seed=3, order_seed=5, augment_seed=7,
+                  **{"augment.gaussian_std": 0.3, "augment.gaussian_prob": 0.5}),
+      str(root / "a"))
+  plain_b = trainer.train_and_evaluate(
+      smoke_train("mlp", init_seed=13, order_seed=5, augment_seed=7,
+                  **{"augment.gaussian_std": 0.3, "augment.gaussian_prob": 0.5}),
+      str(root / "b"))
+  return root, co, plain_a, plain_b
+
+
+def test_zero_coupling_equals_two_independent_runs(zero):
+  root, co, plain_a, plain_b = zero
+  for got, want in ((co.a, plain_a), (co.b, plain_b)):
+    for x, y in zip(_leaves(got), _leaves(want)):
+      np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+    assert got.summary["test_accuracy"] == pytest.approx(want.summary["test_accuracy"])
+  assert ckpt.latest_step(str(root / "co")) == 4
+  assert any("train/churn" in r for r in read_metrics(str(root / "co")))
+  # The two peers start from different initialisations.
+  assert any(np.abs(x - y).max() > 0 for x, y in zip(_leaves(co.a), _leaves(co.b)))
+
+
+def test_coupling_pulls_the_peers_together(tmp_path, zero):
+  co = codistill.train_and_evaluate(_config(5.0), str(tmp_path / "co"))
+  assert co.summary["beta"] == 5.0
+  _, free, _, _ = zero
+  x = co.a.test.images[:200]
+  disagree = lambda r: np.mean(np.argmax(r.a.predict_fn()(x), -1)
+                               != np.argmax(r.b.predict_fn()(x), -1))
+  kl = lambda r: [rec["train/a/kl"] for rec in read_metrics(r) if "train/a/kl" in rec][-1]
+  assert kl(str(tmp_path / "co")) < kl(str(free_dir(zero)))
+  assert disagree(co) <= disagree(free)
+  # Rerunning a finished run trains no more and gives the same result.
+  again = codistill.train_and_evaluate(_config(5.0), str(tmp_path / "co"))
+  for a, b in zip(_leaves(again.a), _leaves(co.a)):
+    np.testing.assert_array_equal(a, b)
+
+
+def free_dir(zero):
+  return zero[0] / "co"
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"beta": -1.0}, "codistill.beta"),
+    ({"peer_seed_offset": 0}, "codistill.peer_seed_offset"),
+    ({"burn_in_steps": -2}, "codistill.burn_in_steps"),
+])
+def test_bad_codistill_config_is_refused_before_writing(tmp_path, change, field):
+  config = _config(0.5)
+  config.codistill.update(change)
+  with pytest.raises(ConfigError, match=f"config.{field}"):
+    codistill.train_and_evaluate(config, str(tmp_path / "wd"))
+  config = _config(0.5, **{"regularizer.name": "min_entropy"})
+  with pytest.raises(ConfigError, match="config.regularizer.name"):
+    codistill.train_and_evaluate(config, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()

@@ -1,0 +1,206 @@
+"""Study `churn`: how much do retrained models disagree, and what lowers it?
+
+"On the reproducibility of neural network predictions" (Bhojanapalli et al., arXiv
+2102.03349; spec google_papers.md §F). Claims (abstract): two models trained by the same
+algorithm disagree on a notable share of predictions (churn) even at equal accuracy; the
+sources are initialisation, mini-batch order and augmentation; churn is related to
+prediction confidence; a minimum-entropy regulariser and a co-distillation variant reduce
+it. λ, β, the variant and all numbers are not known (spec); we use the baseline
+co-distillation of Anil et al. 2018 (`xsens.train.codistill`).
+
+For each method (`churn.methods`: overrides of `config.train`) and each source
+(`churn.sources`), `num_seeds` runs set that source's seed (`init_seed`, `order_seed` or
+`augment_seed`) to base_seed + j and keep the other two at base_seed; j = 0 is one shared
+run. Churn (`xsens.measures.churn`) of every pair within a source on the whole test split,
+mean ± std over pairs; test accuracy mean ± std over the source's runs; churn per
+confidence bin pooled over all pairs of the method. For `codistill`, model a is compared
+across runs; the churn between the two jointly trained peers of a run is reported apart.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import ml_collections
+import numpy as np
+
+from xsens.errors import ConfigError
+from xsens.measures import churn as churn_lib
+from xsens.report import plots, tables
+from xsens.studies import compare
+from xsens.train import checkpoint as ckpt
+from xsens.train import codistill
+from xsens.train import distill as distill_lib
+from xsens.train import trainer
+
+SOURCES = {"init": "init_seed", "order": "order_seed", "augment": "augment_seed"}
+
+
+def validate_churn_config(cc) -> None:
+  sources = list(cc.sources)
+  if not sources or len(set(sources)) != len(sources) or any(s not in SOURCES for s in sources):
+    raise ConfigError("churn.sources", f"must be distinct names from {', '.join(SOURCES)}, "
+                      f"got {sources}")
+  if not (isinstance(cc.num_seeds, int) and cc.num_seeds >= 2):
+    raise ConfigError("churn.num_seeds", f"must be an int >= 2 (a pair), got {cc.num_seeds!r}")
+  if not (isinstance(cc.base_seed, int) and cc.base_seed >= 0):
+    raise ConfigError("churn.base_seed", f"must be an int >= 0, got {cc.base_seed!r}")
+  if not cc.methods:
+    raise ConfigError("churn.methods", "must name at least one method")
+  for name in cc.methods:
+    if not name.replace("_", "").isalnum():
+      raise ConfigError("churn.methods", f"method names must be identifiers, got {name!r}")
+  edges = list(cc.confidence_edges)
+  if len(edges) < 2 or edges[0] < 0 or edges[-1] > 1 or any(
+      b <= a for a, b in zip(edges, edges[1:])):
+    raise ConfigError("churn.confidence_edges", f"must increase within [0, 1] (at least 2 "
+                      f"edges), got {edges}")
+
+
+def run_plan(cc) -> dict[str, dict[str, list[str]]]:
+  """{method: {source: [run names, seed j = 0..n-1]}}; j = 0 is the method's shared base."""
+  plan = {}
+  for m in cc.methods:
+    plan[m] = {s: [f"{m}_base" if j == 0 else f"{m}_{s}{j}" for j in range(cc.num_seeds)]
+               for s in cc.sources}
+  return plan
+
+
+def _runs(config, plan) -> dict:
+  cc = config.churn
+  runs = {}
+  for m, by_source in plan.items():
+    for s, names in by_source.items():
+      for j, name in enumerate(names):
+        over = cc.methods[m].to_dict()
+        over.update({f: cc.base_seed for f in SOURCES.values()})
+        over[SOURCES[s]] = cc.base_seed + j
+        runs[name] = over
+  return runs
+
+
+def _is_codistill(exp) -> bool:
+  return exp.config.get("codistill") is not None
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Trains every run of the plan, measures churn, writes the report."""
+  cc = config.churn
+  validate_churn_config(cc)
+  plan = run_plan(cc)
+  derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
+                                       "runs": _runs(config, plan)})
+  experiments = compare.validate_runs(derived)
+  co_cfg = {}
+  for name, exp in experiments.items():
+    if _is_codistill(exp):
+      try:
+        co_cfg[name] = codistill.validate_codistill_config(exp.config)
+      except ConfigError as e:
+        raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
+  for name, exp in experiments.items():
+    ckpt.check_workdir(compare.run_workdir(workdir, name), exp.config, overwrite)
+
+  logits, peer_churn, accuracy = {}, {}, {}
+  for name, exp in experiments.items():
+    wd = compare.run_workdir(workdir, name)
+    ckpt.prepare_workdir(wd, exp.config, overwrite)
+    if name in co_cfg:
+      out = codistill.run_experiment(exp, co_cfg[name], wd)
+      res = out.a
+      peer = distill_lib.predict_logits(out.b.model, out.b.variables, exp.test.images)
+    else:
+      res, peer = trainer.run_experiment(exp, wd), None
+    logits[name] = distill_lib.predict_logits(res.model, res.variables, exp.test.images)
+    accuracy[name] = res.summary["test_accuracy"]
+    if peer is not None:
+      peer_churn[name] = float(churn_lib.churn(logits[name], peer))
+
+  edges = np.asarray(cc.confidence_edges, np.float32)
+  rows, by_conf, pair_values = [], {}, {}
+  for m, by_source in plan.items():
+    hist_churn, hist_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
+    for s, names in by_source.items():
+      values = []
+      for a, b in itertools.combinations(names, 2):
+        values.append(float(churn_lib.churn(logits[a], logits[b])))
+        rate, count = churn_lib.churn_by_confidence(logits[a], logits[b], edges)
+        rate, count = np.asarray(rate), np.asarray(count)
+        hist_churn += np.nan_to_num(rate) * count
+        hist_count += count
+      accs = [accuracy[n] for n in names]
+      pair_values[f"{m}/{s}"] = values
+      row = {"method": m, "source": s, "pairs": len(values),
+             "churn": float(np.mean(values)), "churn_std": float(np.std(values)),
+             "test_accuracy": float(np.mean(accs)), "test_accuracy_std": float(np.std(accs))}
+      peers = [peer_churn[n] for n in names if n in peer_churn]
+      row["peer_churn"] = float(np.mean(peers)) if peers else float("nan")
+      rows.append(row)
+    by_conf[m] = {"churn": np.where(hist_count > 0, hist_churn / np.maximum(hist_count, 1),
+                                    np.nan).tolist(),
+                  "share": (hist_count / max(hist_count.sum(), 1)).tolist()}
+
+  methods, sources = list(plan), list(cc.sources)
+  bins = [f"[{a:g},{b:g}" + ("]" if i == len(edges) - 2 else ")")
+          for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
+  plot_files = [
+      plots.grouped_bar_plot(
+          os.path.join(workdir, "churn_by_source.png"), sources,
+          {m: [next(r["churn"] for r in rows if r["method"] == m and r["source"] == s)
+               for s in sources] for m in methods},
+          ylabel="churn (test)", title="Churn per source of randomness"),
+      _confidence_plot(os.path.join(workdir, "churn_by_confidence.png"), bins, by_conf),
+  ]
+  conf_rows = [{"method": m, **{f"churn {b}": by_conf[m]["churn"][i] for i, b in
+                                enumerate(bins)},
+                **{f"share {b}": by_conf[m]["share"][i] for i, b in enumerate(bins)}}
+               for m in methods]
+  notes = _notes(config, conf_rows, rows, methods)
+  columns = ["method", "source", "pairs", "churn", "churn_std", "test_accuracy",
+             "test_accuracy_std", "peer_churn"]
+  md = tables.write_results(
+      workdir, f"Prediction churn on {config.train.data.name}", rows, columns=columns,
+      notes=notes, plots=plot_files,
+      extra={"pair_churn": pair_values, "churn_by_confidence": by_conf, "bins": bins,
+             "test_accuracy": accuracy, "peer_churn": peer_churn})
+  return {"rows": rows, "markdown": md, "pair_churn": pair_values,
+          "churn_by_confidence": by_conf, "test_accuracy": accuracy, "peer_churn": peer_churn}
+
+
+def _confidence_plot(path, bins, by_conf) -> str:
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(5.2, 3.4))
+  x = np.arange(len(bins))
+  for m, v in by_conf.items():
+    ax.plot(x, v["churn"], marker="o", label=m)
+  ax.set_xticks(x, bins, fontsize=8)
+  ax.set_xlabel("confidence (mean top-class probability of the pair)")
+  ax.set_ylabel("churn")
+  ax.set_title("Churn by confidence")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return os.path.basename(path)
+
+
+def _notes(config, conf_rows, rows, methods) -> str:
+  cc, t = config.churn, config.train
+  lines = [
+      f"Model `{t.model.name}`, {t.total_steps} steps, batch {t.batch_size}, augmentation "
+      f"σ = {t.augment.gaussian_std} on {t.augment.gaussian_prob:.0%} of the images. "
+      f"{cc.num_seeds} runs per source (seeds {cc.base_seed}..{cc.base_seed + cc.num_seeds - 1}"
+      f" of that source, the others at {cc.base_seed}); churn over all pairs (mean ± std). "
+      "peer_churn: churn between the two models of one co-distillation run.",
+      "",
+      "Mean churn over sources: " + ", ".join(
+          f"{m} {np.mean([r['churn'] for r in rows if r['method'] == m]):.4f}"
+          for m in methods) + ".",
+      "",
+      "Churn by confidence (mean of the two models' top softmax probability), pooled over "
+      "every pair of the method; share = fraction of test examples in the bin:",
+      "",
+      tables.markdown_table(conf_rows),
+  ]
+  return "\n".join(lines)
