@@ -19,6 +19,7 @@ CORE = [
     "matplotlib>=3.8",
     "tensorboardX>=2.6",    # TensorBoard event files without TensorFlow
     "tqdm>=4.66",
+    "tokenizers>=0.15",     # trains the BPE tokenizer of the text datasets offline
 ]
 EXTRAS = {
     "test": ["pytest>=8", "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29"],

@@ -23,7 +23,12 @@ TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py",
                     "benign_overfitting": "tests/benign_overfitting_test.py",
                     "robustness": "tests/robustness_study_test.py",
                     "sensitivity_regularization": "tests/robustness_study_test.py",
-                    "reuse": "tests/reuse_study_test.py"}
+                    "reuse": "tests/reuse_study_test.py",
+                    "distillation": "tests/distillation_study_test.py",
+                    "churn": "tests/distillation_study_test.py",
+                    "sensitivity_language": "tests/sensitivity_language_test.py",
+                    "grokking": "tests/grokking_test.py",
+                    "synthetic_sensitivity": "tests/synthetic_sensitivity_test.py"}
 
 
 def config_names():

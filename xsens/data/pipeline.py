@@ -44,6 +44,7 @@ EMBEDDED = ("mnist5k", "digits")
 NORMALIZE = ("zero_one", "half", "standardize")
 ROLES = ("train", "test")
 SYNTHETIC_PREFIX = "synthetic/"
+TEXT_PREFIXES = ("text/", "glue/")  # Token-id datasets, loaded by xsens.data.text.
 FIELDS = ("name", "data_dir", "train_split", "test_split", "image_key", "label_key", "classes",
           "class_fractions", "num_train", "normalize", "image_size", "synthetic")
 
@@ -58,17 +59,24 @@ _SPLIT_NAME = re.compile(r"^\s*([^\[\]+\s]+)\s*(\[.*\])?\s*$")
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: array fields do not compare.
 class Split:
   """One split in host memory after preprocessing."""
-  images: np.ndarray  # [N, H, W, C] float32, preprocessed
+  images: np.ndarray  # [N, H, W, C] float32, preprocessed; text: [N, L] int32 token ids
   labels: np.ndarray  # [N] int32 in [0, num_classes)
   num_classes: int
+  vocab_size: int | None = None  # text datasets (xsens.data.text): ids are < vocab_size
 
   @property
   def image_shape(self) -> tuple[int, int, int]:
-    """(H, W, C)."""
+    """(H, W, C); (L,) for text."""
     return tuple(self.images.shape[1:])
 
   def __len__(self) -> int:
     return len(self.labels)
+
+
+def is_text(data_config) -> bool:
+  """True for the text datasets of `xsens.data.text` (names "text/..." and "glue/...")."""
+  name = data_config.get("name") if hasattr(data_config, "get") else None
+  return isinstance(name, str) and name.startswith(TEXT_PREFIXES)
 
 
 def default_data_dir() -> str:
@@ -295,7 +303,12 @@ def validate_data_config(data_config) -> None:
 
   Reads no examples: embedded datasets are not prepared; a TFDS dataset is opened (its metadata
   and file indexes), which reports a missing dataset, a bad split or a missing feature key.
+  Text datasets (`is_text`) are checked by `xsens.data.text`.
   """
+  if is_text(data_config):
+    from xsens.data import text  # pylint: disable=g-import-not-at-top  (text imports us)
+    text.validate_text_data_config(data_config)
+    return
   _check_common(data_config)
   if data_config["train_split"] == data_config["test_split"]:
     raise ConfigError("data.test_split", f"must differ from data.train_split, both are "
@@ -597,6 +610,9 @@ def load_split(data_config, split: str, *, seed: int = 0) -> Split:
     by `seed` and the role: stored datasets are often sorted by class (mnist5k is), and
     measures evaluate "the first n examples", which must be a random sample.
   """
+  if is_text(data_config):
+    from xsens.data import text  # pylint: disable=g-import-not-at-top
+    return text.load_text_split(data_config, split, seed=seed)
   validate_data_config(data_config)
   role = split_role(data_config, split)
   normalize = data_config["normalize"]

@@ -15,7 +15,9 @@ with `from_tokens(to_tokens(x)) == predict_fn(x)`. Token-wise measures (e.g.
   the same space ("adding noise to one patch at a time ... the process is the
   same for CNNs and ViTs", authors' rebuttal, arXiv 2403.06925).
 - Text: `to_tokens` is embedding (+ LayerNorm where the model has one) and
-  `from_tokens` the rest of the network.
+  `from_tokens` the rest of the network (`embed` and `encode(tokens, mask)` of
+  `xsens.models.text`; the padding mask travels per example, see
+  `xsens.measures.text_sensitivity`).
 
 `from_tokens` must treat the leading axis as an ordinary batch axis: measures
 call it on `[c * B, T, D]` stacks of perturbed copies.

@@ -20,6 +20,7 @@ from xsens.models.densenet import DenseNet
 from xsens.models.mlp import MLP
 from xsens.models.resnet import ResNet18
 from xsens.models.reuse_vit import ReuseViT
+from xsens.models.text import TEXT_MODELS
 from xsens.models.vit import ViT
 
 MODELS: dict[str, type[nn.Module]] = {
@@ -31,6 +32,8 @@ MODELS: dict[str, type[nn.Module]] = {
     "cnn": CNN,
     "bit_resnet": BiTResNet,
     "reuse_vit": ReuseViT,
+    # Text classifiers on int32 token ids [B, L] (xsens.models.text).
+    **TEXT_MODELS,
 }
 
 _NOT_CONFIG = ("parent", "name", "num_classes")
@@ -54,7 +57,7 @@ def get_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
   Args:
     name: a key of `MODELS`.
     num_classes: size of the logits.
-    image_shape: (H, W, C) of the inputs.
+    image_shape: (H, W, C) of the inputs; (L,) for the text models (token ids).
     **kwargs: config fields of that model (see `config_fields(name)`).
 
   Returns:
@@ -79,5 +82,6 @@ def get_model(name: str, num_classes: int, image_shape: tuple[int, int, int],
   return model
 
 
-__all__ = ["BiTResNet", "CNN", "ConvMixer", "DenseNet", "MLP", "MODELS", "ResNet18", "ViT",
+__all__ = ["BiTResNet", "CNN", "ConvMixer", "DenseNet", "MLP", "MODELS", "ResNet18",
+           "TEXT_MODELS", "ViT",
            "config_fields", "get_model"]

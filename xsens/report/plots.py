@@ -139,3 +139,28 @@ def dynamics_plot(path: str, steps: np.ndarray, series: Mapping[str, tuple], *,
   ax.set_title(title, fontsize=9)
   ax.legend(fontsize=7)
   return _save(fig, path)
+
+
+def panels_plot(path: str, panels: Mapping[str, Mapping[str, tuple]], *, xlabel: str = "",
+                ylabels: Sequence[str] | None = None, title: str = "",
+                invert_x: bool = False) -> str:
+  """Side-by-side panels of lines, each series with its own x: {panel: {name: (x, y) or
+  (x, y, err)}}; a ± band where err is given. Returns the file name."""
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.3), squeeze=False)
+  for i, (ax, (panel, series)) in enumerate(zip(axes[0], panels.items())):
+    for name, xy in series.items():
+      x, y = np.asarray(xy[0], float), np.asarray(xy[1], float)
+      line, = ax.plot(x, y, marker=".", lw=1.2, label=name)
+      if len(xy) > 2 and xy[2] is not None:
+        e = np.asarray(xy[2], float)
+        ax.fill_between(x, y - e, y + e, alpha=0.2, color=line.get_color())
+    if invert_x:
+      ax.invert_xaxis()
+    ax.set_xlabel(xlabel)
+    if ylabels:
+      ax.set_ylabel(ylabels[i])
+    ax.set_title(panel, fontsize=9)
+    ax.legend(fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=10)
+  return _save(fig, path)

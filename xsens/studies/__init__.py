@@ -15,6 +15,11 @@ STUDIES = {
     "sensitivity_regularization": "xsens.studies.sensitivity_regularization",
     "benign_overfitting": "xsens.studies.benign_overfitting",
     "reuse": "xsens.studies.reuse",
+    "distillation": "xsens.studies.distillation",
+    "churn": "xsens.studies.churn",
+    "sensitivity_language": "xsens.studies.sensitivity_language",
+    "grokking": "xsens.studies.grokking",
+    "synthetic_sensitivity": "xsens.studies.synthetic_sensitivity",
 }
 
 

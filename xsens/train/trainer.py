@@ -18,7 +18,7 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -30,6 +30,7 @@ from xsens import models as models_lib
 from xsens.data import pipeline
 from xsens.errors import ConfigError
 from xsens.train import checkpoint as ckpt
+from xsens.train import distill as distill_lib
 from xsens.train import interventions, losses, optim, sharding
 from xsens.train.metrics import MetricWriter, truncate_metrics
 
@@ -50,6 +51,7 @@ class Experiment:
   tx: optax.GradientTransformation
   loss_fn: Callable
   total_steps: int
+  distill: distill_lib.DistillSetup | None = None  # From config.distill, if set.
 
 
 @dataclasses.dataclass
@@ -96,9 +98,27 @@ def validate_config(config, num_devices: int | None = None) -> None:
   _require(target is None or 0 < target <= 1, "target_train_accuracy",
            f"must be in (0, 1] or None, got {target}")
   losses.get_loss(config.loss)
+  for field in SEED_FIELDS:
+    value = config.get(field)
+    _require(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                               and value >= 0), field,
+             f"must be None (use config.seed) or an int >= 0, got {value!r}")
   _require(config.model.name in models_lib.MODELS, "model.name",
            f"unknown model {config.model.name!r}; allowed: {', '.join(sorted(models_lib.MODELS))}")
   pipeline.validate_data_config(config.data)
+
+
+# Seeds of one source of randomness each; None (the default) means `config.seed`, so a
+# config without them trains exactly as before. `config.seed` alone also seeds the data
+# subsampling and split order (`pipeline.load_split`), which these never change.
+SEED_FIELDS = ("init_seed", "order_seed", "augment_seed")
+
+
+def run_seeds(config) -> dict[str, int]:
+  """{"init_seed": parameter init, "order_seed": mini-batch order, "augment_seed": the
+  step key (augmentation, dropout, regulariser noise)}, each defaulting to `config.seed`."""
+  return {f: int(config.seed if config.get(f) is None else config.get(f))
+          for f in SEED_FIELDS}
 
 
 def resolve_total_steps(config, num_train: int) -> int:
@@ -114,8 +134,13 @@ def model_kwargs(model_config) -> dict:
   return {k: v for k, v in model_config.items() if k != "name"}
 
 
-def build_experiment(config, num_devices: int | None = None) -> Experiment:
-  """Validates `config`, loads the data and builds model and optimizer. Compiles nothing."""
+def build_experiment(config, num_devices: int | None = None, *,
+                     check_teacher: bool = True) -> Experiment:
+  """Validates `config`, loads the data and builds model and optimizer. Compiles nothing.
+
+  `check_teacher=False` skips the checks of `config.distill`'s teacher files (for a study
+  that validates its students before it trains their teacher).
+  """
   validate_config(config, num_devices)
   train = pipeline.load_split(config.data, config.data.train_split, seed=config.seed)
   test = pipeline.load_split(config.data, config.data.test_split, seed=config.seed)
@@ -123,12 +148,22 @@ def build_experiment(config, num_devices: int | None = None) -> Experiment:
            f"{config.batch_size} exceeds the {len(train)} training examples")
   model = models_lib.get_model(config.model.name, train.num_classes, train.image_shape,
                                **model_kwargs(config.model))
+  if train.vocab_size is not None:  # Text: token ids must index the embedding table.
+    _require(getattr(model, "vocab_size", 0) >= train.vocab_size, "model.vocab_size",
+             f"{getattr(model, 'vocab_size', None)} is smaller than the data's vocabulary "
+             f"({train.vocab_size} token ids); use model.vocab_size >= {train.vocab_size}")
   if "augment" in config or "regularizer" in config:
     interventions.validate_intervention_config(config, train.image_shape)
   _validate_pretrained(config)
   total_steps = resolve_total_steps(config, len(train))
   tx = optim.make_optimizer(config.optimizer, total_steps)
-  return Experiment(config, train, test, model, tx, losses.get_loss(config.loss), total_steps)
+  setup = None
+  if config.get("distill") is not None:
+    setup = distill_lib.validate_distill_config(
+        config.distill, train.num_classes, train.image_shape, config.data, len(train),
+        check_teacher=check_teacher)
+  return Experiment(config, train, test, model, tx, losses.get_loss(config.loss), total_steps,
+                    setup)
 
 
 PRETRAINED_LOADERS = {"vit": "load_vit", "bit_resnet": "load_bit"}
@@ -166,9 +201,13 @@ def load_pretrained(config, model, image_shape, key) -> dict | None:
 # ----------------------------------------------------------------------------- jitted parts
 
 
-def init_state(model: nn.Module, tx, image_shape, key: jax.Array) -> dict:
-  """The train state pytree `{"params", "batch_stats", "opt", "step"}`."""
-  dummy = jnp.zeros((1, *image_shape), jnp.float32)
+def init_state(model: nn.Module, tx, image_shape, key: jax.Array, dtype=jnp.float32) -> dict:
+  """The train state pytree `{"params", "batch_stats", "opt", "step"}`.
+
+  `image_shape` and `dtype` are those of one input: (H, W, C) float32 images, or (L,) int32
+  token ids for the text models.
+  """
+  dummy = jnp.zeros((1, *image_shape), dtype)
   variables = model.init({"params": key, "dropout": key}, dummy, train=False)
   params = variables["params"]
   return {
@@ -187,18 +226,22 @@ def eval_variables(state: dict) -> dict:
   return variables
 
 
-def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=None
-                    ) -> Callable:
-  """`(state, batch, key) -> (state, metrics)`; metrics are batch means (loss, accuracy).
+def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=None,
+                    distill: distill_lib.DistillSpec | None = None) -> Callable:
+  """`(state, batch, key[, teacher_variables]) -> (state, metrics)`; metrics are batch means.
 
   `augment` (config.augment) adds Gaussian pixel noise to the inputs; `regularizer`
   (config.regularizer, name "sensitivity") adds the sensitivity paper's penalty
-  p·MSE(f(x̃), f(x)) with x̃ noised on one random window (`xsens.train.interventions`).
+  p·MSE(f(x̃), f(x)) with x̃ noised on one random window (`xsens.train.interventions`);
+  name "min_entropy" adds λ·H(p). `distill` replaces the loss by the distillation loss
+  (`xsens.train.distill`) with teacher logits from `batch["teacher_logits"]` or, when
+  `distill.teacher_model` is set, computed in the step from `teacher_variables`.
   """
   use_aug = augment is not None and augment.gaussian_std > 0 and augment.gaussian_prob > 0
   use_reg = regularizer is not None and regularizer.name == "sensitivity"
+  use_ent = regularizer is not None and regularizer.name == "min_entropy"
 
-  def train_step(state, batch, key):
+  def train_step(state, batch, key, teacher_variables=None):
     step_key = jax.random.fold_in(key, state["step"])
     dropout_key, aug_key, reg_key = (jax.random.fold_in(step_key, i) for i in range(3))
     has_bn = bool(state["batch_stats"])
@@ -214,9 +257,21 @@ def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=Non
       apply = lambda x: model.apply(variables, x, train=True, rngs={"dropout": dropout_key},
                                     mutable=["batch_stats"])
       logits, new_vars = apply(images)
-      task = loss_fn(logits, batch["label"]).mean()
+      if distill is None:
+        task = loss_fn(logits, batch["label"]).mean()
+      else:
+        if distill.teacher_model is not None:
+          teacher_logits = jax.lax.stop_gradient(
+              distill.teacher_model.apply(teacher_variables, images, train=False))
+        else:
+          teacher_logits = batch["teacher_logits"]
+        task = distill_lib.distill_loss(logits, teacher_logits, batch["label"], loss_fn,
+                                        distill).mean()
       aux = {"task_loss": task}
       loss = task
+      if use_ent:
+        aux["penalty"] = interventions.entropy_penalty(logits)
+        loss = task + regularizer.weight * aux["penalty"]
       if use_reg:
         noisy = interventions.patch_noise(
             images, reg_key, sigma=regularizer.sigma, patch_size=regularizer.patch_size,
@@ -243,7 +298,7 @@ def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=Non
         # Non-finite weights (e.g. from a too-large step) are caught with the loss.
         "param_norm": optax.global_norm(params),
     }
-    if use_reg:
+    if use_reg or use_ent:
       metrics.update(aux)
     return new_state, metrics
 
@@ -327,16 +382,26 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
 
 
 def run_experiment(exp: Experiment, workdir: str,
-                   mesh: jax.sharding.Mesh | None = None) -> TrainResult:
-  """The training loop of a validated experiment in a prepared workdir."""
+                   mesh: jax.sharding.Mesh | None = None, *,
+                   hooks: Sequence[Callable[[int, dict], dict | None]] = ()) -> TrainResult:
+  """The training loop of a validated experiment in a prepared workdir.
+
+  Each hook is called as `hook(step, variables)` once before the first step of a fresh run
+  (step 0) and after every step; the scalars it returns (if any) are written to the metrics
+  at that step (e.g. a measure taken every k steps). A hook must finish with the variables
+  before it returns (the state is donated to the next step).
+  """
   config = exp.config
   t_start = time.time()
   mesh = sharding.data_mesh() if mesh is None else mesh
   repl = sharding.replicated(mesh)
-  key = jax.random.key(config.seed)
-  init_key, step_key = jax.random.split(key)
+  seeds = run_seeds(config)
+  # With all seeds equal to config.seed these are the keys of split(key(seed)).
+  init_key = jax.random.split(jax.random.key(seeds["init_seed"]))[0]
+  step_key = jax.random.split(jax.random.key(seeds["augment_seed"]))[1]
 
-  init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.image_shape, k)
+  init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.image_shape, k,
+                                 exp.train.images.dtype)
   abstract = jax.eval_shape(init_fn, init_key)
   state_shardings = jax.tree.map(lambda _: repl, abstract)
   manager = ckpt.make_manager(workdir, config.keep_checkpoints)
@@ -355,10 +420,17 @@ def run_experiment(exp: Experiment, workdir: str,
     logging.info("Resumed %s from step %d", workdir, restored_step)
 
   batch_sh = sharding.batch_sharding(mesh)
+  teacher_vars, teacher_logits, extra_args = None, None, ()
+  if exp.distill is not None:
+    teacher_vars, teacher_logits = distill_lib.prepare(exp.distill, exp.train.images,
+                                                       exp.train.num_classes)
+    if teacher_vars is not None:  # In-step teacher: replicated, an argument of the step.
+      extra_args = (jax.device_put(teacher_vars, repl),)
   train_step = jax.jit(
       make_train_step(exp.model, exp.tx, exp.loss_fn, config.get("augment"),
-                      config.get("regularizer")),
-      in_shardings=(state_shardings, batch_sh, repl),
+                      config.get("regularizer"),
+                      exp.distill.spec if exp.distill is not None else None),
+      in_shardings=(state_shardings, batch_sh, repl) + (repl,) * len(extra_args),
       out_shardings=(state_shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
   eval_bs = _round_up(config.eval_batch_size, mesh.size)
@@ -374,6 +446,15 @@ def run_experiment(exp: Experiment, workdir: str,
   bar = _progress_bar(config, total, step) if stop_reason is None else None
   pending, last_good = None, restored_step
   window_start, t_window = step, time.time()
+
+  def run_hooks(step):
+    for hook in hooks:
+      scalars = hook(step, eval_variables(state))
+      if scalars:
+        writer.write(step, scalars)
+
+  if restored_step is None and stop_reason is None:
+    run_hooks(0)
 
   def flush(step):
     nonlocal pending, window_start, t_window
@@ -402,10 +483,13 @@ def run_experiment(exp: Experiment, workdir: str,
   n_train = len(exp.train)
   pi, pc = jax.process_index(), jax.process_count()
   while stop_reason is None:
-    idx = pipeline.batch_indices(n_train, config.batch_size, step, config.seed, pi, pc)
-    batch = sharding.global_batch(
-        {"image": exp.train.images[idx], "label": exp.train.labels[idx]}, mesh)
-    state, metrics = train_step(state, batch, step_key)
+    idx = pipeline.batch_indices(n_train, config.batch_size, step, seeds["order_seed"], pi,
+                                 pc)
+    local = {"image": exp.train.images[idx], "label": exp.train.labels[idx]}
+    if teacher_logits is not None:
+      local["teacher_logits"] = teacher_logits[idx]
+    state, metrics = train_step(state, sharding.global_batch(local, mesh), step_key,
+                                *extra_args)
     pending = metrics if pending is None else jax.tree.map(jnp.add, pending, metrics)
     step += 1
     if bar is not None:
@@ -423,6 +507,7 @@ def run_experiment(exp: Experiment, workdir: str,
       target = config.get("target_train_accuracy")
       if target is not None and tr["accuracy"] >= target:
         stop_reason = "target_train_accuracy"
+    run_hooks(step)
     if last and stop_reason is None:
       stop_reason = "max_steps"
     if stop_reason or (config.checkpoint_every and step % config.checkpoint_every == 0):

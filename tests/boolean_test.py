@@ -1,0 +1,117 @@
+"""Exact Fourier–Walsh spectra (xsens.measures.boolean) of known Boolean functions."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.linalg
+
+from xsens.measures import boolean
+from xsens.measures import sensitivity as sens_lib
+
+
+def _table_fn(table: np.ndarray, n: int):
+  """f(x) = table[index of x] for ±1 inputs [M, n] in all_inputs' bit layout."""
+  weights = 2 ** np.arange(n - 1, -1, -1)
+
+  def f(x):
+    bits = ((1 - x) / 2).astype(jnp.int32)
+    return jnp.asarray(table)[bits @ jnp.asarray(weights, jnp.int32)]
+  return f
+
+
+def test_all_inputs_order_matches_boolean_sensitivity_layout():
+  x = np.asarray(boolean.all_inputs(3))
+  assert x.shape == (8, 3)
+  # Index 0 is all +1; index 1 flips the last coordinate; index 4 the first.
+  np.testing.assert_array_equal(x[0], [1, 1, 1])
+  np.testing.assert_array_equal(x[1], [1, 1, -1])
+  np.testing.assert_array_equal(x[4], [-1, 1, 1])
+  assert boolean.subset_index(3, [0]) == 4 and boolean.subset_index(3, [2]) == 1
+
+
+def test_walsh_hadamard_equals_sylvester_matrix_and_inverts():
+  v = np.random.default_rng(0).normal(size=(2, 32)).astype(np.float32)
+  h = scipy.linalg.hadamard(32)
+  out = np.asarray(boolean.walsh_hadamard(v))
+  np.testing.assert_allclose(out, v @ h.T, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(boolean.walsh_hadamard(out)) / 32, v, rtol=1e-5,
+                             atol=1e-5)
+  jitted = jax.jit(boolean.fourier_coefficients)(v)
+  np.testing.assert_allclose(np.asarray(jitted), out / 32, rtol=1e-5, atol=1e-6)
+
+
+def test_parity_puts_all_weight_on_the_full_set():
+  n = 5
+  coeffs = np.asarray(boolean.fourier_spectrum(lambda x: jnp.prod(x, -1), n))
+  expected = np.zeros(2**n)
+  expected[2**n - 1] = 1.0
+  np.testing.assert_allclose(coeffs, expected, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(boolean.degree_spectrum(coeffs)), [0, 0, 0, 0, 0, 1],
+                             atol=1e-6)
+  assert float(boolean.fourier_average_sensitivity(coeffs)) == pytest.approx(5.0)
+
+
+def test_majority_of_three_is_exact():
+  # Maj3 = (x0 + x1 + x2 - x0 x1 x2) / 2.
+  coeffs = np.asarray(boolean.fourier_spectrum(lambda x: jnp.sign(jnp.sum(x, -1)), 3))
+  expected = np.zeros(8)
+  for i in range(3):
+    expected[boolean.subset_index(3, [i])] = 0.5
+  expected[boolean.subset_index(3, [0, 1, 2])] = -0.5
+  np.testing.assert_allclose(coeffs, expected, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(boolean.degree_spectrum(coeffs)), [0, 0.75, 0, 0.25],
+                             atol=1e-7)
+  assert float(boolean.fourier_average_sensitivity(coeffs)) == pytest.approx(1.5)
+  assert float(boolean.fourier_average_sensitivity(coeffs, normalize=True)) == pytest.approx(0.5)
+
+
+def test_dictator_and_constant():
+  n = 4
+  dictator = np.asarray(boolean.fourier_spectrum(lambda x: x[:, 2], n))
+  expected = np.zeros(16)
+  expected[boolean.subset_index(n, [2])] = 1.0
+  np.testing.assert_allclose(dictator, expected, atol=1e-7)
+  assert float(boolean.fourier_average_sensitivity(dictator)) == pytest.approx(1.0)
+  const = np.asarray(boolean.fourier_spectrum(lambda x: jnp.full(x.shape[:1], -0.7), n))
+  expected = np.zeros(16)
+  expected[0] = -0.7
+  np.testing.assert_allclose(const, expected, atol=1e-7)
+  assert float(boolean.fourier_average_sensitivity(const)) == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_average_sensitivity_from_spectrum_equals_direct_counting(seed):
+  n = 6
+  table = np.random.default_rng(seed).choice([-1.0, 1.0], size=2**n).astype(np.float32)
+  f = _table_fn(table, n)
+  coeffs = boolean.fourier_coefficients(jnp.asarray(table))
+  direct = sens_lib.boolean_sensitivity(f, n)
+  assert float(boolean.fourier_average_sensitivity(coeffs)) == pytest.approx(
+      float(direct["mean"]), abs=1e-5)
+  # Parseval: sum fhat^2 = E f^2 = 1 for a ±1 function; the spectrum sums to it.
+  assert float(jnp.sum(boolean.degree_spectrum(coeffs))) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_monomial_values_and_multi_output():
+  n = 4
+  for coords in itertools.combinations(range(n), 2):
+    v = boolean.monomial_values(n, coords)
+    c = np.asarray(boolean.fourier_coefficients(v))
+    assert c[boolean.subset_index(n, coords)] == pytest.approx(1.0)
+    assert np.sum(np.abs(c)) == pytest.approx(1.0)
+  two = boolean.fourier_spectrum(lambda x: jnp.stack([x[:, 0], x[:, 1] * x[:, 3]], -1), n)
+  assert two.shape == (2, 16)
+  np.testing.assert_allclose(np.asarray(boolean.degree_spectrum(two))[:, :3],
+                             [[0, 1, 0], [0, 0, 1]], atol=1e-7)
+
+
+def test_bad_inputs():
+  with pytest.raises(ValueError, match="2\\^n"):
+    boolean.fourier_coefficients(jnp.ones(12))
+  with pytest.raises(ValueError, match="outside"):
+    boolean.subset_index(3, [3])
+  with pytest.raises(ValueError, match="n must be"):
+    boolean.all_inputs(0)

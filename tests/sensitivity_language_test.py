@@ -1,0 +1,175 @@
+"""The language sensitivity measures and the `sensitivity_language` study (smoke)."""
+
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlcollections_configs import sensitivity_language as sl_config
+from xsens import studies
+from xsens.errors import ConfigError
+from xsens.measures import text_sensitivity as ts
+from xsens.models import get_model
+from xsens.models import text as text_models
+from xsens.train import checkpoint as ckpt
+from xsens.train.metrics import read_metrics
+
+
+def test_aggregates_by_hand():
+  # Two sentences: lengths 3 and 2 (pads at the end), one masked special at position 0.
+  p = jnp.asarray([[0.0, 0.5, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
+  real = jnp.asarray([[1, 1, 1, 0], [1, 1, 0, 0]], bool)
+  out = ts.text_aggregates(p, real, ts.last_index(real))
+  np.testing.assert_allclose(out["pooled"], 2.5 / 5)
+  np.testing.assert_allclose(out["sentence_mean"], (1.5 / 3 + 1.0 / 2) / 2)
+  # Right-aligned: k=0 -> {1.0 (s0, t2), 1.0 (s1, t1)}, k=1 -> {0.5, 0.0}, k=2 -> {0.0}.
+  np.testing.assert_allclose(out["curve"][:3], [1.0, 0.25, 0.0])
+  assert np.isnan(out["curve"][3])
+  np.testing.assert_array_equal(out["curve_count"], [2, 2, 1, 0])
+  early, late = ts.early_late(p, real)  # s0: t0 | t2 (t1 is the middle); s1: t0 | t1.
+  np.testing.assert_allclose([early, late], [0.0, 1.0])
+  content = real.at[:, 0].set(False)
+  out = ts.text_aggregates(p, content, ts.last_index(real))
+  np.testing.assert_allclose(out["pooled"], 2.5 / 3)
+  np.testing.assert_array_equal(out["curve_count"], [2, 1, 0, 0])
+
+
+@pytest.fixture(scope="module")
+def roberta():
+  model = get_model("roberta", 2, (10,), vocab_size=20, max_length=10, width=8, depth=1,
+                    num_heads=2, mlp_dim=8)
+  ids = jnp.asarray(np.random.default_rng(0).integers(1, 20, (4, 10)), jnp.int32)
+  ids = ids * (jnp.arange(10)[None] < jnp.asarray([[10], [7], [4], [9]]))
+  key = jax.random.key(0)
+  variables = model.init({"params": key, "dropout": key}, ids)
+  return model, variables, ids
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _per_token(model, variables, ids, sigma, example_ids=None):
+  tokens = model.apply(variables, ids, method=model.embed)
+  encode = lambda t, m: model.apply(variables, t, m, method=model.encode)
+  return ts.masked_token_sensitivity(
+      encode, tokens, text_models.padding_mask(ids), jax.random.key(3), sigma=sigma,
+      num_draws=2, example_ids=example_ids)
+
+
+def test_token_sensitivity_masks_and_batching(roberta):
+  model, variables, ids = roberta
+  mask = np.asarray(text_models.padding_mask(ids))
+  per_token = np.asarray(_per_token(model, variables, ids, 10.0))
+  assert per_token.shape == (4, 10)
+  assert (per_token[~mask] == 0).all() and per_token[mask].max() > 0
+  assert set(np.unique(per_token)) <= {0.0, 0.5, 1.0}
+  assert (np.asarray(_per_token(model, variables, ids, 0.0)) == 0).all()
+  # Example b's noise depends on its id only: measuring in two halves changes nothing.
+  halves = [_per_token(model, variables, ids[s], 10.0, jnp.arange(4)[s])
+            for s in (slice(0, 2), slice(2, 4))]
+  np.testing.assert_array_equal(np.concatenate(halves), per_token)
+
+
+def test_global_sensitivity_range(roberta):
+  model, variables, ids = roberta
+  tokens = model.apply(variables, ids, method=model.embed)
+  encode = lambda t, m: model.apply(variables, t, m, method=model.encode)
+  mask = text_models.padding_mask(ids)
+  glob = jax.jit(lambda sigma: ts.masked_global_sensitivity(
+      encode, tokens, mask, jax.random.key(1), sigma=sigma, num_draws=8))
+  big, none = glob(50.0), glob(0.0)
+  assert big.shape == (4,) and (np.asarray(none) == 0).all() and np.asarray(big).max() > 0
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("sensitivity_language")
+  config = sl_config.get_config("smoke")
+  return config, workdir, studies.run(config, str(workdir))
+
+
+def test_smoke_study_writes_table_plots_and_history(smoke_run):
+  config, workdir, out = smoke_run
+  rows = {r["run"]: r for r in out["rows"]}
+  assert set(rows) == {"roberta", "gpt2", "lstm"}
+  for name, row in rows.items():
+    run_dir = os.path.join(workdir, "runs", name)
+    assert ckpt.latest_step(run_dir) == config.train.total_steps
+    for key in ("S_token", "S_token_sentence", "S_token_content", "S_global", "S_early",
+                "S_late"):
+      assert 0.0 <= row[key] <= 1.0, (name, key)
+    reports = [r for r in read_metrics(run_dir) if "sens/token_pooled" in r]
+    assert [r["step"] for r in reports] == [0, 2, 4]
+    assert all("sens/curve/0" in r and "sens/global" in r for r in reports)
+    hist = out["history"][name]
+    np.testing.assert_array_equal(hist["examples"], [0, 64, 128])
+  md = (workdir / "results.md").read_text()
+  assert "Token-wise sensitivity of language models on text/synthetic" in md
+  assert "recency_ratio" in md and "Ordering of S_token" in md
+  for plot in ("sensitivity_vs_examples.png", "sensitivity_per_position.png"):
+    assert (workdir / plot).exists() and plot in md
+  payload = json.loads((workdir / "results.json").read_text())
+  curve = payload["curves"]["lstm"]
+  assert len(curve["curve"]) == config.train.data.max_length
+  assert curve["count"][0] == config.sensitivity.num_examples  # Every sentence has an end.
+
+
+def test_rerun_resumes_without_training(smoke_run):
+  config, workdir, out = smoke_run
+  again = studies.run(config, str(workdir))
+  assert [r["steps"] for r in again["rows"]] == [r["steps"] for r in out["rows"]]
+  reports = [r for r in read_metrics(os.path.join(workdir, "runs", "gpt2"))
+             if "sens/token_pooled" in r]
+  assert [r["step"] for r in reports] == [0, 2, 4]
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("sensitivity.num_draws", 0, "sensitivity.num_draws"),
+    ("sensitivity.sigma", -1.0, "sensitivity.sigma"),
+    ("sensitivity.noise_scale", "relative", "sensitivity.noise_scale"),
+    ("sensitivity.num_examples", 10_000, "sensitivity.num_examples"),
+    ("runs.lstm.model.name", "vit", "runs.lstm.model.name"),
+    ("runs.gpt2.model.vocab_size", 8, "runs.gpt2.model.vocab_size"),
+    ("train.data.max_length", 4, "runs.gpt2.data.max_length"),
+])
+def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value, error):
+  config = sl_config.get_config("smoke")
+  *parents, last = field.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  with node.unlocked():
+    node[last] = value
+  with pytest.raises(ConfigError) as e:
+    studies.run(config, str(tmp_path))
+  assert e.value.field == error
+  assert not os.listdir(tmp_path)
+
+
+def test_measure_options(roberta):
+  """include_special_tokens picks the content aggregates; token_rms rescales σ."""
+  from xsens.studies import sensitivity_language as sl  # pylint: disable=g-import-not-at-top
+  model, variables, ids = roberta
+  ids = np.asarray(ids).copy()
+  ids[:, 0] = 1                                      # <s> first, </s> last real token.
+  ids[np.arange(4), (ids != 0).sum(1) - 1] = 2
+  labels = np.zeros(4, np.int32)
+  sc = sl_config.get_config("smoke").sensitivity
+  sc.batch_size = 3
+  key = jax.random.key(0)
+  full = sl.measure(model, variables, ids, labels, sc, key, 1)
+  assert full["headline"] is full["all"]
+  sc.include_special_tokens = False
+  content = sl.measure(model, variables, ids, labels, sc, key, 1)
+  assert content["headline"] is content["content"]
+  np.testing.assert_array_equal(content["per_token"], full["per_token"])
+  np.testing.assert_allclose(content["content"]["pooled"], full["content"]["pooled"])
+  sc.noise_scale = "token_rms"
+  scaled = sl.measure(model, variables, ids, labels, sc, key, 1)
+  assert scaled["token_rms"] == full["token_rms"] and 0.5 < full["token_rms"] < 2.0
+  sc.sigma = sc.sigma / full["token_rms"]              # Undo the scaling: same noise.
+  sc.global_sigma = sc.global_sigma / full["token_rms"]
+  again = sl.measure(model, variables, ids, labels, sc, key, 1)
+  np.testing.assert_allclose(again["per_token"], content["per_token"], atol=1e-6)

@@ -1,0 +1,166 @@
+"""The single attention layer, the sparse-token data, and the synthetic_sensitivity study."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from mlcollections_configs import synthetic_sensitivity as syn_config
+from xsens import studies
+from xsens.data import sparse_tokens as st
+from xsens.errors import ConfigError
+from xsens.measures import boolean
+from xsens.models import one_layer_attention as ola
+from xsens.studies import synthetic_sensitivity as syn
+
+
+def test_attention_layer_equals_numpy():
+  b, n, d = 3, 5, 4
+  x = np.random.default_rng(0).normal(size=(b, n, d)).astype(np.float32)
+  model = ola.OneLayerAttention(num_outputs=2, qk_dim=3, v_dim=6)
+  params = model.init(jax.random.key(0), x)["params"]
+  assert set(params) == {"w_q", "w_k", "w_v", "u"}
+  assert all(set(v) == {"kernel"} for v in params.values())  # no biases
+  wq, wk, wv, u = (np.asarray(params[k]["kernel"], np.float64) for k in ("w_q", "w_k", "w_v",
+                                                                        "u"))
+  out = np.asarray(model.apply({"params": params}, x))
+  ref = np.zeros((b, 2))
+  for i in range(b):
+    xi = x[i].astype(np.float64)
+    s = (xi @ wq) @ (xi @ wk).T / np.sqrt(3)
+    a = np.exp(s - s.max(1, keepdims=True))
+    a /= a.sum(1, keepdims=True)
+    ref[i] = (a @ xi @ wv).mean(0) @ u
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+  # Permutation invariant (no positional encoding inside the layer).
+  perm = np.asarray(model.apply({"params": params}, x[:, ::-1]))
+  np.testing.assert_allclose(perm, out, rtol=1e-5, atol=1e-5)
+
+
+def test_token_mlp_shapes():
+  model = ola.TokenMLP(num_outputs=2, hidden_dims=(7,))
+  params = model.init(jax.random.key(0), jnp.zeros((1, 4, 3)))["params"]
+  assert sum(x.size for x in jax.tree.leaves(params)) == 12 * 7 + 7 + 7 * 2 + 2
+  assert model.apply({"params": params}, jnp.zeros((5, 4, 3))).shape == (5, 2)
+
+
+@pytest.mark.parametrize("rule", st.RULES)
+def test_sparse_labels_depend_only_on_the_relevant_tokens(rule):
+  n, m, k = 7, 3, 3
+  pos = st.relevant_positions(n, k, 4)
+  data = st.sparse_token_task(200, n=n, m=m, k=k, rule=rule, position_scale=2.0, seed=1,
+                              positions=pos)
+  x, y, bits = data["tokens"], data["labels"], data["bits"]
+  assert x.shape == (200, n, m + n) and set(np.unique(y)) == {0, 1}
+  np.testing.assert_allclose(np.linalg.norm(x[:, :, :m], axis=-1), 1.0, rtol=1e-6)
+  np.testing.assert_array_equal(x[0, :, m:], 2.0 * np.eye(n))
+  rel = bits[:, pos]
+  want = rel.sum(1) > 0 if rule == "majority" else rel.prod(1) > 0
+  np.testing.assert_array_equal(y, want.astype(np.int32))
+  other = np.setdiff1d(np.arange(n), pos)
+  # Labels are a function of the relevant bits alone: same relevant bits -> same label.
+  key = [tuple(r) for r in rel]
+  for kk in set(key):
+    assert len(set(y[[i for i, r in enumerate(key) if r == kk]])) == 1
+  assert len(other) == n - k
+
+
+def test_boolean_tokens_and_target():
+  n = 4
+  tok = st.boolean_tokens(n, 1.0)
+  np.testing.assert_array_equal(tok[:, :, 0], np.asarray(boolean.all_inputs(n)))
+  values, comps = st.boolean_target(n, [((0,), 1.0), ((1, 3), -2.0)])
+  c = np.asarray(boolean.fourier_coefficients(values))
+  assert c[comps[0]["index"]] == pytest.approx(1.0) and c[comps[1]["index"]] == pytest.approx(-2)
+  assert [x["degree"] for x in comps] == [1, 2]
+
+
+def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function():
+  n = 4
+  model = ola.TokenMLP(num_outputs=1, hidden_dims=(16,))
+  tokens = jnp.asarray(st.boolean_tokens(n, 1.0))
+  target, _ = st.boolean_target(n, [((0,), 1.0), ((1, 2), 0.5)])
+  params = model.init(jax.random.key(0), tokens[:1])["params"]
+  p, coeffs, losses = syn.boolean_trajectory(model, params, optax.adam(1e-2), tokens,
+                                             jnp.asarray(target), jnp.ones(2**n), steps=30,
+                                             log_every=10)
+  assert coeffs.shape == (4, 16) and losses.shape == (4,)
+  direct = boolean.fourier_coefficients(model.apply({"params": p}, tokens)[:, 0])
+  np.testing.assert_allclose(np.asarray(coeffs[-1]), np.asarray(direct), rtol=1e-4, atol=1e-5)
+  first = boolean.fourier_coefficients(model.apply({"params": params}, tokens)[:, 0])
+  np.testing.assert_allclose(np.asarray(coeffs[0]), np.asarray(first), rtol=1e-4, atol=1e-5)
+  assert float(losses[-1]) < float(losses[0])
+
+
+def test_matched_loss_criterion_trains_until_the_loss_is_reached():
+  pos = np.array([1])
+  data = st.sparse_token_task(64, n=3, m=2, k=1, rule="majority", position_scale=1.0,
+                              seed=0, positions=pos)
+  x, y = jnp.asarray(data["tokens"]), jnp.asarray(data["labels"])
+  model = ola.TokenMLP(num_outputs=2, hidden_dims=(8,))
+  params = model.init(jax.random.key(0), x[:1])["params"]
+  kw = dict(target=1.0, eval_every=5, max_steps=400)
+  _, s_acc, acc, _ = syn.train_to_accuracy(model, params, optax.adam(3e-2), x, y, **kw)
+  _, s_loss, acc2, curve = syn.train_to_accuracy(model, params, optax.adam(3e-2), x, y,
+                                                 target_loss=0.01, **kw)
+  assert acc == acc2 == 1.0
+  assert s_loss > s_acc and curve[-1][1] <= 0.01 and s_loss % 5 == 0
+
+
+def test_learned_step():
+  steps = [0, 10, 20, 30]
+  assert syn.learned_step(np.array([0.0, 0.4, 0.95, 1.0]), 1.0, 0.9, steps) == 20
+  assert syn.learned_step(np.array([0.0, -0.6, -0.95, -1.0]), -1.0, 0.5, steps) == 10
+  assert syn.learned_step(np.array([0.0, 0.1, 0.2, 0.3]), 1.0, 0.9, steps) is None
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("models", ["attention", "cnn"], r"config\.models"),
+    ("sparse.k", 2, r"sparse\.k"),
+    ("sparse.rule", "xor", r"sparse\.rule"),
+    ("sparse.sigmas", [], r"sparse\.sigmas"),
+    ("boolean.n", 17, r"boolean\.n"),
+    ("boolean.components", [[[0, 0], 1.0]], r"boolean\.components"),
+    ("boolean.log_every", 7, r"boolean\.steps"),
+])
+def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value, match):
+  config = syn_config.get_config("smoke")
+  if "." in field:
+    section, name = field.split(".")
+    config[section][name] = value
+  else:
+    config[field] = value
+  with pytest.raises(ConfigError, match=match):
+    studies.run(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+
+
+def test_smoke_study_end_to_end(tmp_path):
+  config = syn_config.get_config("smoke")
+  out = syn.run(config, str(tmp_path), log=lambda *_: None)
+  rows = out["rows"]
+  assert {r["model"] for r in rows} == {"attention", "mlp"}
+  assert len(rows) == 2 * len(config.sparse.sigmas)
+  for r in rows:
+    assert 0 <= r["sensitivity"] <= 1 and 0 <= r["train_acc"] <= 1
+    assert r["steps"] % config.sparse.eval_every == 0 and r["steps"] <= config.sparse.max_steps
+  # Sensitivity grows with sigma for each model (common random numbers, large gap).
+  for m in ("attention", "mlp"):
+    s = [r["sensitivity"] for r in rows if r["model"] == m]
+    assert s[-1] >= s[0]
+  bo = out["boolean"]
+  assert len(bo["rows"]) == 2 * len(config.boolean.components)
+  n_logs = config.boolean.steps // config.boolean.log_every + 1
+  assert bo["spectrum"]["attention"].shape == (n_logs, config.boolean.n + 1)
+  assert bo["target_spectrum"][:4] == pytest.approx([0, 1, 1, 1])
+  assert bo["target_influence"] == pytest.approx(6.0)
+  md = (tmp_path / "results.md").read_text()
+  assert "Boolean spectrum rows" in md and "relevant_tokens" in md
+  for plot in ("sparse_per_position.png", "sparse_sensitivity_vs_sigma.png",
+               "boolean_spectrum.png"):
+    assert (tmp_path / plot).exists() and plot in md
+  payload = json.loads((tmp_path / "results.json").read_text())
+  assert set(payload["boolean"]["order"]) == {"attention", "mlp"}

@@ -1,0 +1,430 @@
+"""Text classification data for the text models: int32 token ids [N, L], right-padded.
+
+Datasets (`data.name`), loaded by `xsens.data.pipeline.load_split` like every other
+dataset (it dispatches here for names starting with "text/" or "glue/"):
+
+  * "text/synthetic" (the default; offline, no download, no tokenizer): a synthetic
+    sentiment language, `synthetic_language`. No installable package we could find ships
+    a real text-classification corpus (GLUE/IMDB/SST packages, nltk and sklearn corpora
+    all download at run time), so the offline default is synthetic.
+  * "glue/mrpc", "glue/qqp": the paper's datasets (spec §7), read through TFDS from
+    `data_dir` (prepared elsewhere; xsens never downloads, a missing dataset is a
+    ConfigError saying how to prepare it). Sentence pairs become
+    "<s> A </s></s> B </s>" (RoBERTa's pair template) with a byte-level BPE tokenizer
+    trained here on the training split (`tokenizers` package, no download), cached as
+    JSON in `data_dir/xsens_tokenizers/` keyed by dataset, training split and vocab size.
+    GLUE test labels are hidden (-1): evaluate on "validation".
+
+Special token ids are shared by all datasets: <pad> 0, <s> 1, </s> 2, <unk> 3. Sequences
+longer than `max_length` are truncated (longest sentence first); shorter ones are padded
+on the right with 0, so `ids != 0` is the attention mask (`xsens.models.text`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Sequence
+
+from etils import epath
+import ml_collections
+import numpy as np
+import tensorflow_datasets as tfds
+
+from xsens.data import pipeline
+from xsens.data.config import optional
+from xsens.errors import ConfigError
+
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+GLUE = {"glue/mrpc": ("sentence1", "sentence2"), "glue/qqp": ("question1", "question2")}
+SYNTHETIC = "text/synthetic"
+DATASETS = (SYNTHETIC, *GLUE)
+FIELDS = ("name", "data_dir", "train_split", "test_split", "max_length", "vocab_size",
+          "num_train", "synthetic")
+SYNTHETIC_FIELDS = ("num_train", "num_test", "max_clauses")
+SYNTHETIC_SPLITS = ("train", "validation")
+TOKENIZER_DIR = "xsens_tokenizers"
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # The byte alphabet plus the specials.
+_READ_BATCH = 1024
+
+
+def default_text_data_config() -> ml_collections.ConfigDict:
+  """All `data.*` fields of a text dataset with their defaults.
+
+  Fields:
+    name: "text/synthetic" | "glue/mrpc" | "glue/qqp".
+    data_dir: None (-> $TFDS_DATA_DIR or ~/tensorflow_datasets); holds GLUE and the
+      tokenizer cache.
+    train_split, test_split: "train" / "validation" (TFDS slicing such as "train[:10%]"
+      works for GLUE).
+    max_length: padded sequence length L (the paper's 128), specials included.
+    vocab_size: BPE vocabulary size (GLUE only; the synthetic language has its own).
+    num_train: None or a seeded random subset size of the training split.
+    synthetic: sizes of the synthetic splits and the longest sentence (in clauses).
+  """
+  return ml_collections.ConfigDict({
+      "name": SYNTHETIC,
+      "data_dir": optional(str),
+      "train_split": "train",
+      "test_split": "validation",
+      "max_length": 128,
+      "vocab_size": 8192,
+      "num_train": optional(int),
+      "synthetic": {"num_train": 4096, "num_test": 1024, "max_clauses": 4},
+  })
+
+
+# ------------------------------------------------------------------------------------------------
+# The synthetic sentiment language.
+
+_DETS = ("the", "a", "this", "that", "every", "one")
+_NOUNS = ("movie", "film", "plot", "actor", "story", "script", "scene", "ending", "cast",
+          "score", "director", "camera")
+_VERBS = ("was", "seemed", "felt", "looked", "became", "remained")
+_ENDINGS = ("ended", "started", "worked", "mattered")
+_ADVS = ("very", "really", "quite", "rather", "truly", "so")
+_POSITIVE = ("good", "great", "superb", "lovely", "fine", "brilliant", "charming", "clever")
+_NEGATIVE = ("bad", "awful", "dull", "poor", "weak", "boring", "clumsy", "bland")
+_NEUTRAL = ("long", "short", "old", "new", "loud", "quiet", "simple", "french")
+_CONJS = ("and", "but", "while", "although")
+WORDS = (_DETS + _NOUNS + _VERBS + _ADVS + _POSITIVE + _NEGATIVE + _NEUTRAL + _CONJS +
+         _ENDINGS + ("not", "."))
+SYNTHETIC_VOCAB = len(SPECIAL_TOKENS) + len(WORDS)
+_WORD_ID = {w: i + len(SPECIAL_TOKENS) for i, w in enumerate(WORDS)}
+
+
+def synthetic_max_tokens(max_clauses: int) -> int:
+  """Longest synthetic sequence: <s>, clauses of <= 5 words, conjunctions, ".", </s>."""
+  return 2 + 5 * max_clauses + (max_clauses - 1) + 1
+
+
+def synthetic_sentences(num_examples: int, seed: int, *, stream: int = 0,
+                        max_clauses: int = 4) -> tuple[list[list[str]], np.ndarray]:
+  """Sentences of the synthetic sentiment language, as word lists, and their labels.
+
+  A sentence is 1..max_clauses clauses, each "DET NOUN VERB [ADV] ADJ" or "DET [ADV] ADJ
+  NOUN ENDING" with equal probability (so adjectives sit at varying distances from the
+  end), joined by conjunctions and ended by ".". With probability 0.3 a clause takes the
+  negated form "DET NOUN VERB not ADJ" instead, which flips the adjective's polarity.
+  Adjectives are neutral except in k "sentiment" clauses: k = 1, or k in {1, 3} with
+  equal probability when there are >= 3 clauses; their positions and effective
+  polarities are uniform. The label is the majority effective polarity (1 = positive),
+  so it depends on 1 or 3 adjectives (and a "not" before each) anywhere in the sentence
+  and nothing else. Lengths are 5..synthetic_max_tokens(max_clauses) - 2 words.
+
+  Our design (the paper's language data are MRPC and QQP); deterministic in
+  (seed, stream); labels are balanced in expectation.
+  """
+  rng = np.random.default_rng([seed, 7, stream])
+  sentences, labels = [], np.empty(num_examples, np.int32)
+  pick = lambda words: words[rng.integers(len(words))]
+  for n in range(num_examples):
+    num_clauses = int(rng.integers(1, max_clauses + 1))
+    k = int(rng.choice([1, 3])) if num_clauses >= 3 else 1
+    sentiment = set(rng.choice(num_clauses, size=k, replace=False).tolist())
+    polarity = rng.integers(0, 2, size=k)
+    labels[n] = int(polarity.sum() * 2 > k)
+    words, j = [], 0
+    for c in range(num_clauses):
+      if c:
+        words.append(pick(_CONJS))
+      negated = rng.random() < 0.3
+      if c in sentiment:
+        adjective = pick(_POSITIVE if bool(polarity[j]) != negated else _NEGATIVE)
+        j += 1
+      else:
+        adjective = pick(_NEUTRAL)
+      adverb = [pick(_ADVS)] if rng.random() < 0.5 else []
+      if negated:
+        words += [pick(_DETS), pick(_NOUNS), pick(_VERBS), "not", adjective]
+      elif rng.random() < 0.5:
+        words += [pick(_DETS), pick(_NOUNS), pick(_VERBS)] + adverb + [adjective]
+      else:
+        words += [pick(_DETS)] + adverb + [adjective, pick(_NOUNS), pick(_ENDINGS)]
+    words.append(".")
+    sentences.append(words)
+  return sentences, labels
+
+
+def synthetic_language(num_examples: int, seed: int, *, stream: int = 0,
+                       max_clauses: int = 4, max_length: int | None = None
+                       ) -> tuple[np.ndarray, np.ndarray]:
+  """`synthetic_sentences` as ids "<s> words </s>" [N, max_length] int32 (right-padded).
+
+  max_length defaults to synthetic_max_tokens(max_clauses) (nothing is truncated).
+  """
+  length = synthetic_max_tokens(max_clauses) if max_length is None else max_length
+  sentences, labels = synthetic_sentences(num_examples, seed, stream=stream,
+                                          max_clauses=max_clauses)
+  ids = np.zeros((num_examples, length), np.int32)
+  for n, words in enumerate(sentences):
+    seq = [BOS_ID] + [_WORD_ID[w] for w in words][:length - 2] + [EOS_ID]
+    ids[n, :len(seq)] = seq
+  return ids, labels
+
+
+def synthetic_decode(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+  """Synthetic-language ids -> text (words joined by spaces)."""
+  words = []
+  for i in ids:
+    i = int(i)
+    if i < len(SPECIAL_TOKENS):
+      if not skip_special_tokens:
+        words.append(SPECIAL_TOKENS[i])
+    else:
+      words.append(WORDS[i - len(SPECIAL_TOKENS)])
+  return " ".join(words)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tokenizer: byte-level BPE trained offline with `tokenizers`.
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int):
+  """A byte-level BPE tokenizer (RoBERTa/GPT-2 style) trained on `texts`.
+
+  Special tokens take ids 0..3 (`SPECIAL_TOKENS`); the byte alphabet is always included,
+  so there are no unknown tokens and decode(encode(text)) == text. Single sequences are
+  wrapped "<s> A </s>", pairs "<s> A </s></s> B </s>" (RoBERTa's templates).
+  """
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # pylint: disable=g-import-not-at-top
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(texts, trainer=trainer)
+  for i, token in enumerate(SPECIAL_TOKENS):
+    if tok.token_to_id(token) != i:
+      raise RuntimeError(f"special token {token!r} got id {tok.token_to_id(token)}, not {i}")
+  tok.post_processor = processors.TemplateProcessing(
+      single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
+      special_tokens=[("<s>", BOS_ID), ("</s>", EOS_ID)])
+  return tok
+
+
+def tokenizer_path(data_dir: str, name: str, train_split: str, vocab_size: int) -> str:
+  """Where the tokenizer of (dataset, training split, vocab size) is cached."""
+  split = re.sub(r"[^A-Za-z0-9]+", "_", train_split).strip("_")
+  digest = hashlib.sha1(train_split.encode()).hexdigest()[:8]
+  base = f"{name.replace('/', '_')}-{split}-{digest}-bpe{int(vocab_size)}.json"
+  return os.path.join(data_dir, TOKENIZER_DIR, base)
+
+
+def load_or_train_tokenizer(path: str, texts_fn, vocab_size: int):
+  """The tokenizer cached at `path`, or one trained on `texts_fn()` and saved there."""
+  from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
+  if os.path.exists(path):
+    return Tokenizer.from_file(path)
+  tok = train_tokenizer(texts_fn(), vocab_size)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  tok.save(tmp)
+  os.replace(tmp, path)
+  return tok
+
+
+def encode(tok, first: Sequence[str], second: Sequence[str] | None,
+           max_length: int) -> np.ndarray:
+  """Texts (or text pairs) -> ids [N, max_length] int32, truncated and right-padded."""
+  tok.enable_truncation(max_length=max_length, strategy="longest_first")
+  tok.enable_padding(pad_id=PAD_ID, pad_token="<pad>", length=max_length)
+  try:
+    inputs = list(first) if second is None else list(zip(first, second))
+    encodings = tok.encode_batch(inputs)
+  finally:
+    tok.no_truncation()
+    tok.no_padding()
+  if not encodings:
+    return np.zeros((0, max_length), np.int32)
+  return np.asarray([e.ids for e in encodings], np.int32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Validation.
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _positive(field: str, value, minimum: int = 1) -> None:
+  if not _is_int(value) or value < minimum:
+    raise ConfigError(field, f"must be an int >= {minimum}, got {value!r}")
+
+
+def _synthetic_config(dc) -> dict:
+  cfg = dc["synthetic"]
+  cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg or {})
+  for key in cfg:
+    if key not in SYNTHETIC_FIELDS:
+      raise ConfigError(f"data.synthetic.{key}", f"unknown field for {SYNTHETIC!r}; "
+                        f"allowed: {', '.join(SYNTHETIC_FIELDS)}")
+  for key in SYNTHETIC_FIELDS:
+    if key not in cfg:
+      raise ConfigError(f"data.synthetic.{key}", "missing; start from "
+                        "xsens.data.text.default_text_data_config()")
+    _positive(f"data.synthetic.{key}", cfg[key])
+  return cfg
+
+
+def validate_text_data_config(dc) -> None:
+  """Raises ConfigError for any bad `data.*` field of a text dataset (reads no examples;
+  a GLUE dataset is opened, which reports it missing from data_dir)."""
+  for field in FIELDS:
+    if field not in dc:
+      raise ConfigError(f"data.{field}", "missing; text datasets start from "
+                        "xsens.data.text.default_text_data_config()")
+  for field in dc:
+    if field not in FIELDS:
+      raise ConfigError(f"data.{field}", f"not a field of text datasets; allowed: "
+                        f"{', '.join(FIELDS)}")
+  name = dc["name"]
+  if name not in DATASETS:
+    raise ConfigError("data.name", f"unknown text dataset {name!r}; allowed: "
+                      f"{', '.join(DATASETS)}")
+  _positive("data.max_length", dc["max_length"], 4)
+  _positive("data.vocab_size", dc["vocab_size"], MIN_VOCAB)
+  if dc["num_train"] is not None:
+    _positive("data.num_train", dc["num_train"])
+  if dc["train_split"] == dc["test_split"]:
+    raise ConfigError("data.test_split", f"must differ from data.train_split, both are "
+                      f"{dc['test_split']!r}")
+  if name == SYNTHETIC:
+    cfg = _synthetic_config(dc)
+    for role in pipeline.ROLES:
+      if dc[f"{role}_split"] not in SYNTHETIC_SPLITS:
+        raise ConfigError(f"data.{role}_split", f"{dc[f'{role}_split']!r} is not a split of "
+                          f"{SYNTHETIC!r}; allowed: {', '.join(SYNTHETIC_SPLITS)}")
+    need = synthetic_max_tokens(cfg["max_clauses"])
+    if dc["max_length"] < need:
+      raise ConfigError("data.max_length", f"{dc['max_length']} cannot hold the synthetic "
+                        f"sentences of up to {cfg['max_clauses']} clauses ({need} tokens); "
+                        f"use max_length >= {need} or fewer data.synthetic.max_clauses")
+    return
+  data_dir = pipeline._data_dir(dc)  # pylint: disable=protected-access
+  for role in pipeline.ROLES:
+    field = f"data.{role}_split"
+    if "test" in pipeline._split_names(dc[f"{role}_split"], field):  # pylint: disable=protected-access
+      raise ConfigError(field, "GLUE test labels are hidden (-1); use 'validation' or a "
+                        "slice of 'train' such as 'train[90%:]'")
+    _, features = open_glue(name, data_dir, dc[f"{role}_split"], field)
+  missing = [k for k in GLUE[name] + ("label",) if k not in features]
+  if missing:
+    raise ConfigError("data.name", f"{name!r} in {data_dir!r} has no feature "
+                      f"{missing[0]!r}; features: {', '.join(features.keys())}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Loading.
+
+
+def _prepared_dir(name: str, data_dir: str):
+  """data_dir/<name>/<latest version> of a prepared TFDS dataset, or None."""
+  base = epath.Path(data_dir).joinpath(*name.split("/"))
+  if not base.is_dir():
+    return None
+  versions = [v for v in base.iterdir()
+              if re.fullmatch(r"\d+\.\d+\.\d+", v.name) and (v / "dataset_info.json").exists()]
+  if not versions:
+    return None
+  return max(versions, key=lambda v: tuple(int(x) for x in v.name.split(".")))
+
+
+def open_glue(name: str, data_dir: str, split: str, field: str):
+  """Opens one split of a prepared GLUE dataset: (random-access source, features).
+
+  Reads the prepared directory with `tfds.builder_from_directory`: TFDS's own `glue`
+  builder module imports TensorFlow, which xsens does not need to read ArrayRecord files.
+  """
+  pipeline._split_names(split, field)  # pylint: disable=protected-access
+  path = _prepared_dir(name, data_dir)
+  if path is None:
+    raise pipeline._not_found(name, data_dir)  # pylint: disable=protected-access
+  builder = tfds.builder_from_directory(os.fspath(path))
+  pipeline._check_split_names(split, field, list(builder.info.splits.keys()))  # pylint: disable=protected-access
+  try:
+    source = builder.as_data_source(split=split)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError("data.name", f"cannot read {name!r} in {os.fspath(path)!r} without "
+                      f"TensorFlow ({type(e).__name__}: {e}); prepare it as array_record: "
+                      f"`tfds build {name} --data_dir={data_dir} --file_format=array_record`"
+                      ) from e
+  return source, builder.info.features
+
+
+@functools.lru_cache(maxsize=8)
+def _read_glue(name: str, data_dir: str, split: str) -> tuple[tuple, tuple, np.ndarray]:
+  """(first texts, second texts, labels) of one GLUE split, in stored order."""
+  source, _ = open_glue(name, data_dir, split, "data.name")
+  key_a, key_b = GLUE[name]
+  first, second, labels = [], [], []
+  n = len(source)
+  for start in range(0, n, _READ_BATCH):
+    for e in pipeline._get_items(source, list(range(start, min(n, start + _READ_BATCH)))):  # pylint: disable=protected-access
+      first.append(_as_str(e[key_a]))
+      second.append(_as_str(e[key_b]))
+      labels.append(int(e["label"]))
+  return tuple(first), tuple(second), np.asarray(labels, np.int64)
+
+
+def _as_str(value) -> str:
+  if isinstance(value, np.ndarray):
+    value = value.item()
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def glue_tokenizer(dc):
+  """The (cached) BPE tokenizer of a GLUE config, trained on both sentences of its
+  training split."""
+  name, data_dir = dc["name"], pipeline._data_dir(dc)  # pylint: disable=protected-access
+
+  def texts():
+    first, second, _ = _read_glue(name, data_dir, dc["train_split"])
+    return list(first) + list(second)
+
+  path = tokenizer_path(data_dir, name, dc["train_split"], dc["vocab_size"])
+  return load_or_train_tokenizer(path, texts, int(dc["vocab_size"]))
+
+
+def _raw_ids(dc, role: str, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
+  """(ids [N, L] int32, labels [N], vocab size) of one split before subsampling."""
+  name = dc["name"]
+  if name == SYNTHETIC:
+    cfg = _synthetic_config(dc)
+    n = cfg["num_train"] if role == "train" else cfg["num_test"]
+    ids, labels = synthetic_language(n, seed, stream=pipeline.ROLES.index(role),
+                                     max_clauses=cfg["max_clauses"],
+                                     max_length=int(dc["max_length"]))
+    return ids, labels, SYNTHETIC_VOCAB
+  tok = glue_tokenizer(dc)
+  first, second, labels = _read_glue(name, pipeline._data_dir(dc), dc[f"{role}_split"])  # pylint: disable=protected-access
+  if len(labels) and labels.min() < 0:
+    raise ConfigError(f"data.{role}_split", f"{dc[f'{role}_split']!r} of {name!r} has "
+                      "hidden labels (-1); use 'validation'")
+  ids = encode(tok, first, second, int(dc["max_length"]))
+  return ids, labels.astype(np.int32), tok.get_vocab_size()
+
+
+def load_text_split(dc, split: str, *, seed: int = 0) -> pipeline.Split:
+  """Loads one split of a text dataset as `Split(images=ids [N, L] int32, labels,
+  num_classes=2, vocab_size)`, in a random order fixed by `seed` and the role (as
+  `pipeline.load_split`); `num_train` keeps a seeded random subset of the training split."""
+  validate_text_data_config(dc)
+  role = pipeline.split_role(dc, split)
+  ids, labels, vocab = _raw_ids(dc, role, seed)
+  if role == "train" and dc["num_train"] is not None:
+    if dc["num_train"] > len(labels):
+      raise ConfigError("data.num_train", f"asks for {dc['num_train']} examples but the "
+                        f"train split has {len(labels)}; allowed: 1..{len(labels)}")
+    keep = pipeline.subset_indices(len(labels), int(dc["num_train"]), seed)
+    ids, labels = ids[keep], labels[keep]
+  order = np.random.default_rng([seed, pipeline.ROLES.index(role), len(labels)]).permutation(
+      len(labels))
+  return pipeline.Split(images=np.ascontiguousarray(ids[order], dtype=np.int32),
+                        labels=np.asarray(labels, np.int32)[order], num_classes=2,
+                        vocab_size=int(vocab))

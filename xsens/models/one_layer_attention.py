@@ -1,0 +1,60 @@
+"""The sensitivity paper's single self-attention layer and an MLP baseline on tokens.
+
+Vasudeva et al., ICLR 2025 (arXiv 2403.06925) §3.1 (OpenReview numbering): "a standard
+attention layer with key, query, and value weights W_K, W_Q, W_V, composed with a linear
+decoder U" (authors' rebuttal). The exact form is not known; ours (spec §6, not
+confirmed from the paper):
+
+  f(X) = U · mean_rows( softmax(X W_Q (X W_K)^T / sqrt(d_k)) X W_V ),   X [n, d]
+
+with the softmax over keys (each row of the n x n map sums to one), no biases, no
+positional encoding (put position into the tokens if the task needs it; the layer is
+permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU MLP.
+
+Both take tokens [B, n, d] directly, so the token interface (xsens.measures.tokens) is
+to_tokens = identity and from_tokens = the model's apply.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class OneLayerAttention(nn.Module):
+  """tokens [B, n, d] -> outputs [B, num_outputs]; W_Q, W_K [d, qk_dim], W_V [d, v_dim],
+  U [v_dim, num_outputs]; every weight N(0, 1/fan_in) (LeCun normal), no biases."""
+  num_outputs: int
+  qk_dim: Optional[int] = None   # None: d.
+  v_dim: Optional[int] = None    # None: d.
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    d = x.shape[-1]
+    dk = self.qk_dim or d
+    q = nn.Dense(dk, use_bias=False, name="w_q")(x)
+    k = nn.Dense(dk, use_bias=False, name="w_k")(x)
+    a = jax.nn.softmax(jnp.einsum("bqc,bkc->bqk", q, k) / math.sqrt(dk), axis=-1)
+    self.sow("intermediates", "attention", a)                      # [B, n, n]
+    v = nn.Dense(self.v_dim or d, use_bias=False, name="w_v")(x)
+    pooled = jnp.einsum("bqk,bkc->bqc", a, v).mean(axis=1)          # mean over rows
+    return nn.Dense(self.num_outputs, use_bias=False, name="u")(pooled).astype(jnp.float32)
+
+
+class TokenMLP(nn.Module):
+  """tokens [B, n, d] -> flatten [B, n d] -> (Dense -> ReLU) per hidden dim -> [B, K]."""
+  num_outputs: int
+  hidden_dims: tuple[int, ...] = (256, 256)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train
+    x = x.reshape(x.shape[0], -1)
+    for i, h in enumerate(self.hidden_dims):
+      x = nn.relu(nn.Dense(h, name=f"hidden_{i}")(x))
+    return nn.Dense(self.num_outputs, name="head")(x).astype(jnp.float32)

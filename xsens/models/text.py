@@ -1,0 +1,378 @@
+"""Text classifiers (flax.linen): a RoBERTa-style encoder, a GPT-2-style decoder, an LSTM.
+
+The language models of "Transformers Learn Low Sensitivity Functions" (ICLR 2025,
+arXiv 2403.06925, §5 / App. Fig. 20), trained from scratch for sequence classification
+(official code: github.com/estija/sensitivity, language/; paper scripts: 4 layers,
+hidden 256, 8 heads; spec /work/shared/specs/sensitivity.md §2.3, §7, §8).
+
+Inputs are int32 token ids [B, L], right-padded with `PAD_ID` = 0; the attention/validity
+mask is `ids != PAD_ID` (`padding_mask`). Every model exposes the token interface of
+`xsens.measures.tokens` as two methods, used through `model.apply(..., method=...)`:
+
+  tokens = model.apply(v, ids, method=model.embed)                 # [B, L, D]
+  logits = model.apply(v, tokens, mask, method=model.encode)       # [B, K]
+  model.apply(v, ids) == encode(embed(ids), padding_mask(ids))
+
+`embed` ends exactly where the paper puts the noise (spec §2.3):
+- `roberta`: token + learned position embeddings -> embedding LayerNorm | noise | encoder.
+- `gpt2`: wte + wpe (wpe added once; the official code adds it twice, spec §8 defect 7)
+  | noise | blocks. GPT-2 has no embedding LayerNorm, so the noise enters on the raw
+  embedding sum, before the first block's ln_1.
+- `lstm`: embedding -> LayerNorm | noise | LSTM layers.
+
+Our design choices where the paper is silent (not confirmed from the paper):
+- position ids are 0..L-1 (HF RoBERTa offsets them by padding_idx + 1 = 2; this only
+  relabels rows of the position table) and RoBERTa's single token-type embedding (a
+  constant vector added to every token) is left out;
+- ReLU attention (`attention="relu"`, the paper's "RoBERTa (ReLU)", official
+  modeling_roberta_relu.py per spec §8) is relu(q.k / sqrt(d_head)) with no
+  normalisation; padded keys get weight 0 (HF adds a large negative mask before the
+  activation, which relu maps to 0);
+- initialisation follows HF (normal(0.02) for Dense/Embed, GPT-2's residual projections
+  scaled by 1/sqrt(2 * depth)) and PyTorch's nn.LSTM (uniform(+-1/sqrt(H)), both biases).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from xsens.errors import ConfigError
+from xsens.models import _checks
+
+PAD_ID = 0
+ATTENTIONS = ("softmax", "relu")
+_LN_EPS = 1e-5
+_INIT = nn.initializers.normal(0.02)
+
+Array = jax.Array
+
+
+def padding_mask(ids: Array) -> Array:
+  """ids [B, L] int -> bool [B, L], True on real (non-pad) tokens."""
+  return ids != PAD_ID
+
+
+def last_index(mask: Array) -> Array:
+  """mask [B, L] bool -> [B] int32 index of the last True (0 for an all-False row)."""
+  positions = jnp.arange(mask.shape[-1], dtype=jnp.int32)
+  return jnp.max(jnp.where(mask, positions, 0), axis=-1)
+
+
+def _check_ids_shape(input_shape, num_classes, max_length: int | None) -> None:
+  _checks.positive_int("num_classes", num_classes)
+  shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else None
+  if shape is None or len(shape) != 1 or not isinstance(shape[0], int) or shape[0] < 1:
+    raise ConfigError("model.name", f"text models take token ids [B, L]; the data has "
+                      f"per-example shape {input_shape!r} (use a text dataset such as "
+                      "data.name='text/synthetic', 'glue/mrpc' or 'glue/qqp')")
+  if max_length is not None and shape[0] > max_length:
+    raise ConfigError("model.max_length", f"{max_length} position embeddings cannot hold "
+                      f"sequences of length {shape[0]}; use max_length >= {shape[0]}")
+
+
+def _check_heads(width: int, num_heads: int) -> None:
+  if width % num_heads:
+    raise ConfigError("model.width", f"{width} must be divisible by model.num_heads="
+                      f"{num_heads}")
+
+
+class SelfAttention(nn.Module):
+  """Multi-head self-attention with a key-padding mask, optional causal mask and ReLU.
+
+  x [B, L, D], mask [B, L] bool -> [B, L, D].
+  """
+  width: int
+  num_heads: int
+  dropout_rate: float
+  attention: str = "softmax"
+  causal: bool = False
+  out_init: Callable = _INIT
+
+  @nn.compact
+  def __call__(self, x, mask, train: bool = False):
+    head_dim = self.width // self.num_heads
+    dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), kernel_init=_INIT,
+                                         name=name)
+    q, k, v = dense("query")(x), dense("key")(x), dense("value")(x)   # [B, L, H, dh]
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    allowed = mask[:, None, None, :]                                   # [B, 1, 1, L]
+    if self.causal:
+      length = x.shape[1]
+      allowed = allowed & jnp.tril(jnp.ones((length, length), bool))[None, None]
+    if self.attention == "relu":
+      weights = jnp.where(allowed, jax.nn.relu(scores), 0.0)
+    else:
+      scores = jnp.where(allowed, scores, jnp.finfo(scores.dtype).min)
+      weights = jax.nn.softmax(scores, axis=-1)
+    weights = nn.Dropout(self.dropout_rate, deterministic=not train)(weights)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    return nn.DenseGeneral(self.width, axis=(-2, -1), kernel_init=self.out_init,
+                           name="out")(out)
+
+
+class EncoderLayer(nn.Module):
+  """Post-LN transformer layer (BERT/RoBERTa): LN(x + attn(x)), LN(x + mlp(x))."""
+  width: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float
+  attention: str = "softmax"
+
+  @nn.compact
+  def __call__(self, x, mask, train: bool = False):
+    drop = lambda y: nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    a = SelfAttention(self.width, self.num_heads, self.dropout_rate, self.attention,
+                      name="attention")(x, mask, train)
+    x = nn.LayerNorm(epsilon=_LN_EPS, name="attention_norm")(x + drop(a))
+    h = nn.Dense(self.mlp_dim, kernel_init=_INIT, name="intermediate")(x)
+    h = nn.Dense(self.width, kernel_init=_INIT, name="output")(nn.gelu(h, approximate=False))
+    return nn.LayerNorm(epsilon=_LN_EPS, name="output_norm")(x + drop(h))
+
+
+class RoBERTa(nn.Module):
+  """RoBERTa-style post-LN encoder classifier (HF RobertaForSequenceClassification layout).
+
+  ids -> token + position embeddings -> LayerNorm -> [noise] -> dropout -> `depth`
+  encoder layers -> head on the first (<s>) token: dropout, Dense(width), tanh, dropout,
+  Dense(num_classes). Paper scripts: width 256, depth 4, 8 heads, intermediate 3072
+  (left at roberta-base's value), dropout 0.1, max length 128.
+
+  Parameters: V*D + P*D + 2D (embeddings, LN) + depth*(4D^2 + 4D + 2*D*F + F + D + 4D)
+  + D^2 + D + D*K + K, with V vocab, P max_length, D width, F mlp_dim, K classes.
+  """
+  num_classes: int
+  vocab_size: int = 8192
+  max_length: int = 128
+  width: int = 256
+  depth: int = 4
+  num_heads: int = 8
+  mlp_dim: int = 3072
+  dropout_rate: float = 0.1
+  attention: str = "softmax"
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
+    for field in ("vocab_size", "max_length", "width", "depth", "num_heads", "mlp_dim"):
+      _checks.positive_int(field, getattr(self, field))
+    _check_ids_shape(input_shape, self.num_classes, self.max_length)
+    _check_heads(self.width, self.num_heads)
+    _checks.rate("dropout_rate", self.dropout_rate)
+    _checks.one_of("attention", self.attention, ATTENTIONS)
+
+  def setup(self):
+    self.word_embeddings = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT)
+    self.position_embeddings = nn.Embed(self.max_length, self.width, embedding_init=_INIT)
+    self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS)
+    self.layers = [EncoderLayer(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
+                                self.attention) for _ in range(self.depth)]
+    self.head_dense = nn.Dense(self.width, kernel_init=_INIT)
+    self.head_out = nn.Dense(self.num_classes, kernel_init=_INIT)
+    self.dropout = nn.Dropout(self.dropout_rate)
+
+  def embed(self, ids, train: bool = False):
+    """ids [B, L] -> tokens [B, L, D]: LayerNorm(word + position embeddings)."""
+    del train
+    positions = jnp.arange(ids.shape[1])
+    return self.embedding_norm(self.word_embeddings(ids) + self.position_embeddings(positions))
+
+  def hidden_states(self, tokens, mask, train: bool = False):
+    """tokens [B, L, D], mask [B, L] -> last layer's hidden states [B, L, D]."""
+    x = self.dropout(tokens, deterministic=not train)
+    for layer in self.layers:
+      x = layer(x, mask, train)
+    return x
+
+  def encode(self, tokens, mask, train: bool = False):
+    """tokens [B, L, D], mask [B, L] bool -> logits [B, K] from the first token."""
+    x = self.hidden_states(tokens, mask, train)[:, 0]
+    x = jnp.tanh(self.head_dense(self.dropout(x, deterministic=not train)))
+    return self.head_out(self.dropout(x, deterministic=not train))
+
+  def __call__(self, ids, train: bool = False):
+    return self.encode(self.embed(ids, train), padding_mask(ids), train)
+
+
+class GPT2Block(nn.Module):
+  """Pre-LN causal block: x + attn(ln_1(x)), x + mlp(ln_2(x)) (GELU tanh approximation)."""
+  width: int
+  num_heads: int
+  mlp_dim: int
+  dropout_rate: float
+  depth: int
+
+  @nn.compact
+  def __call__(self, x, mask, train: bool = False):
+    drop = lambda y: nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    proj_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.depth))
+    a = SelfAttention(self.width, self.num_heads, self.dropout_rate, causal=True,
+                      out_init=proj_init, name="attn")(
+                          nn.LayerNorm(epsilon=_LN_EPS, name="ln_1")(x), mask, train)
+    x = x + drop(a)
+    h = nn.Dense(self.mlp_dim, kernel_init=_INIT, name="c_fc")(
+        nn.LayerNorm(epsilon=_LN_EPS, name="ln_2")(x))
+    h = nn.Dense(self.width, kernel_init=proj_init, name="c_proj")(nn.gelu(h, approximate=True))
+    return x + drop(h)
+
+
+class GPT2(nn.Module):
+  """GPT-2-style causal decoder classifier (HF GPT2ForSequenceClassification layout).
+
+  ids -> wte + wpe -> [noise] -> dropout -> `depth` pre-LN causal blocks -> ln_f ->
+  Dense(num_classes, no bias) on the last non-pad token. Paper (App. Fig. 20): 4 layers,
+  8 heads, width 256; the MLP is 4 * width wide as in GPT-2.
+
+  Parameters: V*D + P*D + depth*(4D^2 + 4D + 2*D*F + F + D + 4D) + 2D + D*K.
+  """
+  num_classes: int
+  vocab_size: int = 8192
+  max_length: int = 128
+  width: int = 256
+  depth: int = 4
+  num_heads: int = 8
+  mlp_dim: int = 1024
+  dropout_rate: float = 0.1
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
+    for field in ("vocab_size", "max_length", "width", "depth", "num_heads", "mlp_dim"):
+      _checks.positive_int(field, getattr(self, field))
+    _check_ids_shape(input_shape, self.num_classes, self.max_length)
+    _check_heads(self.width, self.num_heads)
+    _checks.rate("dropout_rate", self.dropout_rate)
+
+  def setup(self):
+    self.wte = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT)
+    self.wpe = nn.Embed(self.max_length, self.width, embedding_init=_INIT)
+    self.blocks = [GPT2Block(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
+                             self.depth) for _ in range(self.depth)]
+    self.ln_f = nn.LayerNorm(epsilon=_LN_EPS)
+    self.score = nn.Dense(self.num_classes, use_bias=False, kernel_init=_INIT)
+    self.dropout = nn.Dropout(self.dropout_rate)
+
+  def embed(self, ids, train: bool = False):
+    """ids [B, L] -> tokens [B, L, D] = wte(ids) + wpe(0..L-1) (no LayerNorm in GPT-2)."""
+    del train
+    return self.wte(ids) + self.wpe(jnp.arange(ids.shape[1]))
+
+  def hidden_states(self, tokens, mask, train: bool = False):
+    """tokens [B, L, D], mask [B, L] -> ln_f(blocks(tokens)) [B, L, D]; causal."""
+    x = self.dropout(tokens, deterministic=not train)
+    for block in self.blocks:
+      x = block(x, mask, train)
+    return self.ln_f(x)
+
+  def encode(self, tokens, mask, train: bool = False):
+    """tokens [B, L, D], mask [B, L] bool -> logits [B, K] at the last non-pad token."""
+    h = self.hidden_states(tokens, mask, train)
+    last = jnp.take_along_axis(h, last_index(mask)[:, None, None], axis=1)[:, 0]
+    return self.score(last)
+
+  def __call__(self, ids, train: bool = False):
+    return self.encode(self.embed(ids, train), padding_mask(ids), train)
+
+
+def _torch_uniform(bound: float) -> Callable:
+  """uniform(-bound, bound), PyTorch's nn.LSTM initialisation."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
+
+
+class LSTMLayer(nn.Module):
+  """One LSTM layer in PyTorch's parametrisation (gate order i, f, g, o; two biases).
+
+    g_t = x_t W_ih + b_ih + h_{t-1} W_hh + b_hh = [i, f, g, o]
+    c_t = sigmoid(f) c_{t-1} + sigmoid(i) tanh(g),   h_t = sigmoid(o) tanh(c_t)
+
+  Where mask_t is False (padding) the state is carried unchanged, so the final carry is
+  the state after the last valid token. x [B, L, In], mask [B, L] -> (h [B, L, H],
+  h_last [B, H]).
+  """
+  hidden_dim: int
+
+  @nn.compact
+  def __call__(self, x, mask):
+    hid = self.hidden_dim
+    init = _torch_uniform(1.0 / math.sqrt(hid))
+    w_ih = self.param("w_ih", init, (x.shape[-1], 4 * hid))
+    w_hh = self.param("w_hh", init, (hid, 4 * hid))
+    b_ih = self.param("b_ih", init, (4 * hid,))
+    b_hh = self.param("b_hh", init, (4 * hid,))
+    gates_x = x @ w_ih + b_ih + b_hh                              # [B, L, 4H], all steps.
+
+    def step(carry, inputs):
+      h_prev, c_prev = carry
+      gx, m = inputs
+      i, f, g, o = jnp.split(gx + h_prev @ w_hh, 4, axis=-1)
+      c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
+      h = jax.nn.sigmoid(o) * jnp.tanh(c)
+      m = m[:, None]
+      h, c = jnp.where(m, h, h_prev), jnp.where(m, c, c_prev)
+      return (h, c), h
+
+    zeros = jnp.zeros((x.shape[0], hid), gates_x.dtype)
+    (h_last, _), hs = jax.lax.scan(
+        step, (zeros, zeros), (jnp.swapaxes(gates_x, 0, 1), jnp.swapaxes(mask, 0, 1)))
+    return jnp.swapaxes(hs, 0, 1), h_last
+
+
+class LSTM(nn.Module):
+  """LSTM classifier: Embedding -> LayerNorm -> [noise] -> `depth` LSTM layers -> Dense.
+
+  The official model (language/, spec §8): Embedding(V, 256) -> LayerNorm(256) -> 4-layer
+  LSTM(256) -> Linear, dropout 0.1 (applied here between LSTM layers, as PyTorch's
+  nn.LSTM(dropout=) does). The head reads the hidden state after the last valid token.
+
+  Parameters: V*D + 2D + sum_l 4H*(in_l + H + 2) + H*K + K, in_0 = D, in_l = H.
+  """
+  num_classes: int
+  vocab_size: int = 8192
+  width: int = 256
+  hidden_dim: int = 256
+  depth: int = 4
+  dropout_rate: float = 0.1
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
+    for field in ("vocab_size", "width", "hidden_dim", "depth"):
+      _checks.positive_int(field, getattr(self, field))
+    _check_ids_shape(input_shape, self.num_classes, None)
+    _checks.rate("dropout_rate", self.dropout_rate)
+
+  def setup(self):
+    self.embedding = nn.Embed(self.vocab_size, self.width,
+                              embedding_init=nn.initializers.normal(1.0))
+    self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS)
+    self.layers = [LSTMLayer(self.hidden_dim) for _ in range(self.depth)]
+    self.head = nn.Dense(self.num_classes,
+                         kernel_init=_torch_uniform(1.0 / math.sqrt(self.hidden_dim)))
+    self.dropout = nn.Dropout(self.dropout_rate)
+
+  def embed(self, ids, train: bool = False):
+    """ids [B, L] -> tokens [B, L, D] = LayerNorm(embedding(ids))."""
+    del train
+    return self.embedding_norm(self.embedding(ids))
+
+  def hidden_states(self, tokens, mask, train: bool = False):
+    """tokens [B, L, D], mask [B, L] -> (top layer outputs [B, L, H], last state [B, H])."""
+    x, last = tokens, None
+    for i, layer in enumerate(self.layers):
+      if i:
+        x = self.dropout(x, deterministic=not train)
+      x, last = layer(x, mask)
+    return x, last
+
+  def encode(self, tokens, mask, train: bool = False):
+    """tokens [B, L, D], mask [B, L] bool -> logits [B, K]."""
+    return self.head(self.hidden_states(tokens, mask, train)[1])
+
+  def __call__(self, ids, train: bool = False):
+    return self.encode(self.embed(ids, train), padding_mask(ids), train)
+
+
+TEXT_MODELS = {"roberta": RoBERTa, "gpt2": GPT2, "lstm": LSTM}

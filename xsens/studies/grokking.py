@@ -1,0 +1,549 @@
+"""Study `grokking`: sensitivity as a progress measure for grokking modular addition.
+
+Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
+2403.06925); official code estija/sensitivity language/sens_addition.py and
+language/sens_modular_addition.ipynb (spec §5). The paper's claim (secondary source):
+sensitivity falls during the loss plateau, before test accuracy jumps; the authors call
+sensitivity "a progress measure for grokking" (rebuttal).
+
+Setup (as the official code):
+  * task (a + b) mod p on the inputs "a b =" (ids a, b, p; vocabulary p + 1); all p^2
+    pairs, the first int(train_fraction * p^2) of a permutation are the training set, the
+    rest the test set. The permutation is `np.random.RandomState(seed).shuffle`, the same
+    stream as the notebook's `np.random.seed(seed); np.random.shuffle(indices)`, so seed 42
+    gives the official split.
+  * `xsens.models.grokking_transformer.GrokkingTransformer` (no residuals, no LayerNorm).
+  * AdamW with PyTorch's defaults (betas 0.9, 0.999, eps 1e-8, decoupled weight decay on
+    every parameter, as `optim.AdamW(model.parameters(), lr, weight_decay)`), full batch,
+    cross-entropy.
+  * sensitivity: N(0, sigma^2) added to the embeddings (token + position) of positions 0
+    and 1 together, "=" untouched, one draw per training example; the flip fraction of the
+    argmax against the clean argmax, on the whole training set
+    (`xsens.measures.sensitivity.global_sensitivity` with a token mask).
+
+Logging (row t = the parameters after t updates, t = 0..epochs-1; the final parameters
+are evaluated once more at the end): train loss and accuracy (from the forward pass of
+the update itself), sensitivity, the L2 norm of all parameters, and test loss/accuracy
+when t % test_every == 0 (NaN otherwise). The notebook logs the train metrics of epoch e
+at the same parameters (before update e) and the sensitivity/norm one update later: a
+one-epoch offset. Epochs run as jitted `lax.scan` chunks, seeds `vmap`ped; after each
+chunk the logs (npz) and the full state (orbax: params, AdamW state, step) are saved, so
+an interrupted run resumes exactly where it stopped (the noise of epoch t uses
+fold_in(key, t), a pure function of the step).
+
+Events (per seed, on the logs; all reported in results.md):
+  * memorised: the first epoch with train accuracy >= 0.99.
+  * grokked: the first test evaluation (every `test_every` epochs) with test accuracy >=
+    `report.grok_threshold` (0.5).
+  * sensitivity peak: the epoch of the maximum of the trailing rolling mean (window
+    `report.window` = 50, as the notebook's plots) of the sensitivity, searched from
+    `window` epochs after memorisation on (this skips the transient while the training
+    set is still being fitted).
+  * sensitivity falls: the first epoch after the peak at which the rolling mean is <=
+    `report.fall_fraction` (0.5) x the peak; `sens_drop10_epoch` uses 0.9 (the start of
+    the fall).
+  * test accuracy starts rising (`test_rise_epoch`): the first test evaluation after
+    memorisation at least 0.05 above the first one after memorisation.
+  * lead = grokked − sensitivity falls (> 0: sensitivity falls before test accuracy jumps).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from xsens.errors import ConfigError
+from xsens.measures import sensitivity as sens_lib
+from xsens.models import grokking_transformer as gt
+from xsens.report import plots, tables
+from xsens.train import checkpoint as ckpt
+
+LOG_DIR = "logs"
+STEP_FIELDS = ("train_loss", "train_accuracy", "sensitivity", "weight_norm", "test_loss",
+               "test_accuracy")
+
+# ------------------------------------------------------------------------------------------
+# Validation.
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+  return isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _need(ok: bool, field: str, message: str) -> None:
+  if not ok:
+    raise ConfigError(field, message)
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
+  d = config.data
+  _need(_is_int(d.modulus) and d.modulus >= 2, "data.modulus",
+        f"must be an int >= 2, got {d.modulus!r}")
+  _need(_is_num(d.train_fraction) and 0 < d.train_fraction < 1, "data.train_fraction",
+        f"must be in (0, 1), got {d.train_fraction!r}")
+  if _is_int(d.modulus):
+    n_train = int(d.train_fraction * d.modulus ** 2)
+    _need(1 <= n_train < d.modulus ** 2, "data.train_fraction",
+          f"gives {n_train} training pairs of {d.modulus ** 2}; need at least one of each split")
+  m = config.model
+  for f in ("width", "num_heads", "mlp_dim"):
+    _need(_is_int(m[f]) and m[f] >= 1, f"model.{f}", f"must be a positive int, got {m[f]!r}")
+  _need(m.width % m.num_heads == 0, "model.num_heads",
+        f"must divide model.width={m.width}, got {m.num_heads}")
+  o = config.optimizer
+  _need(_is_num(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
+        f"must be > 0, got {o.learning_rate!r}")
+  _need(_is_num(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
+        f"must be >= 0, got {o.weight_decay!r}")
+  for f in ("b1", "b2"):
+    _need(_is_num(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}", f"must be in [0, 1), got {o[f]!r}")
+  _need(_is_num(o.eps) and o.eps > 0, "optimizer.eps", f"must be > 0, got {o.eps!r}")
+  t = config.train
+  for f in ("epochs", "chunk_epochs", "test_every", "num_seeds", "keep_checkpoints"):
+    _need(_is_int(t[f]) and t[f] >= 1, f"train.{f}", f"must be a positive int, got {t[f]!r}")
+  _need(_is_int(config.seed) and config.seed >= 0, "seed",
+        f"must be an int >= 0, got {config.seed!r}")
+  s = config.sensitivity
+  _need(_is_num(s.sigma) and s.sigma >= 0, "sensitivity.sigma",
+        f"must be a standard deviation >= 0, got {s.sigma!r}")
+  pos = list(s.positions)
+  _need(pos and all(_is_int(p) and 0 <= p < gt.SEQ_LEN for p in pos) and len(set(pos)) == len(pos),
+        "sensitivity.positions", f"must be distinct positions in [0, {gt.SEQ_LEN}) "
+        f"(0 = a, 1 = b, 2 = '='), got {pos!r}")
+  r = config.report
+  _need(_is_int(r.window) and r.window >= 1, "report.window",
+        f"must be a positive int, got {r.window!r}")
+  _need(_is_num(r.grok_threshold) and 0 < r.grok_threshold <= 1, "report.grok_threshold",
+        f"must be in (0, 1], got {r.grok_threshold!r}")
+  _need(_is_num(r.fall_fraction) and 0 < r.fall_fraction < 1, "report.fall_fraction",
+        f"must be in (0, 1), got {r.fall_fraction!r}")
+  _need(all(_is_int(e) and e >= 0 for e in r.markers), "report.markers",
+        f"must be epochs (ints >= 0), got {list(r.markers)!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# Data.
+
+
+def all_pairs(p: int) -> tuple[np.ndarray, np.ndarray]:
+  """Every input "a b =" in the notebook's order (a major): ids [p^2, 3], labels [p^2]."""
+  a, b = np.divmod(np.arange(p * p), p)
+  ids = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int32)
+  return ids, ((a + b) % p).astype(np.int32)
+
+
+def split(p: int, train_fraction: float, seed: int) -> dict:
+  """The official split: pair indices shuffled by RandomState(seed), first int(f p^2) train.
+
+  Returns {"train_ids", "train_labels", "test_ids", "test_labels", "train_index",
+  "test_index"} (index = position in `all_pairs`).
+  """
+  ids, labels = all_pairs(p)
+  order = np.arange(p * p)
+  np.random.RandomState(seed).shuffle(order)
+  n_train = int(train_fraction * p * p)
+  tr, te = order[:n_train], order[n_train:]
+  return {"train_ids": ids[tr], "train_labels": labels[tr], "test_ids": ids[te],
+          "test_labels": labels[te], "train_index": tr, "test_index": te}
+
+
+# ------------------------------------------------------------------------------------------
+# Model, optimiser and the jitted chunk of epochs.
+
+
+def make_model(config) -> gt.GrokkingTransformer:
+  p = int(config.data.modulus)
+  m = config.model
+  return gt.GrokkingTransformer(vocab_size=p + 1, num_classes=p + 1, width=int(m.width),
+                                num_heads=int(m.num_heads), mlp_dim=int(m.mlp_dim))
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  """optax.adamw with PyTorch AdamW's semantics: p <- p - lr (adam(g) + wd p), all params."""
+  o = config.optimizer
+  return optax.adamw(float(o.learning_rate), b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
+                     weight_decay=float(o.weight_decay))
+
+
+def weight_norm(params) -> jax.Array:
+  """sqrt(sum of squares of every parameter) (the notebook's total_norm)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params)))
+
+
+def _cross_entropy(logits, labels):
+  return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def embedding_sensitivity(from_tokens, tokens, clean, key, *, sigma, token_mask):
+  """Flip fraction of argmax from_tokens(tokens + E) vs `clean` [B], one draw per example.
+
+  E = sigma * normal(fold_in(key, 0), [B, T, d]) on the positions where token_mask [T] is
+  True, zero elsewhere (`global_sensitivity` with num_draws = 1): the official code's
+  noise on the embeddings of a and b together, "=" untouched (spec §5).
+  """
+  out = sens_lib.global_sensitivity(from_tokens, tokens, key, sigma=sigma, num_draws=1,
+                                    token_mask=token_mask, labels=clean)
+  return out["mean"]
+
+
+def make_fns(config):
+  """(model, init_state(key) -> state, chunk(state, data, key, start, length) -> (state,
+  logs [length]), evaluate(params, data, key, step) -> metrics); pure, for one seed (vmap
+  them over seeds, `start` unbatched)."""
+  model = make_model(config)
+  tx = make_optimizer(config)
+  sigma = float(config.sensitivity.sigma)
+  mask = np.zeros(gt.SEQ_LEN, bool)
+  mask[list(config.sensitivity.positions)] = True
+  token_mask = jnp.asarray(mask)
+  test_every = int(config.train.test_every)
+
+  def init_state(key):
+    params = model.init(key, jnp.zeros((1, gt.SEQ_LEN), jnp.int32))["params"]
+    return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+  def sensitivity(params, ids, clean, key):
+    tokens = model.apply({"params": params}, ids, method=model.embed)
+    from_tokens = functools.partial(model.apply, {"params": params},
+                                    method=model.from_embeddings)
+    return embedding_sensitivity(from_tokens, tokens, clean, key, sigma=sigma,
+                                 token_mask=token_mask)
+
+  def test_metrics(params, data):
+    logits = model.apply({"params": params}, data["test_ids"])
+    return (_cross_entropy(logits, data["test_labels"]),
+            jnp.mean(jnp.argmax(logits, -1) == data["test_labels"]))
+
+  def loss_fn(params, data):
+    logits = model.apply({"params": params}, data["train_ids"])
+    return _cross_entropy(logits, data["train_labels"]), logits
+
+  def epoch(state, data, key, step):
+    params = state["params"]
+    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, data)
+    clean = jnp.argmax(logits, -1)
+    log = {"train_loss": loss,
+           "train_accuracy": jnp.mean(clean == data["train_labels"]),
+           "sensitivity": sensitivity(params, data["train_ids"], clean,
+                                      jax.random.fold_in(key, step)),
+           "weight_norm": weight_norm(params)}
+    nan = jnp.full((), jnp.nan, jnp.float32)
+    log["test_loss"], log["test_accuracy"] = jax.lax.cond(
+        step % test_every == 0, lambda: test_metrics(params, data), lambda: (nan, nan))
+    updates, opt = tx.update(grads, state["opt"], params)
+    return {"params": optax.apply_updates(params, updates), "opt": opt,
+            "step": state["step"] + 1}, log
+
+  def chunk(state, data, key, start, length: int):
+    # The epoch index comes from xs, not from the (per-seed, vmapped) state, so the
+    # test-every-k `lax.cond` keeps an unbatched predicate and stays a real branch.
+    steps = start + jnp.arange(length, dtype=jnp.int32)
+    return jax.lax.scan(lambda s, t: epoch(s, data, key, t), state, steps)
+
+  def evaluate(params, data, key, step):
+    loss, logits = loss_fn(params, data)
+    clean = jnp.argmax(logits, -1)
+    test_loss, test_acc = test_metrics(params, data)
+    return {"train_loss": loss, "train_accuracy": jnp.mean(clean == data["train_labels"]),
+            "sensitivity": sensitivity(params, data["train_ids"], clean,
+                                       jax.random.fold_in(key, step)),
+            "weight_norm": weight_norm(params), "test_loss": test_loss,
+            "test_accuracy": test_acc}
+
+  return model, init_state, chunk, evaluate
+
+
+def seeds_of(config) -> list[int]:
+  return [int(config.seed) + i for i in range(int(config.train.num_seeds))]
+
+
+def stacked_data(config) -> dict:
+  """Per-seed splits stacked on a leading seed axis (same sizes for every seed)."""
+  splits = [split(int(config.data.modulus), float(config.data.train_fraction), s)
+            for s in seeds_of(config)]
+  keys = ("train_ids", "train_labels", "test_ids", "test_labels")
+  return {k: jnp.asarray(np.stack([s[k] for s in splits])) for k in keys}
+
+
+def seed_keys(config):
+  """(init keys, noise keys) [S]: key(seed) folded with 0 / 1."""
+  base = [jax.random.key(s) for s in seeds_of(config)]
+  return (jnp.stack([jax.random.fold_in(k, 0) for k in base]),
+          jnp.stack([jax.random.fold_in(k, 1) for k in base]))
+
+
+# ------------------------------------------------------------------------------------------
+# Training with resumable chunks.
+
+
+def _log_files(workdir: str) -> list[tuple[int, int, str]]:
+  path = os.path.join(workdir, LOG_DIR)
+  if not os.path.isdir(path):
+    return []
+  out = []
+  for name in os.listdir(path):
+    if name.startswith("epochs_") and name.endswith(".npz"):
+      start, end = (int(x) for x in name[len("epochs_"):-len(".npz")].split("_"))
+      out.append((start, end, os.path.join(path, name)))
+  return sorted(out)
+
+
+def load_logs(workdir: str, upto: int, num_seeds: int) -> dict:
+  """{field: [S, upto]} from the chunk files covering epochs [0, upto) (NaN where missing)."""
+  out = {k: np.full((num_seeds, upto), np.nan, np.float32) for k in STEP_FIELDS}
+  for start, end, path in _log_files(workdir):
+    if end > upto:
+      continue
+    with np.load(path) as z:
+      for k in STEP_FIELDS:
+        out[k][:, start:end] = z[k]
+  return out
+
+
+def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> dict:
+  """Trains (or resumes) every seed; returns {"logs", "final", "wall_s", "epochs_done",
+  "resumed_from", "compile_s"}. `max_chunks` stops after that many new chunks."""
+  model, init_state, chunk, evaluate = make_fns(config)
+  data = stacked_data(config)
+  init_keys, noise_keys = seed_keys(config)
+  epochs, size = int(config.train.epochs), int(config.train.chunk_epochs)
+  manager = ckpt.make_manager(workdir, int(config.train.keep_checkpoints))
+  v_init = jax.jit(jax.vmap(init_state))
+  abstract = jax.eval_shape(v_init, init_keys)
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = ckpt.abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
+  start = ckpt.latest_step(workdir)
+  if start is not None:
+    state = ckpt.restore(manager, start, abstract)
+    log(f"[grokking] resumed at epoch {start}")
+  else:
+    start, state = 0, v_init(init_keys)
+  resumed_from = start
+  chunk_fns = {}
+  os.makedirs(os.path.join(workdir, LOG_DIR), exist_ok=True)
+  wall, computed, compile_s = 0.0, 0, 0.0
+  e = start
+  while e < epochs:
+    if max_chunks is not None and computed >= max_chunks:
+      break
+    length = min(size, epochs - e)
+    if length not in chunk_fns:
+      fn = jax.jit(jax.vmap(functools.partial(chunk, length=length),
+                            in_axes=(0, 0, 0, None)))
+      t0 = time.perf_counter()
+      chunk_fns[length] = fn.lower(state, data, noise_keys, jnp.int32(e)).compile()
+      compile_s += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state, logs = chunk_fns[length](state, data, noise_keys, jnp.int32(e))
+    logs = jax.device_get(logs)
+    dt = time.perf_counter() - t0
+    wall += dt
+    computed += 1
+    tmp = os.path.join(workdir, LOG_DIR, f"tmp_{e:07d}.npz")
+    np.savez(tmp, **{k: np.asarray(v, np.float32) for k, v in logs.items()})
+    os.replace(tmp, os.path.join(workdir, LOG_DIR, f"epochs_{e:07d}_{e + length:07d}.npz"))
+    e += length
+    ckpt.save(manager, e, state)
+    acc = np.asarray(logs["test_accuracy"])
+    last_test = acc[:, ~np.isnan(acc[0])][:, -1] if np.any(~np.isnan(acc[0])) else acc[:, -1]
+    log(f"[grokking] epoch {e}/{epochs} ({dt:.1f}s, {1e3 * dt / length:.1f} ms/epoch): "
+        f"train acc {np.round(np.asarray(logs['train_accuracy'])[:, -1], 3)}, test acc "
+        f"{np.round(last_test, 3)}, sensitivity "
+        f"{np.round(np.asarray(logs['sensitivity'])[:, -1], 3)}")
+  manager.wait_until_finished()
+  manager.close()
+  final = None
+  if e >= epochs:
+    final = jax.device_get(jax.jit(jax.vmap(evaluate, in_axes=(0, 0, 0, None)))(
+        state["params"], data, noise_keys, jnp.int32(e)))
+  return {"logs": load_logs(workdir, e, len(seeds_of(config))), "final": final,
+          "wall_s": wall, "compile_s": compile_s, "epochs_done": e,
+          "resumed_from": resumed_from, "chunks_computed": computed,
+          "num_params": gt.num_params(model.vocab_size, model.num_classes, model.width,
+                                      model.mlp_dim)}
+
+
+# ------------------------------------------------------------------------------------------
+# Events and report.
+
+
+def rolling_mean(x: np.ndarray, window: int) -> np.ndarray:
+  """Trailing mean over the last `window` values (pandas rolling(min_periods=1).mean())."""
+  x = np.asarray(x, np.float64)
+  c = np.concatenate([[0.0], np.cumsum(x)])
+  idx = np.arange(1, len(x) + 1)
+  lo = np.maximum(idx - window, 0)
+  return (c[idx] - c[lo]) / (idx - lo)
+
+
+def _first(mask: np.ndarray, offset: int = 0):
+  hits = np.nonzero(mask)[0]
+  return int(hits[0]) + offset if len(hits) else None
+
+
+def events(logs: dict, *, window: int, grok_threshold: float, fall_fraction: float,
+           rise: float = 0.05) -> dict:
+  """The epochs defined in the module docstring for ONE seed (logs: {field: [E]})."""
+  sens = rolling_mean(logs["sensitivity"], window)
+  test = np.asarray(logs["test_accuracy"])
+  tested = ~np.isnan(test)
+  memorised = _first(np.asarray(logs["train_accuracy"]) >= 0.99)
+  # The peak after memorisation: skip the transient of the first `window` epochs after it
+  # (while the model is still fitting, its predictions are unstable anyway).
+  start = min((memorised or 0) + window, len(sens) - 1)
+  peak = start + int(np.argmax(sens[start:]))
+  after = sens[peak:]
+  out = {"memorised_epoch": memorised,
+         "grok_epoch": _first(tested & (np.nan_to_num(test) >= grok_threshold)),
+         "sens_peak_epoch": peak, "sens_peak": float(sens[peak]),
+         "sens_drop10_epoch": _first(after <= 0.9 * sens[peak], peak),
+         "sens_fall_epoch": _first(after <= fall_fraction * sens[peak], peak)}
+  # Test accuracy starts rising: `rise` above its first value after memorisation.
+  evals = np.nonzero(tested & (np.arange(len(test)) >= (memorised or 0)))[0]
+  out["test_rise_epoch"] = (_first(test[evals] >= test[evals[0]] + rise)
+                            if len(evals) else None)
+  if out["test_rise_epoch"] is not None:
+    out["test_rise_epoch"] = int(evals[out["test_rise_epoch"]])
+  g, f = out["grok_epoch"], out["sens_fall_epoch"]
+  out["lead_epochs"] = (g - f) if g is not None and f is not None else None
+  out["sens_at_grok"] = float(sens[g]) if g is not None else None
+  return out
+
+
+def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  w = int(config.report.window)
+  num_seeds, e = logs["train_loss"].shape
+  epochs = np.arange(e)
+  fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))
+  panels = [("loss", ["train_loss", "test_loss"], True), ("accuracy", ["train_accuracy",
+            "test_accuracy"], False), ("sensitivity (%)", ["sensitivity"], False),
+            ("weight L2 norm", ["weight_norm"], False)]
+  for ax, (title, keys, logy) in zip(axes.ravel(), panels):
+    for s in range(num_seeds):
+      for k in keys:
+        y = np.asarray(logs[k][s], np.float64)
+        if k.startswith("test"):
+          ok = ~np.isnan(y)
+          x, y = epochs[ok], y[ok]
+        else:
+          x, y = epochs, rolling_mean(y, w)
+        if k == "sensitivity":
+          y = 100 * y
+        ax.plot(x, y, lw=1.1, label=f"{k} (seed {s})" if num_seeds > 1 else k)
+    for i, evs in enumerate(ev):
+      if evs["grok_epoch"] is not None:
+        ax.axvline(evs["grok_epoch"], color="tab:green", ls="--", lw=0.8,
+                   label="test acc ≥ {:g}".format(config.report.grok_threshold)
+                   if i == 0 else None)
+      if evs["sens_fall_epoch"] is not None:
+        ax.axvline(evs["sens_fall_epoch"], color="tab:red", ls=":", lw=0.9,
+                   label="sensitivity ≤ {:g}×peak".format(config.report.fall_fraction)
+                   if i == 0 else None)
+    for m in config.report.markers:
+      ax.axvline(m, color="gray", ls="-.", lw=0.6)
+    if logy:
+      ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("epoch")
+    ax.legend(fontsize=6)
+  fig.suptitle(f"Grokking (a+b) mod {config.data.modulus}: rolling mean (window {w}) of the "
+               "per-epoch train metrics; test every {} epochs".format(config.train.test_every),
+               fontsize=10)
+  return plots._save(fig, path)  # pylint: disable=protected-access
+
+
+def fingerprint(config) -> dict:
+  """The fields that determine the logged numbers. `report.*` may change on a resume, and
+  so may `train.epochs` (a longer run continues a shorter one exactly: the logs of an
+  epoch do not depend on the total) and `train.chunk_epochs` (chunking changes nothing)."""
+  c = json.loads(config.to_json_best_effort())
+  c.pop("report", None)
+  for k in ("epochs", "chunk_epochs", "keep_checkpoints"):
+    c.get("train", {}).pop(k, None)
+  return c
+
+
+def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
+  """Trains, logs every epoch, finds the events, writes results.md/json and the figure."""
+  validate(config)
+  train_cfg = _FingerprintView(fingerprint(config))
+  ckpt.check_workdir(workdir, train_cfg, overwrite)
+  ckpt.prepare_workdir(workdir, train_cfg, overwrite)
+  if overwrite:
+    for _, _, path in _log_files(workdir):
+      os.remove(path)
+  t0 = time.perf_counter()
+  out = train(config, workdir, log=log)
+  total = time.perf_counter() - t0
+  logs, final = out["logs"], out["final"]
+  rcfg = config.report
+  ev = [events({k: v[s] for k, v in logs.items()}, window=int(rcfg.window),
+                grok_threshold=float(rcfg.grok_threshold),
+                fall_fraction=float(rcfg.fall_fraction))
+        for s in range(logs["train_loss"].shape[0])]
+  rows = []
+  for s, (seed, evs) in enumerate(zip(seeds_of(config), ev)):
+    row = {"seed": seed}
+    row.update({k: evs[k] for k in ("memorised_epoch", "sens_peak_epoch", "sens_drop10_epoch",
+                                    "sens_fall_epoch", "test_rise_epoch", "grok_epoch",
+                                    "lead_epochs")})
+    row["sens_peak_%"] = 100 * evs["sens_peak"]
+    if final is not None:
+      row["final_train_acc"] = float(final["train_accuracy"][s])
+      row["final_test_acc"] = float(final["test_accuracy"][s])
+      row["final_sens_%"] = 100 * float(final["sensitivity"][s])
+      row["final_weight_norm"] = float(final["weight_norm"][s])
+    rows.append(row)
+  np.savez(os.path.join(workdir, "logs.npz"), **logs)
+  fig = _figure(os.path.join(workdir, "grokking.png"), logs, ev, config)
+  leads = [r["lead_epochs"] for r in rows]
+  before = sum(1 for x in leads if x is not None and x > 0)
+  notes = [
+      f"Task (a+b) mod {config.data.modulus}, {int(config.data.train_fraction * 100)} % of "
+      f"the {config.data.modulus ** 2} pairs for training; model width {config.model.width}, "
+      f"{config.model.num_heads} heads, MLP {config.model.mlp_dim} ({out['num_params']:,} "
+      f"params), no residuals/LayerNorm; AdamW lr {config.optimizer.learning_rate}, weight "
+      f"decay {config.optimizer.weight_decay}, full batch, {config.train.epochs} epochs.",
+      f"Sensitivity: N(0, {config.sensitivity.sigma}²) on the embeddings of positions "
+      f"{list(config.sensitivity.positions)}, one draw, flip fraction on the training set.",
+      f"Events: grokked = first test evaluation with accuracy ≥ {rcfg.grok_threshold}; "
+      f"sensitivity falls = first epoch after the peak of its rolling mean (window "
+      f"{rcfg.window}) at ≤ {rcfg.fall_fraction} × peak; lead = grokked − falls.",
+      f"Sensitivity fell before test accuracy jumped in {before} of {len(rows)} seed(s).",
+      f"Training wall time {out['wall_s']:.1f} s for {out['epochs_done'] - out['resumed_from']} "
+      f"new epochs × {len(rows)} seed(s) (+{out['compile_s']:.1f} s compile); "
+      f"resumed from epoch {out['resumed_from']}."]
+  extra = {"events": ev, "config": json.loads(config.to_json_best_effort()),
+           "wall_s": out["wall_s"], "compile_s": out["compile_s"],
+           "ms_per_epoch": 1e3 * out["wall_s"] / max(out["epochs_done"] - out["resumed_from"], 1),
+           "num_params": out["num_params"]}
+  md = tables.write_results(workdir, f"Grokking and sensitivity, (a+b) mod "
+                            f"{config.data.modulus}", rows, notes="\n".join(notes),
+                            extra=extra, plots=[fig])
+  return {"rows": rows, "markdown": md, "logs": logs, "events": ev, "final": final,
+          "wall_s": total, **{k: out[k] for k in ("resumed_from", "epochs_done",
+                                                  "num_params")}}
+
+
+class _FingerprintView:
+  """Adapts a dict to what xsens.train.checkpoint's workdir guard reads."""
+
+  def __init__(self, d: dict):
+    self._d = d
+
+  def to_json_best_effort(self) -> str:
+    return json.dumps(self._d)

@@ -1,0 +1,325 @@
+"""Study `sensitivity_language`: token-wise sensitivity of RoBERTa, GPT-2 and an LSTM.
+
+"Transformers Learn Low Sensitivity Functions: Investigations and Implications" (ICLR
+2025, arXiv 2403.06925), §5 and App. Fig. 20; spec /work/shared/specs/sensitivity.md
+§2.3, §7, §8. Trains every run of `config.runs` (text models of `xsens.models.text`) on
+one text dataset (`xsens.data.text`) and, on a fixed set of training examples, measures
+
+  token-wise: Pr_eps[argmax f(X^(i,eps)) != argmax f(X)], x_i <- x_i + eps,
+              eps ~ N(0, sigma^2 I_D) right after the embedding LayerNorm (GPT-2: after
+              wte + wpe), one position i at a time, R draws, every real position;
+  global:     the same with noise on every measured token at once (App. A.2);
+
+every `every_steps` training steps (through the trainer's hooks, written to each run's
+metrics.jsonl) and once more, with more draws, on the final model. Reports the three
+aggregates of spec §2.3: (a) pooled over tokens, (b) mean of per-sentence means and
+(c) the per-position curve right-aligned to the sequence end; plus, as our summary of
+(c), the recency ratio: pooled sensitivity of the last half of each sentence's tokens over
+that of its first half. The paper's claim: "transformers tend to have uniform
+sensitivity to all tokens while LSTMs are more sensitive to more recent tokens", and
+transformers have lower sensitivity at comparable accuracy.
+
+Design choices (not confirmed from the paper): the same noise key at every report
+(common random numbers, smoother curves over training); the content-token aggregates
+(specials excluded) are reported beside the headline ones, from the same one-position-
+at-a-time measurement (a position's flip rate does not depend on which others are
+measured).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xsens.config_utils import run_config
+from xsens.data import pipeline
+from xsens.data import text as text_data
+from xsens.errors import ConfigError
+from xsens.measures import text_sensitivity as ts
+from xsens.models import text as text_models
+from xsens.report import plots, tables
+from xsens.studies import compare
+from xsens.train import checkpoint as ckpt
+from xsens.train import trainer
+from xsens.train.metrics import read_metrics
+
+PREFIX = "sens/"
+# "absolute": sigma as given (the paper's); "token_rms": sigma times the root-mean-square
+# coordinate of the clean tokens (our option: GPT-2's un-normalised embeddings are far
+# smaller than LayerNorm outputs, so one absolute sigma is a much stronger noise for it).
+NOISE_SCALES = ("absolute", "token_rms")
+SPECIAL_IDS = (text_data.BOS_ID, text_data.EOS_ID)
+
+
+def validate_sensitivity_config(sc, num_train: int) -> None:
+  """Checks `config.sensitivity` (before anything trains or compiles)."""
+  for field in ("sigma", "global_sigma"):
+    if isinstance(sc[field], bool) or not isinstance(sc[field], (int, float)) or sc[field] < 0:
+      raise ConfigError(f"sensitivity.{field}", f"must be a standard deviation >= 0, got "
+                        f"{sc[field]!r}")
+  for field in ("num_draws", "final_num_draws", "global_num_draws", "num_examples",
+                "batch_size"):
+    if not isinstance(sc[field], int) or isinstance(sc[field], bool) or sc[field] < 1:
+      raise ConfigError(f"sensitivity.{field}", f"must be an int >= 1, got {sc[field]!r}")
+  if not isinstance(sc.every_steps, int) or sc.every_steps < 0:
+    raise ConfigError("sensitivity.every_steps", f"must be an int >= 0 (0: only before "
+                      f"and after training), got {sc.every_steps!r}")
+  if sc.num_examples > num_train:
+    raise ConfigError("sensitivity.num_examples", f"{sc.num_examples} exceeds the "
+                      f"{num_train} training examples; allowed: 1..{num_train}")
+  if sc.chunk_size is not None and not sc.chunk_size >= 1:
+    raise ConfigError("sensitivity.chunk_size", f"must be >= 1 or None, got {sc.chunk_size}")
+  if sc.noise_scale not in NOISE_SCALES:
+    raise ConfigError("sensitivity.noise_scale", f"unknown value {sc.noise_scale!r}; "
+                      f"allowed: {', '.join(NOISE_SCALES)}")
+  if not isinstance(sc.include_special_tokens, bool):
+    raise ConfigError("sensitivity.include_special_tokens",
+                      f"must be True or False, got {sc.include_special_tokens!r}")
+
+
+def validate(config) -> dict[str, trainer.Experiment]:
+  """Validates the runs (text models on a text dataset) and `config.sensitivity`."""
+  if not pipeline.is_text(config.train.data):
+    raise ConfigError("train.data.name", f"{config.train.data.get('name')!r} is not a text "
+                      f"dataset; allowed: {', '.join(text_data.DATASETS)}")
+  for name in config.runs:
+    model_name = run_config(config, name).model.name
+    if model_name not in text_models.TEXT_MODELS:
+      raise ConfigError(f"runs.{name}.model.name", f"{model_name!r} is not a text model; "
+                        f"allowed: {', '.join(text_models.TEXT_MODELS)}")
+  experiments = compare.validate_runs(config)
+  validate_sensitivity_config(config.sensitivity,
+                              min(len(e.train) for e in experiments.values()))
+  return experiments
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _token_sq_sum(variables, ids, *, model):
+  """(sum of squared token coordinates over real tokens, number of coordinates)."""
+  mask = text_models.padding_mask(ids)
+  tokens = model.apply(variables, ids, method=model.embed)
+  return (jnp.sum(jnp.square(tokens) * mask[..., None]),
+          jnp.sum(mask) * tokens.shape[-1])
+
+
+def token_rms(model, variables, ids: np.ndarray, batch_size: int) -> float:
+  """Root-mean-square coordinate of the clean tokens (real positions) of `ids`."""
+  total, count = 0.0, 0.0
+  for start in range(0, len(ids), batch_size):
+    sq, n = _token_sq_sum(variables, jnp.asarray(ids[start:start + batch_size]), model=model)
+    total, count = total + float(sq), count + float(n)
+  return float(np.sqrt(total / max(count, 1.0)))
+
+
+@functools.partial(jax.jit, static_argnames=("model", "num_draws", "global_draws",
+                                             "chunk_size", "include_special"))
+def _measure_batch(variables, ids, example_ids, key, sigma, global_sigma, *, model,
+                   num_draws, global_draws, chunk_size, include_special):
+  """(per_token [B, T] flip rates over all real positions, global [B], clean argmax [B])."""
+  mask = text_models.padding_mask(ids)
+  content = mask & ~jnp.isin(ids, jnp.asarray(SPECIAL_IDS))
+  tokens = model.apply(variables, ids, method=model.embed)
+  encode = lambda t, m: model.apply(variables, t, m, method=model.encode)
+  pred = jnp.argmax(encode(tokens, mask), -1)
+  per_token = ts.masked_token_sensitivity(
+      encode, tokens, mask, jax.random.fold_in(key, 0), sigma=sigma, num_draws=num_draws,
+      measure_mask=mask, example_ids=example_ids, chunk_size=chunk_size)
+  glob = ts.masked_global_sensitivity(
+      encode, tokens, mask, jax.random.fold_in(key, 1), sigma=global_sigma,
+      num_draws=global_draws, measure_mask=mask if include_special else content,
+      example_ids=example_ids)
+  return per_token, glob, pred
+
+
+def measure(model, variables, ids: np.ndarray, labels: np.ndarray, sc, key,
+            num_draws: int) -> dict:
+  """Token-wise and global sensitivity of one model on `ids` [N, L]; aggregates in numpy.
+
+  Returns {"all": aggregates over every real token, "content": over non-special tokens,
+  "headline": the one selected by include_special_tokens, "global": (mean, s.e.),
+  "accuracy": clean accuracy on the set, "early"/"late"/"recency_ratio" (first vs last
+  half of each sentence, `text_sensitivity.early_late`), "token_rms"}.
+  """
+  n, bs = len(ids), sc.batch_size
+  rms = token_rms(model, variables, ids, bs)
+  scale = rms if sc.noise_scale == "token_rms" else 1.0
+  per_token, glob, pred = [], [], []
+  for start in range(0, n, bs):
+    idx = np.minimum(np.arange(start, start + bs), n - 1)
+    out = _measure_batch(variables, jnp.asarray(ids[idx]), jnp.asarray(idx, jnp.int32), key,
+                         jnp.float32(sc.sigma * scale), jnp.float32(sc.global_sigma * scale),
+                         model=model,
+                         num_draws=num_draws, global_draws=sc.global_num_draws,
+                         chunk_size=sc.chunk_size, include_special=sc.include_special_tokens)
+    keep = min(bs, n - start)
+    for acc, value in zip((per_token, glob, pred), out):
+      acc.append(np.asarray(value)[:keep])
+  per_token, glob, pred = (np.concatenate(a) for a in (per_token, glob, pred))
+  mask = ids != text_models.PAD_ID
+  content = mask & ~np.isin(ids, SPECIAL_IDS)
+  end = ts.last_index(jnp.asarray(mask))
+  agg = {k: jax.tree.map(np.asarray, ts.text_aggregates(jnp.asarray(per_token),
+                                                        jnp.asarray(m), end))
+         for k, m in (("all", mask), ("content", content))}
+  headline = agg["all" if sc.include_special_tokens else "content"]
+  early, late = (float(v) for v in ts.early_late(
+      jnp.asarray(per_token), jnp.asarray(mask if sc.include_special_tokens else content)))
+  return {"all": agg["all"], "content": agg["content"], "headline": headline,
+          "global": (float(glob.mean()), _stderr(glob)),
+          "accuracy": float((pred == labels).mean()), "early": early, "late": late,
+          "recency_ratio": late / early if early > 0 else float("nan"),
+          "token_rms": rms, "per_token": per_token}
+
+
+def _stderr(x: np.ndarray) -> float:
+  return float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def _scalars(m: dict) -> dict:
+  """The scalars a report writes to metrics.jsonl (finite values only)."""
+  h = m["headline"]
+  out = {"token_pooled": h["pooled"], "token_sentence_mean": h["sentence_mean"],
+         "token_content_pooled": m["content"]["pooled"], "global": m["global"][0],
+         "clean_accuracy": m["accuracy"], "recency_ratio": m["recency_ratio"],
+         "token_rms": m["token_rms"]}
+  for k, (v, c) in enumerate(zip(h["curve"], h["curve_count"])):
+    if c > 0:
+      out[f"curve/{k}"] = v
+  return {PREFIX + k: float(v) for k, v in out.items() if np.isfinite(v)}
+
+
+def make_hook(model, ids, labels, sc, key):
+  """The trainer hook: a report every `every_steps` steps (and at step 0)."""
+  def hook(step, variables):
+    if step != 0 and (not sc.every_steps or step % sc.every_steps):
+      return None
+    return _scalars(measure(model, variables, ids, labels, sc, key, sc.num_draws))
+  return hook
+
+
+def history(workdir: str, batch_size: int) -> dict[str, np.ndarray]:
+  """Reports of one run from its metrics.jsonl: examples seen and the logged scalars."""
+  records = [r for r in read_metrics(workdir) if PREFIX + "token_pooled" in r]
+  out = {"examples": np.asarray([r["step"] * batch_size for r in records], float)}
+  for key in ("token_pooled", "token_sentence_mean", "global", "clean_accuracy",
+              "recency_ratio"):
+    out[key] = np.asarray([r.get(PREFIX + key, np.nan) for r in records], float)
+  return out
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Trains every run with the sensitivity hook, measures the final models, reports."""
+  sc = config.sensitivity
+  experiments = validate(config)  # Nothing trained, compiled or written before this.
+  for name, exp in experiments.items():
+    ckpt.check_workdir(compare.run_workdir(workdir, name), exp.config, overwrite)
+  key = jax.random.key(sc.seed)
+  results, measured, measure_s = {}, {}, {}
+  for name, exp in experiments.items():
+    wd = compare.run_workdir(workdir, name)
+    ckpt.prepare_workdir(wd, exp.config, overwrite)
+    ids = exp.train.images[:sc.num_examples]
+    labels = exp.train.labels[:sc.num_examples]
+    hook = make_hook(exp.model, ids, labels, sc, key)
+    results[name] = trainer.run_experiment(exp, wd, hooks=(hook,))
+    t0 = time.time()
+    measured[name] = measure(exp.model, results[name].variables, ids, labels, sc, key,
+                             sc.final_num_draws)
+    measure_s[name] = round(time.time() - t0, 1)
+
+  rows = compare.summary_rows(results)
+  for row in rows:
+    m = measured[row["run"]]
+    h = m["headline"]
+    row.update({
+        "S_token": float(h["pooled"]), "s.e._token": float(h["pooled_se"]),
+        "S_token_sentence": float(h["sentence_mean"]),
+        "s.e._sentence": float(h["sentence_mean_se"]),
+        "S_token_content": float(m["content"]["pooled"]),
+        "S_global": m["global"][0], "s.e._global": m["global"][1],
+        "S_early": m["early"], "S_late": m["late"], "recency_ratio": m["recency_ratio"],
+        "token_rms": m["token_rms"], "measure_s": measure_s[row["run"]]})
+  names = list(results)
+  hist = {n: history(compare.run_workdir(workdir, n), experiments[n].config.batch_size)
+          for n in names}
+  plot_files = [_plot_history(workdir, hist, sc), _plot_positions(workdir, measured, sc)]
+  columns = ["run", "params", "steps", "stop_reason", "train_accuracy", "test_accuracy",
+             "S_token", "s.e._token", "S_token_sentence", "s.e._sentence", "S_token_content",
+             "S_global", "s.e._global", "S_early", "S_late", "recency_ratio", "token_rms",
+             "wall_s", "measure_s"]
+  n = min(sc.num_examples, min(len(e.train) for e in experiments.values()))
+  md = tables.write_results(
+      workdir, f"Token-wise sensitivity of language models on {config.train.data.name}",
+      rows, columns=columns, notes=_notes(config, rows, n), plots=plot_files,
+      extra={"curves": {k: _curve_json(measured[k]) for k in names},
+             "history": {k: {f: v.tolist() for f, v in hist[k].items()} for k in names},
+             "sensitivity": sc.to_dict()})
+  return {"rows": rows, "markdown": md, "measured": measured, "history": hist}
+
+
+def _curve_json(m: dict) -> dict:
+  h = m["headline"]
+  clean = lambda a: [None if not np.isfinite(v) else float(v) for v in a]
+  return {"curve": clean(h["curve"]), "curve_se": clean(h["curve_se"]),
+          "count": [int(c) for c in h["curve_count"]]}
+
+
+def _plot_history(workdir, hist, sc) -> str:
+  panels = {
+      f"token-wise (σ={sc.sigma:.3g}, one position at a time)":
+          {n: (h["examples"], h["token_pooled"]) for n, h in hist.items()},
+      f"global (σ={sc.global_sigma:.3g}, all tokens)":
+          {n: (h["examples"], h["global"]) for n, h in hist.items()},
+      "clean accuracy on the measured training examples":
+          {n: (h["examples"], h["clean_accuracy"]) for n, h in hist.items()},
+  }
+  return plots.panels_plot(os.path.join(workdir, "sensitivity_vs_examples.png"), panels,
+                           xlabel="training examples seen",
+                           ylabels=["sensitivity", "sensitivity", "accuracy"],
+                           title="Sensitivity over training")
+
+
+def _plot_positions(workdir, measured, sc) -> str:
+  series = {}
+  for name, m in measured.items():
+    h = m["headline"]
+    ok = h["curve_count"] >= 5  # Positions too few sentences reach are left out.
+    k = np.flatnonzero(ok)
+    series[name] = (k, h["curve"][ok], h["curve_se"][ok])
+  which = "all real tokens" if sc.include_special_tokens else "content tokens"
+  return plots.panels_plot(
+      os.path.join(workdir, "sensitivity_per_position.png"),
+      {f"final models, {which}, σ={sc.sigma:.3g}": series},
+      xlabel="position before the sequence end (0 = last token)",
+      ylabels=["flip probability"], invert_x=True)
+
+
+def _notes(config, rows, n) -> str:
+  sc = config.sensitivity
+  ranked = sorted(rows, key=lambda r: r["S_token"])
+  order = " < ".join(f"{r['run']} ({r['S_token']:.3g})" for r in ranked)
+  recency = ", ".join(f"{r['run']} {r['recency_ratio']:.2f}" for r in rows)
+  scale = (" × token_rms (the RMS coordinate of each model's clean tokens)"
+           if sc.noise_scale == "token_rms" else "")
+  which = ("every real token (specials included, as the official code)"
+           if sc.include_special_tokens else "content tokens (specials excluded)")
+  return (
+      f"Token-wise sensitivity: label-flip probability when one position's embedding "
+      f"(after the embedding LayerNorm; GPT-2: after wte + wpe) gets N(0, σ²I) noise, "
+      f"σ = {sc.sigma:.4g}{scale}, {sc.final_num_draws} draws per position, over {which}, on the "
+      f"first {n} training examples. S_token is aggregate (a), pooled over tokens; "
+      f"S_token_sentence is (b), the mean of per-sentence means; S_token_content pools "
+      f"the non-special tokens only; S_global puts noise (σ = {sc.global_sigma:.3g}) on "
+      f"all tokens at once ({sc.global_num_draws} draws). ± are standard errors over "
+      f"sentences. recency_ratio = S_late / S_early, the pooled sensitivity of the last "
+      f"half of each sentence's tokens over that of its first half (1 = uniform); "
+      f"token_rms is the RMS coordinate of the clean tokens where the noise enters "
+      f"(about 1 after a LayerNorm). "
+      f"Models trained to train accuracy {config.train.target_train_accuracy} (or "
+      f"{config.train.total_steps} steps).\n\n"
+      f"Ordering of S_token: {order}. Recency ratios: {recency}.")
