@@ -73,17 +73,7 @@ def get_config(arg=None):
     c.checkpoint_every = 0
   else:
     c.model = common.model_config(name="resnet18")
-    c.total_steps = None
-    c.total_epochs = 100.0
-    c.batch_size = 128
-    c.data.normalize = "standardize"
-    c.optimizer.name = "momentum"
-    c.optimizer.learning_rate = 0.1
-    c.optimizer.weight_decay = 5e-4
-    c.optimizer.schedule = "cosine"
-    c.optimizer.warmup_steps = 500
-    c.eval_every = 2000
-    c.checkpoint_every = 2000
+    common.cifar_resnet_recipe(c, total_epochs=100)
   if arg.smoke:
     train_configs.smoke(c, "cnn")
     c.model.features = [4, 8]

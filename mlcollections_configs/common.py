@@ -105,3 +105,20 @@ def codistill_config(beta: float = 0.5, peer_seed_offset: int = 1000,
   initialised from init_seed + peer_seed_offset."""
   return ml_collections.ConfigDict({"beta": beta, "peer_seed_offset": peer_seed_offset,
                                     "burn_in_steps": burn_in_steps})
+
+
+def cifar_resnet_recipe(c: ml_collections.ConfigDict, total_epochs: float) -> None:
+  """Sets the standard CIFAR ResNet training block on `c` in place (GPU-sized; the model
+  is the caller's): SGD + momentum 0.1, weight decay 5e-4, cosine with 500 warm-up steps,
+  batch 128, standardised inputs, eval and checkpoint every 2000 steps."""
+  c.total_steps = None
+  c.total_epochs = float(total_epochs)
+  c.batch_size = 128
+  c.data.normalize = "standardize"
+  c.optimizer.name = "momentum"
+  c.optimizer.learning_rate = 0.1
+  c.optimizer.weight_decay = 5e-4
+  c.optimizer.schedule = "cosine"
+  c.optimizer.warmup_steps = 500
+  c.eval_every = 2000
+  c.checkpoint_every = 2000

@@ -89,17 +89,7 @@ def get_config(arg=None):
     config.teacher.total_steps = 600
     config.student.model = common.model_config(name="cnn", features=[8, 16], dense_dim=32)
   else:
-    c.total_steps = None
-    c.total_epochs = 200.0
-    c.batch_size = 128
-    c.data.normalize = "standardize"
-    c.optimizer.name = "momentum"
-    c.optimizer.learning_rate = 0.1
-    c.optimizer.weight_decay = 5e-4
-    c.optimizer.schedule = "cosine"
-    c.optimizer.warmup_steps = 500
-    c.eval_every = 2000
-    c.checkpoint_every = 2000
+    common.cifar_resnet_recipe(c, total_epochs=200)
     config.teacher.model = common.model_config(name="resnet18")
     config.student.model = common.model_config(name="resnet18", width_multiplier=0.25)
     dc.worst_k = 10 if dataset == "cifar100" else 3

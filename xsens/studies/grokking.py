@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import time
 
@@ -60,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from xsens.errors import ConfigError
+from xsens.errors import is_finite_number, is_int, require
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import grokking_transformer as gt
 from xsens.report import plots, tables
@@ -74,63 +73,50 @@ STEP_FIELDS = ("train_loss", "train_accuracy", "sensitivity", "weight_norm", "te
 # Validation.
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-  return isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _need(ok: bool, field: str, message: str) -> None:
-  if not ok:
-    raise ConfigError(field, message)
-
-
 def validate(config) -> None:
   """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
   d = config.data
-  _need(_is_int(d.modulus) and d.modulus >= 2, "data.modulus",
+  require(is_int(d.modulus) and d.modulus >= 2, "data.modulus",
         f"must be an int >= 2, got {d.modulus!r}")
-  _need(_is_num(d.train_fraction) and 0 < d.train_fraction < 1, "data.train_fraction",
+  require(is_finite_number(d.train_fraction) and 0 < d.train_fraction < 1, "data.train_fraction",
         f"must be in (0, 1), got {d.train_fraction!r}")
-  if _is_int(d.modulus):
+  if is_int(d.modulus):
     n_train = int(d.train_fraction * d.modulus ** 2)
-    _need(1 <= n_train < d.modulus ** 2, "data.train_fraction",
+    require(1 <= n_train < d.modulus ** 2, "data.train_fraction",
           f"gives {n_train} training pairs of {d.modulus ** 2}; need at least one of each split")
   m = config.model
   for f in ("width", "num_heads", "mlp_dim"):
-    _need(_is_int(m[f]) and m[f] >= 1, f"model.{f}", f"must be a positive int, got {m[f]!r}")
-  _need(m.width % m.num_heads == 0, "model.num_heads",
+    require(is_int(m[f]) and m[f] >= 1, f"model.{f}", f"must be a positive int, got {m[f]!r}")
+  require(m.width % m.num_heads == 0, "model.num_heads",
         f"must divide model.width={m.width}, got {m.num_heads}")
   o = config.optimizer
-  _need(_is_num(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
+  require(is_finite_number(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
         f"must be > 0, got {o.learning_rate!r}")
-  _need(_is_num(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
+  require(is_finite_number(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
         f"must be >= 0, got {o.weight_decay!r}")
   for f in ("b1", "b2"):
-    _need(_is_num(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}", f"must be in [0, 1), got {o[f]!r}")
-  _need(_is_num(o.eps) and o.eps > 0, "optimizer.eps", f"must be > 0, got {o.eps!r}")
+    require(is_finite_number(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}", f"must be in [0, 1), got {o[f]!r}")
+  require(is_finite_number(o.eps) and o.eps > 0, "optimizer.eps", f"must be > 0, got {o.eps!r}")
   t = config.train
   for f in ("epochs", "chunk_epochs", "test_every", "num_seeds", "keep_checkpoints"):
-    _need(_is_int(t[f]) and t[f] >= 1, f"train.{f}", f"must be a positive int, got {t[f]!r}")
-  _need(_is_int(config.seed) and config.seed >= 0, "seed",
+    require(is_int(t[f]) and t[f] >= 1, f"train.{f}", f"must be a positive int, got {t[f]!r}")
+  require(is_int(config.seed) and config.seed >= 0, "seed",
         f"must be an int >= 0, got {config.seed!r}")
   s = config.sensitivity
-  _need(_is_num(s.sigma) and s.sigma >= 0, "sensitivity.sigma",
+  require(is_finite_number(s.sigma) and s.sigma >= 0, "sensitivity.sigma",
         f"must be a standard deviation >= 0, got {s.sigma!r}")
   pos = list(s.positions)
-  _need(pos and all(_is_int(p) and 0 <= p < gt.SEQ_LEN for p in pos) and len(set(pos)) == len(pos),
+  require(pos and all(is_int(p) and 0 <= p < gt.SEQ_LEN for p in pos) and len(set(pos)) == len(pos),
         "sensitivity.positions", f"must be distinct positions in [0, {gt.SEQ_LEN}) "
         f"(0 = a, 1 = b, 2 = '='), got {pos!r}")
   r = config.report
-  _need(_is_int(r.window) and r.window >= 1, "report.window",
+  require(is_int(r.window) and r.window >= 1, "report.window",
         f"must be a positive int, got {r.window!r}")
-  _need(_is_num(r.grok_threshold) and 0 < r.grok_threshold <= 1, "report.grok_threshold",
+  require(is_finite_number(r.grok_threshold) and 0 < r.grok_threshold <= 1, "report.grok_threshold",
         f"must be in (0, 1], got {r.grok_threshold!r}")
-  _need(_is_num(r.fall_fraction) and 0 < r.fall_fraction < 1, "report.fall_fraction",
+  require(is_finite_number(r.fall_fraction) and 0 < r.fall_fraction < 1, "report.fall_fraction",
         f"must be in (0, 1), got {r.fall_fraction!r}")
-  _need(all(_is_int(e) and e >= 0 for e in r.markers), "report.markers",
+  require(all(is_int(e) and e >= 0 for e in r.markers), "report.markers",
         f"must be epochs (ints >= 0), got {list(r.markers)!r}")
 
 

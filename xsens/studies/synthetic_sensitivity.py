@@ -32,7 +32,6 @@ first.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
@@ -42,7 +41,7 @@ import numpy as np
 import optax
 
 from xsens.data import sparse_tokens as st
-from xsens.errors import ConfigError
+from xsens.errors import is_finite_number, is_int, require
 from xsens.measures import boolean
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import one_layer_attention as ola
@@ -54,80 +53,67 @@ MODELS = ("attention", "mlp")
 # Validation.
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def _pos_int(v) -> bool:
-  return _is_int(v) and v >= 1
-
-
-def _is_num(v) -> bool:
-  return isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _need(ok: bool, field: str, message: str) -> None:
-  if not ok:
-    raise ConfigError(field, message)
+  return is_int(v) and v >= 1
 
 
 def validate(config) -> None:
   """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
   models = list(config.get("models") or [])
-  _need(models and all(m in MODELS for m in models) and len(set(models)) == len(models),
+  require(models and all(m in MODELS for m in models) and len(set(models)) == len(models),
         "models", f"must be a non-empty list of distinct names from {MODELS}, got {models!r}")
-  _need(_is_int(config.seed) and config.seed >= 0, "seed", f"must be an int >= 0, got "
+  require(is_int(config.seed) and config.seed >= 0, "seed", f"must be an int >= 0, got "
         f"{config.seed!r}")
   a = config.attention
   for f in ("qk_dim", "v_dim"):
-    _need(a[f] is None or _pos_int(a[f]), f"attention.{f}",
+    require(a[f] is None or _pos_int(a[f]), f"attention.{f}",
           f"must be None (= d) or a positive int, got {a[f]!r}")
   hd = list(config.mlp.hidden_dims)
-  _need(all(_pos_int(h) for h in hd), "mlp.hidden_dims",
+  require(all(_pos_int(h) for h in hd), "mlp.hidden_dims",
         f"must be a list of positive ints, got {hd!r}")
   for m in MODELS:
     lr = config[m].learning_rate
-    _need(_is_num(lr) and lr > 0, f"{m}.learning_rate", f"must be > 0, got {lr!r}")
-  _need(config.sparse.enabled or config.boolean.enabled, "sparse.enabled",
+    require(is_finite_number(lr) and lr > 0, f"{m}.learning_rate", f"must be > 0, got {lr!r}")
+  require(config.sparse.enabled or config.boolean.enabled, "sparse.enabled",
         "at least one of sparse.enabled and boolean.enabled must be True")
   s = config.sparse
   if s.enabled:
     for f in ("n", "m", "k", "num_train", "num_test", "max_steps", "eval_every", "num_draws"):
-      _need(_pos_int(s[f]), f"sparse.{f}", f"must be a positive int, got {s[f]!r}")
-    _need(s.k <= s.n, "sparse.k", f"must be <= sparse.n={s.n}, got {s.k}")
-    _need(s.rule in st.RULES, "sparse.rule", f"got {s.rule!r}; allowed: {', '.join(st.RULES)}")
-    _need(s.rule != "majority" or s.k % 2 == 1, "sparse.k",
+      require(_pos_int(s[f]), f"sparse.{f}", f"must be a positive int, got {s[f]!r}")
+    require(s.k <= s.n, "sparse.k", f"must be <= sparse.n={s.n}, got {s.k}")
+    require(s.rule in st.RULES, "sparse.rule", f"got {s.rule!r}; allowed: {', '.join(st.RULES)}")
+    require(s.rule != "majority" or s.k % 2 == 1, "sparse.k",
           f"must be odd for rule='majority' (no ties), got {s.k}")
-    _need(_is_num(s.position_scale) and s.position_scale >= 0, "sparse.position_scale",
+    require(is_finite_number(s.position_scale) and s.position_scale >= 0, "sparse.position_scale",
           f"must be >= 0, got {s.position_scale!r}")
-    _need(_is_num(s.target_train_accuracy) and 0 < s.target_train_accuracy <= 1,
+    require(is_finite_number(s.target_train_accuracy) and 0 < s.target_train_accuracy <= 1,
           "sparse.target_train_accuracy", f"must be in (0, 1], got {s.target_train_accuracy!r}")
-    _need(s.target_train_loss is None or (_is_num(s.target_train_loss)
+    require(s.target_train_loss is None or (is_finite_number(s.target_train_loss)
                                           and s.target_train_loss > 0),
           "sparse.target_train_loss", f"must be None or > 0, got {s.target_train_loss!r}")
     sig = list(s.sigmas)
-    _need(sig and all(_is_num(x) and x >= 0 for x in sig), "sparse.sigmas",
+    require(sig and all(is_finite_number(x) and x >= 0 for x in sig), "sparse.sigmas",
           f"must be a non-empty list of standard deviations >= 0, got {sig!r}")
   b = config.boolean
   if b.enabled:
-    _need(_is_int(b.n) and 1 <= b.n <= 16, "boolean.n",
+    require(is_int(b.n) and 1 <= b.n <= 16, "boolean.n",
           f"must be an int in [1, 16] (exact 2^n enumeration), got {b.n!r}")
     for f in ("steps", "log_every"):
-      _need(_pos_int(b[f]), f"boolean.{f}", f"must be a positive int, got {b[f]!r}")
-    _need(b.steps % b.log_every == 0, "boolean.steps",
+      require(_pos_int(b[f]), f"boolean.{f}", f"must be a positive int, got {b[f]!r}")
+    require(b.steps % b.log_every == 0, "boolean.steps",
           f"must be a multiple of boolean.log_every={b.log_every}, got {b.steps}")
     comps = list(b.components)
-    ok = bool(comps) and _is_int(b.n)
+    ok = bool(comps) and is_int(b.n)
     for c in comps:
-      ok = ok and len(c) == 2 and _is_num(c[1]) and len(c[0]) == len(set(c[0])) and all(
-          _is_int(i) and 0 <= i < b.n for i in c[0])
-    _need(ok, "boolean.components", f"must be a non-empty list of [coords, coef] with "
+      ok = ok and len(c) == 2 and is_finite_number(c[1]) and len(c[0]) == len(set(c[0])) and all(
+          is_int(i) and 0 <= i < b.n for i in c[0])
+    require(ok, "boolean.components", f"must be a non-empty list of [coords, coef] with "
           f"distinct coords in [0, n={b.n}), got {comps!r}")
-    _need(_is_num(b.train_fraction) and 0 < b.train_fraction <= 1, "boolean.train_fraction",
+    require(is_finite_number(b.train_fraction) and 0 < b.train_fraction <= 1, "boolean.train_fraction",
           f"must be in (0, 1], got {b.train_fraction!r}")
-    _need(_is_num(b.learned_fraction) and 0 < b.learned_fraction <= 1,
+    require(is_finite_number(b.learned_fraction) and 0 < b.learned_fraction <= 1,
           "boolean.learned_fraction", f"must be in (0, 1], got {b.learned_fraction!r}")
-    _need(_is_num(b.position_scale) and b.position_scale >= 0, "boolean.position_scale",
+    require(is_finite_number(b.position_scale) and b.position_scale >= 0, "boolean.position_scale",
           f"must be >= 0, got {b.position_scale!r}")
 
 

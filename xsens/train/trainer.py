@@ -28,7 +28,7 @@ import optax
 
 from xsens import models as models_lib
 from xsens.data import pipeline
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, require
 from xsens.train import checkpoint as ckpt
 from xsens.train import distill as distill_lib
 from xsens.train import interventions, losses, optim, sharding
@@ -69,41 +69,36 @@ class TrainResult:
     return lambda x: model.apply(variables, x, train=False)
 
 
-def _require(cond: bool, field: str, message: str) -> None:
-  if not cond:
-    raise ConfigError(field, message)
-
-
 def validate_config(config, num_devices: int | None = None) -> None:
   """Cheap checks of the training fields (no data read, no compile)."""
-  _require(config.batch_size > 0, "batch_size", f"must be > 0, got {config.batch_size}")
+  require(config.batch_size > 0, "batch_size", f"must be > 0, got {config.batch_size}")
   n_dev = jax.device_count() if num_devices is None else num_devices
-  _require(config.batch_size % n_dev == 0, "batch_size",
+  require(config.batch_size % n_dev == 0, "batch_size",
            f"{config.batch_size} is not divisible by the device count {n_dev}; "
            f"use a multiple of {n_dev}")
   steps, epochs = config.get("total_steps"), config.get("total_epochs")
-  _require((steps is None) != (epochs is None), "total_steps",
+  require((steps is None) != (epochs is None), "total_steps",
            "set exactly one of total_steps and total_epochs")
   if steps is not None:
-    _require(steps > 0, "total_steps", f"must be > 0, got {steps}")
+    require(steps > 0, "total_steps", f"must be > 0, got {steps}")
   else:
-    _require(epochs > 0, "total_epochs", f"must be > 0, got {epochs}")
+    require(epochs > 0, "total_epochs", f"must be > 0, got {epochs}")
   for field in ("eval_every", "log_every", "checkpoint_every"):
-    _require(config[field] >= 0, field, f"must be >= 0 (0: only at the end), got {config[field]}")
-  _require(config.keep_checkpoints >= 1, "keep_checkpoints",
+    require(config[field] >= 0, field, f"must be >= 0 (0: only at the end), got {config[field]}")
+  require(config.keep_checkpoints >= 1, "keep_checkpoints",
            f"must be >= 1, got {config.keep_checkpoints}")
-  _require(config.eval_batch_size > 0, "eval_batch_size",
+  require(config.eval_batch_size > 0, "eval_batch_size",
            f"must be > 0, got {config.eval_batch_size}")
   target = config.get("target_train_accuracy")
-  _require(target is None or 0 < target <= 1, "target_train_accuracy",
+  require(target is None or 0 < target <= 1, "target_train_accuracy",
            f"must be in (0, 1] or None, got {target}")
   losses.get_loss(config.loss)
   for field in SEED_FIELDS:
     value = config.get(field)
-    _require(value is None or (isinstance(value, int) and not isinstance(value, bool)
+    require(value is None or (isinstance(value, int) and not isinstance(value, bool)
                                and value >= 0), field,
              f"must be None (use config.seed) or an int >= 0, got {value!r}")
-  _require(config.model.name in models_lib.MODELS, "model.name",
+  require(config.model.name in models_lib.MODELS, "model.name",
            f"unknown model {config.model.name!r}; allowed: {', '.join(sorted(models_lib.MODELS))}")
   pipeline.validate_data_config(config.data)
 
@@ -144,12 +139,12 @@ def build_experiment(config, num_devices: int | None = None, *,
   validate_config(config, num_devices)
   train = pipeline.load_split(config.data, config.data.train_split, seed=config.seed)
   test = pipeline.load_split(config.data, config.data.test_split, seed=config.seed)
-  _require(config.batch_size <= len(train), "batch_size",
+  require(config.batch_size <= len(train), "batch_size",
            f"{config.batch_size} exceeds the {len(train)} training examples")
   model = models_lib.get_model(config.model.name, train.num_classes, train.image_shape,
                                **model_kwargs(config.model))
   if train.vocab_size is not None:  # Text: token ids must index the embedding table.
-    _require(getattr(model, "vocab_size", 0) >= train.vocab_size, "model.vocab_size",
+    require(getattr(model, "vocab_size", 0) >= train.vocab_size, "model.vocab_size",
              f"{getattr(model, 'vocab_size', None)} is smaller than the data's vocabulary "
              f"({train.vocab_size} token ids); use model.vocab_size >= {train.vocab_size}")
   if "augment" in config or "regularizer" in config:
