@@ -19,6 +19,7 @@ CORE = [
     "matplotlib>=3.8",
     "tensorboardX>=2.6",    # TensorBoard event files without TensorFlow
     "tqdm>=4.66",
+    "pillow>=10",           # decodes the JPEGs of streamed TFDS datasets (ImageNet)
     "tokenizers>=0.15",     # trains the BPE tokenizer of the text datasets offline
 ]
 EXTRAS = {

@@ -35,9 +35,9 @@ resizes the whole image (no crop) to the fine-tuning resolution (384 for the
 imagenet21k+imagenet2012 ViT-B/16, 480 for BiT-M-ILSVRC2012), so clean accuracies here are a
 little different from the published ones.
 
-Cost of synthesised corruptions (host CPU, measured here at 224²): about 0.6 CPU-s per image
-per severity for all 15 (zoom blur alone 0.35 s), so 10 000 images × 5 severities are about
-8 CPU-hours, spread over `imagenet.num_workers` threads (NumPy releases the GIL); a prepared
+Cost of synthesised corruptions (host CPU at 224², `experiments/bench_corruptions.py`):
+about 0.4 CPU-s per image per severity for all 15 (zoom and defocus blur half of it), so
+10 000 images × 5 severities are about 5–6 CPU-hours, spread over `imagenet.num_workers` threads (NumPy releases the GIL); a prepared
 imagenet2012_corrupted (decode only) or a smaller `imagenet.limit` is much cheaper.
 
 Memory: the streaming passes hold two batches of `imagenet.batch_size` × 224² × 3; the
