@@ -54,14 +54,12 @@ def churn_config() -> ml_collections.ConfigDict:
 
 def get_config(arg=None):
   arg = parse_arg(arg, setup="mnist5k", smoke=False)
-  config = common.multi_run_config("churn", arg.setup, SETUPS)
+  config = common.multi_run_config("churn", arg.setup, SETUPS, target_train_accuracy=None)
   c = config.train
   dataset = arg.setup.removesuffix("_lt")
   c.data.name = dataset
   if arg.setup.endswith("_lt"):
     c.data.class_fractions = long_tail_fractions(10, 10.0)
-  c.target_train_accuracy = None   # A fixed number of steps for every run.
-  c.eval_train_examples = None
   config.churn = churn_config()
   c.augment.gaussian_std = 0.3
   c.augment.gaussian_prob = 0.5

@@ -68,19 +68,22 @@ def train_config() -> ml_collections.ConfigDict:
   return c
 
 
-def multi_run_config(study: str, setup: str, setups) -> ml_collections.ConfigDict:
-  """The shell of a multi-run study: `config.study`, a shared `config.train` whose model
-  each run names, trained to a matched 0.99 train accuracy (checked every 100 steps on
-  2000 random training examples). Refuses a `setup` not in `setups`."""
+def multi_run_config(study: str, setup: str, setups, *,
+                     target_train_accuracy: float | None = 0.99) -> ml_collections.ConfigDict:
+  """The shell of a multi-run study: `config.study` and a shared `config.train` whose model
+  each run names. By default every run trains to a matched 0.99 train accuracy (checked
+  every 100 steps on 2000 random training examples); `target_train_accuracy=None` keeps
+  `train_config()`'s fixed-length training. Refuses a `setup` not in `setups`."""
   if setup not in setups:
     raise ValueError(f"unknown setup {setup!r}; allowed: {', '.join(setups)}")
   config = ml_collections.ConfigDict()
   config.study = study
   config.train = train_config()
   config.train.model = ml_collections.ConfigDict()  # Each run names its model.
-  config.train.target_train_accuracy = 0.99
-  config.train.eval_every = 100
-  config.train.eval_train_examples = 2000
+  if target_train_accuracy is not None:
+    config.train.target_train_accuracy = target_train_accuracy
+    config.train.eval_every = 100
+    config.train.eval_train_examples = 2000
   return config
 
 

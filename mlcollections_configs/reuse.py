@@ -52,12 +52,8 @@ def _grid(vit: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def get_config(arg=None):
   arg = parse_arg(arg, setup="mnist5k", smoke=False)
-  if arg.setup not in SETUPS:
-    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
-  config = ml_collections.ConfigDict()
-  config.study = "reuse"
-  config.train = common.train_config()
-  config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  # Every run trains the same fixed number of steps (no target accuracy).
+  config = common.multi_run_config("reuse", arg.setup, SETUPS, target_train_accuracy=None)
   c = config.train
 
   rc = config.reuse = ml_collections.ConfigDict()
