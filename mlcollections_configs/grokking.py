@@ -12,8 +12,8 @@ sens_modular_addition.ipynb; spec /work/shared/specs/sensitivity.md §5.
 Variants:
 - default (CPU, 2 cores, about 5 minutes): CPU_DEFAULTS below — the paper's architecture
   (d 128, 4 heads, MLP 512), AdamW with weight decay 1.0, 30 % split, sensitivity (σ = 0.1
-  on positions 0 and 1) and rolling window, at p = 59 (1,044 training pairs: 34 ms/epoch
-  on 2 cores vs 136 ms at p = 113) and lr 3e-3 (3× the paper's, so weight decay acts 3×
+  on positions 0 and 1) and rolling window, at p = 59 (1,044 training pairs: 12 ms/epoch
+  on 2 quiet cores vs 43 ms at p = 113, `experiments/bench_grokking.py`) and lr 3e-3 (3× the paper's, so weight decay acts 3×
   faster per epoch), 7,500 epochs. Seed 42 memorises by epoch ~30 and groks (test accuracy
   ≥ 0.5) at epoch ~5,700 (docs/results.md); lr 1e-2 collapses (train accuracy falls to
   chance after epoch ~2,000).
