@@ -113,6 +113,7 @@ def get_config(arg=None):
     c.eval_train_examples = 10000
     c.checkpoint_every = steps_per_epoch
     sc.num_examples = 408 if arg.setup == "mrpc" else 640     # The code's sets (spec §8).
+    sc.chunk_size = 32   # (position, draw) pairs per forward: bounds memory at length 128.
     sc.every_steps = max(1, (500 if arg.setup == "mrpc" else 5000) // c.batch_size)
     sc.num_draws = 3
     config.runs = _runs(c.data.vocab_size, 128, width=256, depth=4, heads=8, mlp_dim=1024,

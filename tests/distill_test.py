@@ -78,6 +78,10 @@ def test_teacher_variables_round_trip_from_its_checkpoint(runs):
   x = teacher.test.images[:8]
   np.testing.assert_allclose(distill.predict_logits(model, variables, x, batch_size=3),
                              np.asarray(teacher.predict_fn()(x)), rtol=1e-5, atol=1e-5)
+  # A model that does not fit the checkpoint (3 classes) is refused, naming the field.
+  with pytest.raises(ConfigError, match=r"teacher_workdir: .*does not match"):
+    distill.build_teacher(str(runs["root"] / "teacher"), 3, teacher.train.image_shape,
+                          smoke_train("cnn").data)
 
 
 def test_kd_gradient_is_tau_times_probability_difference():
@@ -216,10 +220,15 @@ def test_bad_teacher_runs_are_refused(tmp_path, runs):
   config.data.normalize = "zero_one"
   with pytest.raises(ConfigError, match=r"teacher_workdir: .*data.normalize"):
     trainer.build_experiment(config)
-  # A teacher with another number of classes (its checkpoint does not fit).
+  # A teacher trained on other labels: logit k would not mean the student's class k.
+  config = _distill_train(teacher_workdir=str(runs["root"] / "teacher"))
+  config.data.classes = tuple(range(9, -1, -1))  # Same shapes, labels reversed.
+  with pytest.raises(ConfigError, match=r"teacher_workdir: .*data.classes"):
+    trainer.build_experiment(config)
+  # A teacher with another number of classes.
   config = _distill_train(teacher_workdir=str(runs["root"] / "teacher"))
   config.data.classes = (0, 1, 2)
-  with pytest.raises(ConfigError, match=r"teacher_workdir: .*does not match"):
+  with pytest.raises(ConfigError, match=r"teacher_workdir: .*data.classes"):
     trainer.build_experiment(config)
   config = _distill_train(teacher_workdir=str(runs["root"] / "teacher"))
   config.distill.bogus = 1

@@ -83,6 +83,7 @@ def test_churn_smoke_study_writes_report(tmp_path):
     (churn_config, "churn.sources", ["init", "weather"]),
     (churn_config, "churn.num_seeds", 1),
     (churn_config, "churn.confidence_edges", [0.0, 0.9, 0.5]),
+    (churn_config, "churn.confidence_edges", [0.5, 0.9, 1.0]),
 ])
 def test_bad_study_config_is_refused_before_training(tmp_path, module, field, value):
   config = module.get_config("smoke")

@@ -284,3 +284,12 @@ def test_workdir_of_another_config_is_refused(smoke):
   other.optimizer.learning_rate = 0.5
   with pytest.raises(ConfigError, match="workdir"):
     studies.run(other, workdir)
+
+
+def test_fewer_epochs_than_the_workdir_holds_is_refused(smoke):
+  config, workdir, _ = smoke
+  shorter = grok_config.get_config("smoke")
+  shorter.train.epochs = config.train.epochs - 1
+  with pytest.raises(ConfigError, match=r"config.train.epochs: .*already holds"):
+    studies.run(shorter, workdir)
+  assert ckpt.latest_step(workdir) == config.train.epochs

@@ -19,12 +19,14 @@ via `DatasetBuilder.as_data_source`) and reads examples by index, batch by batch
   3. geometry (`crop`), per image on the uint8 pixels with PIL:
        "center": the central square of side int(crop_fraction * min(H, W)), offsets
          ((H - s + 1) // 2, (W - s + 1) // 2), then resized to `image_size` with `resample`.
-         With crop_fraction 224/256 = 0.875 and "bicubic" this is exactly the geometry TFDS's
+         With crop_fraction 224/256 = 0.875 and "bicubic" this is the crop box TFDS's
          `imagenet2012_corrupted` builder used to make ImageNet-C (`_decode_and_center_crop`:
          224 / (224 + 32) of the shorter side, bicubic to 224 x 224), so clean and
-         pre-corrupted images line up.
+         pre-corrupted images show the same region. The resampling differs: PIL's bicubic
+         antialiases when shrinking, TensorFlow's does not, so clean images here are a
+         little smoother than ImageNet-C's stored ones.
        "resize": the whole image resized to `image_size` (aspect ratio not kept). This is the
-         eval preprocessing of both public checkpoint releases: vit_jax
+         eval preprocessing (up to PIL's antialiasing) of both public checkpoint releases: vit_jax
          `input_pipeline.get_data` (`tf.image.resize(im, [crop, crop])`, bilinear) and
          big_transfer `bit_pytorch/train.py` (`Resize((crop, crop))`).
   4. `normalize` as in `pipeline.scale_pixels`: "zero_one" x / 255, "half" (x / 255 - .5) / .5

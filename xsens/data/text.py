@@ -310,8 +310,9 @@ def validate_text_data_config(dc) -> None:
   for role in pipeline.ROLES:
     field = f"data.{role}_split"
     if "test" in pipeline._split_names(dc[f"{role}_split"], field):  # pylint: disable=protected-access
-      raise ConfigError(field, "GLUE test labels are hidden (-1); use 'validation' or a "
-                        "slice of 'train' such as 'train[90%:]'")
+      raise ConfigError(field, "GLUE test labels are hidden (-1); use 'validation', or "
+                        "disjoint slices of 'train' for both splits (train_split="
+                        "'train[:90%]', test_split='train[90%:]')")
     _, features = open_glue(name, data_dir, dc[f"{role}_split"], field)
   missing = [k for k in GLUE[name] + ("label",) if k not in features]
   if missing:

@@ -7,9 +7,11 @@ confirmed from the paper):
 
   f(X) = U · mean_rows( softmax(X W_Q (X W_K)^T / sqrt(d_k)) X W_V ),   X [n, d]
 
-with the softmax over keys (each row of the n x n map sums to one), no biases, no
-positional encoding (put position into the tokens if the task needs it; the layer is
-permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU MLP.
+with the softmax over keys (each row of the n x n map sums to one). The spec's formula has
+no 1/sqrt(d_k); we keep the standard scaling (a reparametrisation of W_Q that changes only
+the initial attention temperature and the training dynamics, not the function class).
+No biases, no positional encoding (put position into the tokens if the task needs it; the
+layer is permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU MLP.
 
 Both take tokens [B, n, d] directly, so the token interface (xsens.measures.tokens) is
 to_tokens = identity and from_tokens = the model's apply.

@@ -52,10 +52,10 @@ def validate_churn_config(cc) -> None:
     if not name.replace("_", "").isalnum():
       raise ConfigError("churn.methods", f"method names must be identifiers, got {name!r}")
   edges = list(cc.confidence_edges)
-  if len(edges) < 2 or edges[0] < 0 or edges[-1] > 1 or any(
+  if len(edges) < 2 or edges[0] != 0 or edges[-1] != 1 or any(
       b <= a for a, b in zip(edges, edges[1:])):
-    raise ConfigError("churn.confidence_edges", f"must increase within [0, 1] (at least 2 "
-                      f"edges), got {edges}")
+    raise ConfigError("churn.confidence_edges", f"must increase from 0 to 1 (every "
+                      f"confidence falls in one bin), got {edges}")
 
 
 def run_plan(cc) -> dict[str, dict[str, list[str]]]:

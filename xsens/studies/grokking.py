@@ -312,6 +312,9 @@ def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> 
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = ckpt.abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
   start = ckpt.latest_step(workdir)
+  require(start is None or start <= epochs, "train.epochs",
+          f"{epochs}, but {workdir!r} already holds {start} trained epochs; use epochs >= "
+          f"{start} (to extend the run) or --overwrite")
   if start is not None:
     state = ckpt.restore(manager, start, abstract)
     log(f"[grokking] resumed at epoch {start}")

@@ -170,9 +170,10 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str, mesh=None
                                                     + cc["peer_seed_offset"]))[0]}
   step_key = jax.random.split(jax.random.key(seeds["augment_seed"]))[1]
 
+  dtype = exp.train.images.dtype  # float32 images, or int32 token ids (text models).
   init_fn = lambda ka, kb: {
-      "a": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, ka),
-      "b": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, kb)}
+      "a": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, ka, dtype),
+      "b": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, kb, dtype)}
   abstract = jax.eval_shape(init_fn, init_keys["a"], init_keys["b"])
   state_sh = jax.tree.map(lambda _: repl, abstract)
   manager = ckpt.make_manager(workdir, config.keep_checkpoints)
@@ -215,7 +216,9 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str, mesh=None
     pending = metrics if pending is None else jax.tree.map(jnp.add, pending, metrics)
     step += 1
     last = step >= total
-    if last or (config.log_every and step % config.log_every == 0):
+    save = last or (config.checkpoint_every and step % config.checkpoint_every == 0)
+    # Metrics are flushed (and checked finite) before every checkpoint, as in the trainer.
+    if save or (config.log_every and step % config.log_every == 0):
       means = {f"train/{k}": float(v) / (step - window_start)
                for k, v in jax.device_get(pending).items()}
       if not all(math.isfinite(v) for v in means.values()):
@@ -232,7 +235,7 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str, mesh=None
       te = evaluate_both(exp.test)
       writer.write(step, {f"eval/{p}_{k}": v[p]["accuracy"] for k, v in
                           (("train_accuracy", tr), ("test_accuracy", te)) for p in PEERS})
-    if last or (config.checkpoint_every and step % config.checkpoint_every == 0):
+    if save:
       ckpt.save(manager, step, state)
   manager.wait_until_finished()
   manager.close()

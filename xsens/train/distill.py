@@ -59,9 +59,9 @@ from xsens.errors import ConfigError
 FIELDS = ("alpha", "temperature", "teacher_workdir", "teacher_logits", "teacher_mode",
           "per_class_alpha", "margin")
 TEACHER_MODES = ("precomputed", "in_step")
-# Data fields that must agree between teacher and student (the teacher must see inputs
-# scaled as in its own training).
-_MATCHING_DATA_FIELDS = ("normalize", "image_size")
+# Data fields that must agree between teacher and student: the same dataset and label ids
+# (logit k must mean the student's class k), and inputs scaled as in the teacher's training.
+_MATCHING_DATA_FIELDS = ("name", "classes", "normalize", "image_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +272,9 @@ def _quiet_orbax():
 def _restore_target(workdir: str, model: nn.Module, image_shape) -> dict:
   """The saved train state's abstract tree, after checking its params / batch_stats shapes
   against `model` on `image_shape` (reads checkpoint metadata only)."""
-  dummy = jnp.zeros((1, *image_shape), jnp.float32)
+  # Token ids [L] for the text models, float images [H, W, C] otherwise.
+  dtype = jnp.int32 if len(image_shape) == 1 else jnp.float32
+  dummy = jnp.zeros((1, *image_shape), dtype)
   abstract = jax.eval_shape(lambda k: model.init({"params": k, "dropout": k}, dummy,
                                                  train=False), jax.random.key(0))
   with _quiet_orbax(), ocp.StandardCheckpointer() as checkpointer:
@@ -331,6 +333,9 @@ def prepare(setup: DistillSetup, train_images: np.ndarray, num_classes: int
   if setup.teacher_logits_path is not None:
     return None, np.asarray(np.load(setup.teacher_logits_path), np.float32)
   if setup.teacher_model is None:
+    if setup.teacher_workdir is not None:  # Never distil silently from a uniform teacher.
+      raise ValueError("the teacher in distill.teacher_workdir was not loaded: build the "
+                       "experiment with check_teacher=True before training it")
     return None, np.zeros((len(train_images), num_classes), np.float32)
   variables = load_teacher_variables(setup.teacher_workdir, setup.teacher_model,
                                      train_images.shape[1:])

@@ -17,7 +17,8 @@ google_papers.md §F; the form and λ are not confirmed from the paper, a reason
 
   L = task + λ·mean_i H(p(x_i)),   H(p) = −Σ_k p_k log p_k,   λ = regularizer.weight ≥ 0,
 
-on the softmax of the clean training logits, added (not mixed) to the task loss.
+on the softmax of the training logits (after `augment`, if any), added (not mixed) to the
+task loss.
 """
 
 from __future__ import annotations
