@@ -74,17 +74,9 @@ def masked_token_sensitivity(
     per_token [B, T] float32: flip frequency over the R draws, 0 where not measured.
     The reference label is the clean argmax.
   """
-  b = tokens.shape[0]
-  measure_mask = mask if measure_mask is None else measure_mask
-
-  def one(tok, m, meas, k):
-    from_tokens = lambda t: encode(t, jnp.broadcast_to(m, t.shape[:2]))
-    out = sens.token_sensitivity(from_tokens, tok[None], k, sigma=sigma,
-                                 num_draws=num_draws, token_mask=meas[None],
-                                 chunk_size=chunk_size)
-    return out["per_token"][0]
-
-  return jax.vmap(one)(tokens, mask, measure_mask, _example_keys(key, example_ids, b))
+  return _per_example(sens.token_sensitivity, "per_token", encode, tokens, mask, key,
+                      measure_mask, example_ids, sigma=sigma, num_draws=num_draws,
+                      chunk_size=chunk_size)
 
 
 def masked_global_sensitivity(
@@ -105,14 +97,21 @@ def masked_global_sensitivity(
   Returns:
     per_example [B] float32 in [0, 1]: flips over the R draws / R.
   """
+  return _per_example(sens.global_sensitivity, "per_example", encode, tokens, mask, key,
+                      measure_mask, example_ids, sigma=sigma, num_draws=num_draws)
+
+
+def _per_example(measure, output: str, encode: EncodeFn, tokens: Array, mask: Array,
+                 key: Array, measure_mask: Optional[Array], example_ids: Optional[Array],
+                 **kwargs) -> Array:
+  """Runs a `xsens.measures.sensitivity` estimator on each example alone (vmapped), so each
+  closes over its own padding mask; returns `measure(...)[output][0]` stacked over B."""
   b = tokens.shape[0]
   measure_mask = mask if measure_mask is None else measure_mask
 
   def one(tok, m, meas, k):
     from_tokens = lambda t: encode(t, jnp.broadcast_to(m, t.shape[:2]))
-    out = sens.global_sensitivity(from_tokens, tok[None], k, sigma=sigma,
-                                  num_draws=num_draws, token_mask=meas[None])
-    return out["per_example"][0]
+    return measure(from_tokens, tok[None], k, token_mask=meas[None], **kwargs)[output][0]
 
   return jax.vmap(one)(tokens, mask, measure_mask, _example_keys(key, example_ids, b))
 

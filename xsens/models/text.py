@@ -81,6 +81,15 @@ def _check_heads(width: int, num_heads: int) -> None:
                       f"{num_heads}")
 
 
+def _check_transformer(model, input_shape) -> None:
+  """The config checks shared by the RoBERTa and GPT-2 modules on ids of shape (L,)."""
+  for field in ("vocab_size", "max_length", "width", "depth", "num_heads", "mlp_dim"):
+    _checks.positive_int(field, getattr(model, field))
+  _check_ids_shape(input_shape, model.num_classes, model.max_length)
+  _check_heads(model.width, model.num_heads)
+  _checks.rate("dropout_rate", model.dropout_rate)
+
+
 class SelfAttention(nn.Module):
   """Multi-head self-attention with a key-padding mask, optional causal mask and ReLU.
 
@@ -157,11 +166,7 @@ class RoBERTa(nn.Module):
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
-    for field in ("vocab_size", "max_length", "width", "depth", "num_heads", "mlp_dim"):
-      _checks.positive_int(field, getattr(self, field))
-    _check_ids_shape(input_shape, self.num_classes, self.max_length)
-    _check_heads(self.width, self.num_heads)
-    _checks.rate("dropout_rate", self.dropout_rate)
+    _check_transformer(self, input_shape)
     _checks.one_of("attention", self.attention, ATTENTIONS)
 
   def setup(self):
@@ -239,11 +244,7 @@ class GPT2(nn.Module):
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
-    for field in ("vocab_size", "max_length", "width", "depth", "num_heads", "mlp_dim"):
-      _checks.positive_int(field, getattr(self, field))
-    _check_ids_shape(input_shape, self.num_classes, self.max_length)
-    _check_heads(self.width, self.num_heads)
-    _checks.rate("dropout_rate", self.dropout_rate)
+    _check_transformer(self, input_shape)
 
   def setup(self):
     self.wte = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT)
