@@ -76,14 +76,15 @@ _KILL_SCRIPT = textwrap.dedent("""
     import jax
     jax.config.update("jax_disable_most_optimizations", True)
     from tests.train_test import smoke_train
-    from xsens.train import checkpoint as ckpt, trainer
-    original = ckpt.save
-    def save_then_die(manager, step, state):
-      original(manager, step, state)
-      manager.wait_until_finished()
+    from xsens.train import trainer
+    from xsens.train.workdir import Workdir
+    original = Workdir.save
+    def save_then_die(self, step, state):
+      original(self, step, state)
+      self.manager.wait_until_finished()
       if step == 4:
         os.kill(os.getpid(), signal.SIGKILL)
-    ckpt.save = save_then_die
+    Workdir.save = save_then_die
     trainer.train_and_evaluate(smoke_train("resnet18", total_steps=10), sys.argv[1])
 """)
 

@@ -37,6 +37,7 @@ class MetricWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+      self._tb = None
 
 
 def read_metrics(workdir: str) -> list[dict]:

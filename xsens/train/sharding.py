@@ -48,3 +48,9 @@ def global_batch(local_arrays, mesh: Mesh):
   sharding = batch_sharding(mesh)
   return jax.tree.map(
       lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), local_arrays)
+
+
+def abstract_with_shardings(abstract_state, shardings):
+  """`jax.ShapeDtypeStruct`s of `abstract_state` carrying `shardings` (for restore)."""
+  return jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings)

@@ -13,9 +13,9 @@ compile and before anything is written to `workdir`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
-import math
 import os
 import time
 from typing import Any, Callable, Sequence
@@ -29,16 +29,12 @@ import optax
 from xsens import models as models_lib
 from xsens.data import pipeline
 from xsens.errors import ConfigError, require
-from xsens.train import checkpoint as ckpt
 from xsens.train import distill as distill_lib
-from xsens.train import interventions, losses, optim, sharding
-from xsens.train.metrics import MetricWriter, truncate_metrics
+from xsens.train import interventions, loop, losses, optim, sharding
+from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
+from xsens.train.workdir import Workdir
 
 SUMMARY_FILE = "train_summary.json"
-
-
-class TrainingDivergedError(RuntimeError):
-  """The training loss became NaN or inf; the last good checkpoint is kept."""
 
 
 @dataclasses.dataclass
@@ -63,10 +59,21 @@ class TrainResult:
   test: pipeline.Split
   summary: dict              # steps, stop_reason, train/test accuracy and loss, wall_s.
 
+  def __post_init__(self):
+    # One object per run, so `jax.jit(measure, static_argnums=0)(res.apply_fn, ...)` and
+    # closures over it compile once, however often they are called.
+    self.apply_fn = eval_apply_fn(self.model)
+
   def predict_fn(self) -> Callable[[jax.Array], jax.Array]:
-    """`images [B,H,W,C] -> logits [B,K]` in eval mode, closed over the variables."""
-    model, variables = self.model, self.variables
-    return lambda x: model.apply(variables, x, train=False)
+    """`inputs -> logits [B,K]` in eval mode, closed over the variables (a new closure per
+    call: prefer `apply_fn(variables, inputs)` in jitted code)."""
+    apply_fn, variables = self.apply_fn, self.variables
+    return lambda x: apply_fn(variables, x)
+
+
+def eval_apply_fn(model: nn.Module) -> Callable[[dict, jax.Array], jax.Array]:
+  """`apply_fn(variables, inputs) -> logits` of `model` in eval mode (train=False)."""
+  return functools.partial(model.apply, train=False)
 
 
 def validate_config(config, num_devices: int | None = None) -> None:
@@ -346,18 +353,13 @@ def _round_up(x: int, m: int) -> int:
   return -(-x // m) * m
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- the run
 
 
-def _progress_bar(config, total, initial):
-  if not config.get("progress", True) or jax.process_index() != 0:
-    return None
-  import sys  # pylint: disable=g-import-not-at-top
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  # Redraw often on a terminal, rarely into a log file.
-  interval = 0.5 if sys.stderr.isatty() else 30.0
-  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-              desc=config.model.name, leave=False, mininterval=interval)
+def open_workdir(workdir: str, config, overwrite: bool = False) -> Workdir:
+  """The run's `Workdir`: refuses one written by another config, then prepares it."""
+  return Workdir.open(workdir, config, overwrite=overwrite,
+                      keep_checkpoints=config.keep_checkpoints)
 
 
 def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
@@ -371,23 +373,30 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
   sharding.maybe_initialize_distributed()
   mesh = sharding.data_mesh() if mesh is None else mesh
   exp = build_experiment(config, mesh.size)
-  ckpt.check_workdir(workdir, config, overwrite)
-  ckpt.prepare_workdir(workdir, config, overwrite)
-  return run_experiment(exp, workdir, mesh)
+  return run_experiment(exp, open_workdir(workdir, config, overwrite), mesh)
 
 
-def run_experiment(exp: Experiment, workdir: str,
+def state_shardings(abstract, mesh):
+  """Replicated shardings for every leaf of the train state."""
+  repl = sharding.replicated(mesh)
+  return jax.tree.map(lambda _: repl, abstract)
+
+
+def run_experiment(exp: Experiment, workdir: str | Workdir,
                    mesh: jax.sharding.Mesh | None = None, *,
                    hooks: Sequence[Callable[[int, dict], dict | None]] = ()) -> TrainResult:
-  """The training loop of a validated experiment in a prepared workdir.
+  """Trains a validated experiment through the one loop (`xsens.train.loop`).
 
-  Each hook is called as `hook(step, variables)` once before the first step of a fresh run
-  (step 0) and after every step; the scalars it returns (if any) are written to the metrics
-  at that step (e.g. a measure taken every k steps). A hook must finish with the variables
-  before it returns (the state is donated to the next step).
+  `workdir` is a prepared `Workdir` (or its path, already prepared). Each hook is called
+  as `hook(step, variables)` once before the first step of a fresh run (step 0) and after
+  every step; the scalars it returns (if any) are written to the metrics at that step
+  (e.g. a measure taken every k steps). A hook must finish with the variables before it
+  returns (the state is donated to the next step).
   """
   config = exp.config
   t_start = time.time()
+  wd = workdir if isinstance(workdir, Workdir) else Workdir(
+      workdir, keep_checkpoints=config.keep_checkpoints)
   mesh = sharding.data_mesh() if mesh is None else mesh
   repl = sharding.replicated(mesh)
   seeds = run_seeds(config)
@@ -398,24 +407,19 @@ def run_experiment(exp: Experiment, workdir: str,
   init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.image_shape, k,
                                  exp.train.images.dtype)
   abstract = jax.eval_shape(init_fn, init_key)
-  state_shardings = jax.tree.map(lambda _: repl, abstract)
-  manager = ckpt.make_manager(workdir, config.keep_checkpoints)
-  restored_step = manager.latest_step()
-  if restored_step is None:
-    state = jax.jit(init_fn, out_shardings=state_shardings)(init_key)
+  shardings = state_shardings(abstract, mesh)
+
+  def init():
+    state = jax.jit(init_fn, out_shardings=shardings)(init_key)
     loaded = load_pretrained(config, exp.model, exp.train.image_shape, init_key)
     if loaded is not None:  # Fine-tune from a public checkpoint: fresh optimizer state.
-      params = jax.device_put(loaded, state_shardings["params"])
-      opt = jax.jit(exp.tx.init, out_shardings=state_shardings["opt"])(params)
+      params = jax.device_put(loaded, shardings["params"])
+      opt = jax.jit(exp.tx.init, out_shardings=shardings["opt"])(params)
       state = dict(state, params=params, opt=opt)
-  else:
-    state = ckpt.restore(manager, restored_step,
-                         ckpt.abstract_with_shardings(abstract, state_shardings))
-    truncate_metrics(workdir, restored_step)
-    logging.info("Resumed %s from step %d", workdir, restored_step)
+    return state
 
   batch_sh = sharding.batch_sharding(mesh)
-  teacher_vars, teacher_logits, extra_args = None, None, ()
+  teacher_logits, extra_args = None, ()
   if exp.distill is not None:
     teacher_vars, teacher_logits = distill_lib.prepare(exp.distill, exp.train.images,
                                                        exp.train.num_classes)
@@ -425,59 +429,15 @@ def run_experiment(exp: Experiment, workdir: str,
       make_train_step(exp.model, exp.tx, exp.loss_fn, config.get("augment"),
                       config.get("regularizer"),
                       exp.distill.spec if exp.distill is not None else None),
-      in_shardings=(state_shardings, batch_sh, repl) + (repl,) * len(extra_args),
-      out_shardings=(state_shardings, repl), donate_argnums=0)
+      in_shardings=(shardings, batch_sh, repl) + (repl,) * len(extra_args),
+      out_shardings=(shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
   eval_bs = _round_up(config.eval_batch_size, mesh.size)
-
-  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
-  summary_path = os.path.join(workdir, SUMMARY_FILE)
-  step = int(jax.device_get(state["step"]))
-  finished = _finished_summary(summary_path, step)
-  stop_reason = finished.get("stop_reason")
-  total = exp.total_steps
-  if stop_reason is None and step >= total:
-    stop_reason = "max_steps"
-  bar = _progress_bar(config, total, step) if stop_reason is None else None
-  pending, last_good = None, restored_step
-  window_start, t_window = step, time.time()
-
-  def run_hooks(step):
-    for hook in hooks:
-      scalars = hook(step, eval_variables(state))
-      if scalars:
-        writer.write(step, scalars)
-
-  if restored_step is None and stop_reason is None:
-    run_hooks(0)
-
-  def flush(step):
-    nonlocal pending, window_start, t_window
-    if pending is None:
-      return
-    sums = jax.device_get(pending)
-    n = step - window_start
-    means = {f"train/{k}": float(v) / n for k, v in sums.items()}
-    if not all(math.isfinite(v) for v in means.values()):
-      manager.wait_until_finished()  # Commit the last good (async) checkpoint.
-      manager.close()
-      writer.close()
-      raise TrainingDivergedError(
-          f"training diverged (mean loss {means['train/loss']}, weight norm "
-          f"{means['train/param_norm']}) between steps {window_start} and "
-          f"{step}; stopped. The last good checkpoint (step {last_good}) is kept in "
-          f"{os.path.join(workdir, ckpt.CHECKPOINT_DIR)}")
-    dt = time.time() - t_window
-    means["train/steps_per_sec"] = n / max(dt, 1e-9)
-    means["train/learning_rate"] = float(optim.make_schedule(config.optimizer, total)(step - 1))
-    writer.write(step, means)
-    if bar is not None:
-      bar.set_postfix(loss=f"{means['train/loss']:.4f}", acc=f"{means['train/accuracy']:.3f}")
-    pending, window_start, t_window = None, step, time.time()
-
   n_train = len(exp.train)
   pi, pc = jax.process_index(), jax.process_count()
-  while stop_reason is None:
+
+  def advance(state, step, length):
+    del length  # One step per call (schedule.max_chunk = 1).
     idx = pipeline.batch_indices(n_train, config.batch_size, step, seeds["order_seed"], pi,
                                  pc)
     local = {"image": exp.train.images[idx], "label": exp.train.labels[idx]}
@@ -485,57 +445,59 @@ def run_experiment(exp: Experiment, workdir: str,
       local["teacher_logits"] = teacher_logits[idx]
     state, metrics = train_step(state, sharding.global_batch(local, mesh), step_key,
                                 *extra_args)
-    pending = metrics if pending is None else jax.tree.map(jnp.add, pending, metrics)
-    step += 1
-    if bar is not None:
-      bar.update(1)
-    last = step >= total
-    if last or (config.log_every and step % config.log_every == 0):
-      flush(step)
-    if last or (config.eval_every and step % config.eval_every == 0):
-      variables = eval_variables(state)
-      tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh,
-                    config.get("eval_train_examples"))
-      te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
-      writer.write(step, {"eval/train_accuracy": tr["accuracy"], "eval/train_loss": tr["loss"],
-                          "eval/test_accuracy": te["accuracy"], "eval/test_loss": te["loss"]})
-      target = config.get("target_train_accuracy")
-      if target is not None and tr["accuracy"] >= target:
-        stop_reason = "target_train_accuracy"
-    run_hooks(step)
-    if last and stop_reason is None:
-      stop_reason = "max_steps"
-    if stop_reason or (config.checkpoint_every and step % config.checkpoint_every == 0):
-      flush(step)  # Never checkpoint a state whose loss went non-finite.
-      ckpt.save(manager, step, state)
-      last_good = step
-  if bar is not None:
-    bar.close()
-  manager.wait_until_finished()
-  manager.close()
-  writer.close()
+    return state, metrics, None
+
+  def evaluate_during(state, step):
+    del step
+    variables = eval_variables(state)
+    tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh,
+                  config.get("eval_train_examples"))
+    te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
+    return {"eval/train_accuracy": tr["accuracy"], "eval/train_loss": tr["loss"],
+            "eval/test_accuracy": te["accuracy"], "eval/test_loss": te["loss"]}
+
+  def should_stop(step, scalars):
+    del step
+    target = config.get("target_train_accuracy")
+    if target is not None and scalars["eval/train_accuracy"] >= target:
+      return "target_train_accuracy"
+    return None
+
+  schedule_fn = optim.make_schedule(config.optimizer, exp.total_steps)
+  program = loop.Program(
+      init=init, abstract_state=sharding.abstract_with_shardings(abstract, shardings),
+      advance=advance, evaluate=evaluate_during, should_stop=should_stop,
+      log_scalars=lambda step: {"learning_rate": float(schedule_fn(step - 1))})
+  schedule = loop.Schedule(exp.total_steps, log_every=config.log_every,
+                           eval_every=config.eval_every,
+                           checkpoint_every=config.checkpoint_every)
+  summary_name = SUMMARY_FILE
+  restored = wd.latest_step()
+  finished = _finished_summary(wd.file(summary_name), restored)
+  out = loop.run(wd, program, schedule,
+                 hooks=[lambda step, state, h=h: h(step, eval_variables(state)) for h in hooks],
+                 finished_reason=finished.get("stop_reason"),
+                 progress=bool(config.get("progress", True)), desc=config.model.name)
+  state, step = out.state, out.step
 
   variables = eval_variables(state)
   tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh)
   te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
   summary = {
-      "model": config.model.name, "steps": step, "stop_reason": stop_reason,
+      "model": config.model.name, "steps": step, "stop_reason": out.stop_reason,
       "train_accuracy": tr["accuracy"], "train_loss": tr["loss"],
       "test_accuracy": te["accuracy"], "test_loss": te["loss"],
       "num_params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(state["params"]))),
       # A finished run that is only re-evaluated keeps its training time.
       "wall_s": finished.get("wall_s", time.time() - t_start),
   }
-  if jax.process_index() == 0:
-    with open(summary_path + ".tmp", "w") as f:
-      json.dump(summary, f, indent=2)
-    os.replace(summary_path + ".tmp", summary_path)
+  wd.write_json(summary_name, summary)
   return TrainResult(exp.model, variables, exp.train, exp.test, summary)
 
 
-def _finished_summary(summary_path: str, step: int) -> dict:
+def _finished_summary(summary_path: str, step: int | None) -> dict:
   """The summary of a run that already finished at `step` (a rerun trains no more), or {}."""
-  if not os.path.exists(summary_path):
+  if step is None or not os.path.exists(summary_path):
     return {}
   with open(summary_path) as f:
     summary = json.load(f)

@@ -1,0 +1,207 @@
+"""The one training loop: `run(workdir, program, schedule)`.
+
+Every study trains through it: the data-parallel trainer (one step per call),
+co-distillation (one step over two models' parameters), grokking (a `lax.scan` chunk of
+full-batch epochs, seeds vmapped), the benign-overfitting sweep (a chunk of vmapped GD runs)
+and the synthetic study (chunks of full-batch steps). What differs is the `Program`:
+
+  init()                          -> state            a fresh state (already sharded)
+  advance(state, step, length)    -> (state, sums, logs)
+      advances `length` steps starting at `step`; `sums` are scalar metrics summed over
+      those steps (the loop logs their means under `train/` and stops on a non-finite one),
+      `logs` are per-step arrays whose LAST axis has `length` entries (the workdir keeps
+      them as array logs), either may be None.
+
+What the loop owns (and no study repeats): restore of the newest checkpoint into the
+abstract state's shapes and shardings or `init()`; truncation of the logs to the restored
+step; the step counter; the log / evaluation / checkpoint schedule, with `advance` never
+crossing a boundary; the divergence stop that keeps the last good checkpoint; hooks;
+early stop; the progress bar; the final commit of asynchronous saves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from xsens.train.workdir import CHECKPOINT_DIR, Workdir
+
+Hook = Callable[[int, Any], "dict | None"]
+
+
+class TrainingDivergedError(RuntimeError):
+  """The training loss became NaN or inf; the last good checkpoint is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """When things happen, in steps (0: only at the end). `max_chunk`: the most steps one
+  call of `advance` may take (1 for a per-batch step, k for a `lax.scan` chunk)."""
+  total_steps: int
+  log_every: int = 0
+  eval_every: int = 0
+  checkpoint_every: int = 0
+  max_chunk: int = 1
+
+  def chunk_end(self, step: int) -> int:
+    """The step at which the chunk starting at `step` ends: no boundary is crossed."""
+    end = min(self.total_steps, step + self.max_chunk)
+    for every in (self.log_every, self.eval_every, self.checkpoint_every):
+      if every:
+        end = min(end, (step // every + 1) * every)
+    return end
+
+
+@dataclasses.dataclass
+class Program:
+  """What a study trains (see the module docstring)."""
+  init: Callable[[], Any]
+  abstract_state: Any                     # jax.ShapeDtypeStruct tree with shardings.
+  advance: Callable[[Any, int, int], tuple]
+  evaluate: Callable[[Any, int], dict] | None = None   # Scalars under their own names.
+  should_stop: Callable[[int, dict], str | None] | None = None  # On evaluate's scalars.
+  log_scalars: Callable[[int], dict] | None = None     # Extra train/ scalars at a flush.
+  on_chunk: Callable[[int, int, Any, float], None] | None = None  # (start, end, logs, s).
+
+
+@dataclasses.dataclass
+class LoopResult:
+  state: Any
+  step: int
+  stop_reason: str | None        # "max_steps", a should_stop reason, or None (interrupted).
+  restored_step: int | None
+  new_steps: int
+  wall_s: float                  # Time spent in advance (device time of new steps).
+
+
+def run(workdir: Workdir, program: Program, schedule: Schedule, *,
+        hooks: Sequence[Hook] = (), finished_reason: str | None = None,
+        progress: bool = False, desc: str = "train",
+        max_chunks: int | None = None) -> LoopResult:
+  """Runs (or resumes) `program` in `workdir` until `schedule.total_steps` or a stop.
+
+  `finished_reason`: the run already finished at its newest checkpoint for this reason
+  (e.g. a target accuracy), so nothing is trained. Each hook is called as
+  `hook(step, state)` at step 0 of a fresh run and after every chunk; its scalars are
+  written at that step. `max_chunks` stops after that many chunks (an interruption, for
+  tests), with the last chunk checkpointed.
+  """
+  restored = workdir.latest_step()
+  if restored is None:
+    state, step = program.init(), 0
+  else:
+    state, step = workdir.restore(restored, program.abstract_state), restored
+    workdir.truncate(restored)
+    logging.info("Resumed %s from step %d", workdir.path, restored)
+  writer = workdir.metric_writer()
+  total = schedule.total_steps
+  stop_reason = finished_reason
+  if stop_reason is None and step >= total:
+    stop_reason = "max_steps"
+  bar = _progress_bar(desc, total, step) if progress and stop_reason is None else None
+  pending, window_start, t_window = None, step, time.time()
+  last_good, chunks, wall, start_step = restored, 0, 0.0, step
+
+  def run_hooks(at):
+    for hook in hooks:
+      scalars = hook(at, state)
+      if scalars:
+        writer.write(at, scalars)
+
+  def flush(at):
+    nonlocal pending, window_start, t_window
+    if pending is None:
+      return
+    sums = jax.device_get(pending)
+    n = at - window_start
+    means = {f"train/{k}": float(v) / n for k, v in sums.items()}
+    if not all(math.isfinite(v) for v in means.values()):
+      workdir.close()  # Commit the last good (async) checkpoint.
+      writer.close()
+      raise TrainingDivergedError(
+          f"training diverged ({_describe(means)}) between steps {window_start} and {at}; "
+          f"stopped. The last good checkpoint (step {last_good}) is kept in "
+          f"{workdir.file(CHECKPOINT_DIR)}")
+    means["train/steps_per_sec"] = n / max(time.time() - t_window, 1e-9)
+    if program.log_scalars is not None:
+      means.update({f"train/{k}": v for k, v in program.log_scalars(at).items()})
+    writer.write(at, means)
+    if bar is not None and "train/loss" in means:
+      postfix = {"loss": f"{means['train/loss']:.4f}"}
+      if "train/accuracy" in means:
+        postfix["acc"] = f"{means['train/accuracy']:.3f}"
+      bar.set_postfix(**postfix)
+    pending, window_start, t_window = None, at, time.time()
+
+  try:
+    if restored is None and stop_reason is None:
+      run_hooks(0)
+    while stop_reason is None:
+      end = schedule.chunk_end(step)
+      t0 = time.perf_counter()
+      state, sums, logs = program.advance(state, step, end - step)
+      if logs is not None:
+        logs = jax.device_get(logs)
+        workdir.write_step_log(step, end, logs)
+      if sums is not None:
+        pending = sums if pending is None else jax.tree.map(jnp.add, pending, sums)
+      dt = time.perf_counter() - t0
+      wall += dt
+      if program.on_chunk is not None:
+        program.on_chunk(step, end, logs, dt)
+      step, chunks = end, chunks + 1
+      if bar is not None:
+        bar.update(end - bar.n)
+      last = step >= total
+      if last or _at(step, schedule.log_every):
+        flush(step)
+      if program.evaluate is not None and (last or _at(step, schedule.eval_every)):
+        scalars = program.evaluate(state, step)
+        writer.write(step, scalars)
+        if program.should_stop is not None:
+          stop_reason = program.should_stop(step, scalars)
+      run_hooks(step)
+      if last and stop_reason is None:
+        stop_reason = "max_steps"
+      interrupted = max_chunks is not None and chunks >= max_chunks
+      if stop_reason or interrupted or _at(step, schedule.checkpoint_every):
+        flush(step)  # Never checkpoint a state whose loss went non-finite.
+        workdir.save(step, state)
+        last_good = step
+      if interrupted:
+        break
+  finally:
+    if bar is not None:
+      bar.close()
+    workdir.close()
+    writer.close()
+  return LoopResult(state, step, stop_reason, restored, step - start_step, wall)
+
+
+def _at(step: int, every: int) -> bool:
+  return bool(every) and step % every == 0
+
+
+def _describe(means: dict) -> str:
+  bad = [f"{k} {v}" for k, v in means.items() if not math.isfinite(v)]
+  shown = [f"mean loss {means['train/loss']}"] if "train/loss" in means else []
+  if "train/param_norm" in means:
+    shown.append(f"weight norm {means['train/param_norm']}")
+  return ", ".join(shown or bad)
+
+
+def _progress_bar(desc: str, total: int, initial: int):
+  if jax.process_index() != 0:
+    return None
+  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  # Redraw often on a terminal, rarely into a log file.
+  interval = 0.5 if sys.stderr.isatty() else 30.0
+  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc=desc,
+              leave=False, mininterval=interval)
