@@ -16,6 +16,7 @@ from xsens.models import one_layer_vit as vit
 from xsens.models import two_layer_cnn as cnn
 from xsens.studies import benign_overfitting as bo
 from xsens.train import full_batch_gd as gd
+from xsens.train.workdir import Workdir
 
 
 def tiny_config(**sweep):
@@ -213,16 +214,66 @@ def test_interrupted_sweep_resumes_to_the_same_grid(tmp_path):
   assert full["complete"] and full["chunks_computed"] == 2
   part = bo.run_sweep(config, str(tmp_path / "b"), "vit", max_chunks=1, log=lambda s: None)
   assert not part["complete"] and np.isnan(part["test_loss"]).any()
-  with open(tmp_path / "b" / "sweep_vit" / "index.json") as f:
-    assert len(json.load(f)["chunks"]) == 1
+  np.testing.assert_array_equal(part["test_loss"].ravel()[:4], full["test_loss"].ravel()[:4])
+  wd = Workdir(str(tmp_path / "b" / "sweep_vit"))
+  assert wd.latest_step() == 4 and [f[:2] for f in wd.step_log_files()] == [(0, 4)]
+  # A chunk logged after the last checkpoint (a crash before its save) is dropped on resume.
+  wd.write_step_log(4, 8, {k: np.full(4, -1.0) for k in bo.RESULT_FIELDS})
   resumed = bo.run_sweep(config, str(tmp_path / "b"), "vit", log=lambda s: None)
   assert resumed["complete"] and resumed["chunks_computed"] == 1
+  assert wd.latest_step() == 8
   for k in bo.RESULT_FIELDS:
+    assert resumed[k].dtype == full[k].dtype == np.float64
     np.testing.assert_array_equal(resumed[k], full[k])
+  # A finished sweep computes nothing more.
+  again = bo.run_sweep(config, str(tmp_path / "b"), "vit", log=lambda s: None)
+  assert again["complete"] and again["chunks_computed"] == 0
+  np.testing.assert_array_equal(again["test_loss"], full["test_loss"])
   # A different config is refused in that workdir.
   config.train.learning_rate = 0.05
   with pytest.raises(ConfigError, match="config.workdir"):
     bo.run_sweep(config, str(tmp_path / "b"), "vit")
+
+
+def test_last_chunk_is_padded_to_the_chunk_size(tmp_path):
+  # 12 runs in chunks of 5: the last chunk computes 5 runs (same vmapped program), keeps 2.
+  config = tiny_config(trials=3, chunk_size=5)
+  out = bo.run_sweep(config, str(tmp_path), "cnn", log=lambda s: None)
+  assert out["complete"] and out["chunks_computed"] == 3
+  files = Workdir(str(tmp_path / "sweep_cnn")).step_log_files()
+  assert [f[:2] for f in files] == [(0, 5), (5, 10), (10, 12)]
+  n, mu, _ = bo.grid_points(config)
+  run = jax.jit(jax.vmap(bo.make_run_fn(config, "cnn", 8)))
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(config.seed), i))(
+      jnp.array([10, 11, 11, 11, 11]))
+  last = run(keys, jnp.asarray(n[[10, 11, 11, 11, 11]]), jnp.asarray(mu[[10, 11, 11, 11, 11]]))
+  np.testing.assert_array_equal(out["test_loss"].ravel()[10:], np.asarray(last["test_loss"])[:2])
+
+
+def _write_old_format_sweep(path):
+  os.makedirs(path)
+  with open(os.path.join(path, "index.json"), "w") as f:
+    json.dump({"fingerprint": {}, "chunks": {"chunk_00000.npz": {"runs": [0, 3]}}}, f)
+  np.savez(os.path.join(path, "chunk_00000.npz"), run=np.arange(4), test_loss=np.zeros(4))
+
+
+def test_old_format_sweep_is_refused_with_one_line(tmp_path, monkeypatch):
+  config = tiny_config()
+  _write_old_format_sweep(str(tmp_path / "sweep_vit"))
+  with pytest.raises(ConfigError, match="config.workdir") as err:
+    bo.run_sweep(config, str(tmp_path), "vit")
+  assert "--overwrite" in str(err.value) and "\n" not in str(err.value)
+  # The study refuses it before anything compiles or is written.
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled before the check"))
+  with pytest.raises(ConfigError, match="old format"):
+    studies.run(config, str(tmp_path))
+  assert sorted(os.listdir(tmp_path / "sweep_vit")) == ["chunk_00000.npz", "index.json"]
+  monkeypatch.undo()
+  # --overwrite recomputes it in the new format.
+  out = bo.run_sweep(config, str(tmp_path), "vit", overwrite=True, log=lambda s: None)
+  assert out["complete"] and out["chunks_computed"] == 2
+  assert not {"index.json", "chunk_00000.npz"} & set(os.listdir(tmp_path / "sweep_vit"))
+  assert bo.run_sweep(config, str(tmp_path), "vit")["chunks_computed"] == 0
 
 
 @pytest.mark.parametrize("field,value", [

@@ -17,7 +17,7 @@ from xsens.data.long_tail import long_tail_fractions
 from xsens.errors import ConfigError
 from xsens.models import get_model
 from xsens.train import checkpoint as ckpt
-from xsens.train import distill, interventions, losses, trainer
+from xsens.train import distill, interventions, losses, objectives, trainer
 
 NUM_TRAIN = 256  # smoke_train's data.num_train
 
@@ -138,10 +138,12 @@ def test_min_entropy_regulariser_adds_lambda_times_entropy():
   batch = {"image": jax.random.normal(jax.random.key(1), (16, 8, 8, 1)),
            "label": jnp.arange(16) % 10}
   reg = ml_collections.ConfigDict({"name": "min_entropy", "weight": 0.3})
-  _, plain = jax.jit(trainer.make_train_step(model, tx, losses.cross_entropy))(
-      state, batch, jax.random.key(2))
-  _, out = jax.jit(trainer.make_train_step(model, tx, losses.cross_entropy, None, reg))(
-      state, batch, jax.random.key(2))
+  def step(regularizer):
+    config = ml_collections.ConfigDict({"loss": "cross_entropy", "regularizer": regularizer})
+    terms = objectives.terms_from_config(config, (8, 8, 1), losses.cross_entropy)
+    return jax.jit(trainer.make_train_step(model, tx, terms))(state, batch, jax.random.key(2))
+  _, plain = step(None)
+  _, out = step(reg)
   logits = model.apply({"params": state["params"]}, batch["image"])
   p = jax.nn.softmax(logits)
   entropy = float(-(p * jnp.log(p)).sum(-1).mean())

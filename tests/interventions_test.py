@@ -10,7 +10,7 @@ import pytest
 from tests.train_test import smoke_train
 from xsens.errors import ConfigError
 from xsens.models import get_model
-from xsens.train import interventions, losses, trainer
+from xsens.train import interventions, losses, objectives, trainer
 
 
 def test_window_masks_are_one_q_by_q_window_inside_the_image():
@@ -60,8 +60,11 @@ def _one_step(regularizer, augment=None):
   state = trainer.init_state(model, tx, (8, 8, 1), jax.random.key(0))
   batch = {"image": jax.random.normal(jax.random.key(1), (16, 8, 8, 1)),
            "label": jnp.arange(16) % 10}
-  step = jax.jit(trainer.make_train_step(model, tx, losses.cross_entropy, augment,
-                                         regularizer))
+  config = ml_collections.ConfigDict({"loss": "cross_entropy", "regularizer": regularizer,
+                                      "augment": augment})
+  step = jax.jit(trainer.make_train_step(
+      model, tx, objectives.terms_from_config(config, (8, 8, 1), losses.cross_entropy),
+      objectives.transforms_from_config(config)))
   return step(state, batch, jax.random.key(2))
 
 

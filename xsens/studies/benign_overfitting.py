@@ -10,8 +10,10 @@ What it does:
      train the model by full-batch GD on the logistic loss until the train loss < ε or
      `max_steps`, and record test loss/accuracy at the stop, the step and `converged`.
      All runs of a chunk are ONE jitted program `vmap`ped over runs (every run padded to
-     the largest N with a sample mask); each chunk is saved as npz + a json index
-     (atomic writes), so an interrupted sweep resumes from the chunks on disk.
+     the largest N with a sample mask). The sweep runs through the one loop
+     (`xsens.train.loop`) with a run of the grid as its step: each chunk's results are
+     array logs of its `Workdir` (`workdir/sweep_<model>/`) and each chunk is
+     checkpointed, so an interrupted sweep resumes from the chunks on disk.
   2. Boundary: for each N the SNR where the trial-mean test loss crosses `cutoff` (0.2)
      by interpolation in log SNR, then least squares log N = log c − k log SNR
      (theory: k = 2 for the ViT, Jiang et al. Thm 4.1/4.2; k = q for the CNN, Cao et al.
@@ -37,7 +39,6 @@ import functools
 import json
 import math
 import os
-import shutil
 import time
 
 import jax
@@ -50,14 +51,19 @@ from xsens.models import one_layer_vit as vit_lib
 from xsens.models import two_layer_cnn as cnn_lib
 from xsens.report import plots, tables
 from xsens.train import full_batch_gd as gd
+from xsens.train import loop
 from xsens.train import reduced_vit_gd
+from xsens.train import sharding
+from xsens.train.workdir import Workdir
 
 MODELS = ("vit", "cnn")
 DATA_KINDS = ("synthetic", "mnist")
 SOLVERS = ("auto", "direct", "reduced")
 RESULT_FIELDS = ("test_loss", "test_accuracy", "train_loss", "train_accuracy", "steps",
                  "converged")
-INDEX_FILE = "index.json"
+# The pre-loop sweep format (refused with a message to rerun with --overwrite).
+LEGACY_INDEX_FILE = "index.json"
+_KEEP_CHECKPOINTS = 2  # The state is one int32: the number of runs done.
 
 # ------------------------------------------------------------------------------------------
 # Validation (before anything compiles or touches the workdir).
@@ -286,93 +292,98 @@ def sweep_fingerprint(config, model: str) -> dict:
   return json.loads(json.dumps(fp, default=str))
 
 
-def _atomic_json(path: str, obj) -> None:
-  with open(path + ".tmp", "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-  os.replace(path + ".tmp", path)
+def sweep_dir(workdir: str, model: str) -> str:
+  """The sweep's own run directory (a `Workdir`) inside the study's workdir."""
+  return os.path.join(workdir, f"sweep_{model}")
 
 
-def _atomic_npz(path: str, arrays: dict) -> None:
-  tmp = path + ".tmp.npz"
-  np.savez(tmp, **arrays)
-  os.replace(tmp, path)
+def _legacy_files(path: str) -> list[str]:
+  """The files of a sweep written before the one loop: index.json + chunk_*.npz."""
+  if not os.path.isdir(path):
+    return []
+  return [os.path.join(path, f) for f in sorted(os.listdir(path))
+          if f.startswith(LEGACY_INDEX_FILE) or (f.startswith("chunk_") and ".npz" in f)]
 
 
-def check_sweep_dir(sweep_dir: str, fingerprint: dict, overwrite: bool) -> None:
-  """Refuses (ConfigError on `workdir`) a sweep dir written by another config."""
-  path = os.path.join(sweep_dir, INDEX_FILE)
-  if overwrite or not os.path.exists(path):
-    return
-  with open(path) as f:
-    saved = json.load(f)["fingerprint"]
-  if saved != fingerprint:
-    diff = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
-    raise ConfigError("workdir", f"{sweep_dir!r} holds a sweep of a different config "
-                      f"(differing: {', '.join(diff)}); pass --overwrite or another --workdir")
+def check_sweep(config, workdir: str, model: str, overwrite: bool = False) -> Workdir:
+  """The (unprepared) `Workdir` of `model`'s sweep; ConfigError on `workdir`, nothing
+  written, if it holds a sweep of another config or one in the pre-loop format."""
+  path = sweep_dir(workdir, model)
+  if not overwrite and os.path.exists(os.path.join(path, LEGACY_INDEX_FILE)):
+    raise ConfigError(
+        "workdir", f"{path!r} holds a sweep in the old format ({LEGACY_INDEX_FILE} + "
+        "chunk_*.npz); rerun with --overwrite to recompute it there, or choose another "
+        "--workdir")
+  wd = Workdir(path, keep_checkpoints=_KEEP_CHECKPOINTS)
+  # Array logs without a checkpoint (a run stopped before its first save) count as a run.
+  has_state = wd.latest_step() is not None or bool(wd.step_log_files())
+  wd.check(sweep_fingerprint(config, model), overwrite=overwrite, has_state=has_state)
+  return wd
 
 
 def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
               max_chunks: int | None = None, pools=None, log=print) -> dict:
   """Runs (or resumes) the sweep of `model`; returns {field: [nN, nMu, trials]} + timing.
 
-  `max_chunks` stops after computing that many new chunks (to simulate an interruption).
+  Through the one loop (`xsens.train.loop`): a step is one run of the flattened grid
+  (`grid_points`), a chunk is `sweep.chunk_size` runs computed as ONE vmapped program (the
+  last chunk padded to that size by repeating its last run), saved as the array logs of
+  those steps and checkpointed (state: the number of runs done), so an interrupted sweep
+  resumes at its last chunk. `max_chunks` stops after computing that many new chunks (to
+  simulate an interruption). Extra keys: "complete", "wall_s_computed", "chunks_computed".
   """
-  sweep_dir = os.path.join(workdir, f"sweep_{model}")
   fp = sweep_fingerprint(config, model)
-  check_sweep_dir(sweep_dir, fp, overwrite)
-  if overwrite and os.path.isdir(sweep_dir):
-    shutil.rmtree(sweep_dir)
-  os.makedirs(sweep_dir, exist_ok=True)
+  wd = check_sweep(config, workdir, model, overwrite)
+  if overwrite and wd.is_writer:
+    for f in _legacy_files(wd.path):
+      os.remove(f)
+  wd.prepare(fp, overwrite=overwrite)
   n, mu, idx = grid_points(config)
-  size = int(config.sweep.chunk_size)
-  num_chunks = -(-len(n) // size)
-  index_path = os.path.join(sweep_dir, INDEX_FILE)
-  index = {"fingerprint": fp, "num_runs": len(n), "chunk_size": size,
-           "num_chunks": num_chunks, "chunks": {}}
-  if os.path.exists(index_path):
-    with open(index_path) as f:
-      index["chunks"] = json.load(f)["chunks"]
+  num_runs, size = len(n), int(config.sweep.chunk_size)
+  num_chunks = -(-num_runs // size)
   n_max = int(max(config.sweep.n_values))
   chunk_fn = jax.jit(jax.vmap(make_run_fn(config, model, n_max, pools)))
   base = jax.random.key(int(config.seed))
-  computed, wall = 0, 0.0
-  for c in range(num_chunks):
-    name = f"chunk_{c:05d}.npz"
-    if name in index["chunks"] and os.path.exists(os.path.join(sweep_dir, name)):
-      continue
-    if max_chunks is not None and computed >= max_chunks:
-      break
-    sel = np.arange(c * size, (c + 1) * size)
-    valid = sel < len(n)
-    sel = np.minimum(sel, len(n) - 1)  # Pad the last chunk by repeating its last run.
+  repl = sharding.replicated(sharding.data_mesh())
+  as_state = lambda runs: {"runs_done": jax.device_put(jnp.asarray(runs, jnp.int32), repl)}
+
+  def advance(state, start, length):
+    del state
+    sel = np.arange(start, start + size)  # Always `size` runs: the same vmapped program.
+    valid = sel < start + length
+    sel = np.minimum(sel, num_runs - 1)  # Pad the last chunk by repeating its last run.
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(idx[sel]))
-    t0 = time.perf_counter()
     out = jax.device_get(chunk_fn(keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])))
-    dt = time.perf_counter() - t0
-    wall += dt
+    return as_state(start + length), None, {k: np.asarray(v)[valid] for k, v in out.items()}
+
+  computed = 0
+
+  def on_chunk(start, end, logs, dt):
+    nonlocal computed
+    del end, logs
     computed += 1
-    arrays = {k: np.asarray(v)[valid] for k, v in out.items()}
-    arrays["run"] = idx[sel][valid]
-    _atomic_npz(os.path.join(sweep_dir, name), arrays)
-    index["chunks"][name] = {"runs": [int(idx[sel][valid][0]), int(idx[sel][valid][-1])],
-                             "wall_s": round(dt, 3)}
-    _atomic_json(index_path, index)
-    log(f"[{model}] chunk {c + 1}/{num_chunks}: {dt:.1f}s")
-  return load_sweep(config, sweep_dir) | {"wall_s_computed": wall, "chunks_computed": computed}
+    log(f"[{model}] chunk {start // size + 1}/{num_chunks}: {dt:.1f}s")
+
+  program = loop.Program(
+      init=lambda: as_state(0), advance=advance, on_chunk=on_chunk,
+      abstract_state={"runs_done": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)})
+  schedule = loop.Schedule(num_runs, checkpoint_every=size, max_chunk=size)
+  out = loop.run(wd, program, schedule, desc=f"sweep {model}", max_chunks=max_chunks)
+  return load_sweep(config, wd.path) | {"wall_s_computed": out.wall_s,
+                                        "chunks_computed": computed}
 
 
-def load_sweep(config, sweep_dir: str) -> dict:
-  """Assembles the saved chunks into {field: [nN, nMu, trials]} (NaN where missing)."""
-  n, _, _ = grid_points(config)
+def load_sweep(config, path: str) -> dict:
+  """The sweep saved in `path` as {field: [nN, nMu, trials]} (NaN where missing), "complete"."""
+  num_runs = len(grid_points(config)[0])
   shape = (len(config.sweep.n_values), len(config.sweep.mu_norms), config.sweep.trials)
-  flat = {k: np.full(len(n), np.nan) for k in RESULT_FIELDS}
-  done = np.zeros(len(n), bool)
-  for name in sorted(os.listdir(sweep_dir)):
-    if name.startswith("chunk_") and name.endswith(".npz"):
-      with np.load(os.path.join(sweep_dir, name)) as z:
-        for k in RESULT_FIELDS:
-          flat[k][z["run"]] = z[k]
-        done[z["run"]] = True
+  wd = Workdir(path)
+  # float64 like the results of the pre-loop sweeps (steps, converged as 0./1.).
+  flat = wd.read_step_log(num_runs, RESULT_FIELDS, dtype=np.float64)
+  done = np.zeros(num_runs, bool)
+  for start, end, _ in wd.step_log_files():
+    if end <= num_runs:
+      done[start:end] = True
   out = {k: v.reshape(shape) for k, v in flat.items()}
   out["complete"] = bool(done.all())
   return out
@@ -554,8 +565,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   """Sweeps every model of `config.models`, fits boundaries, runs dynamics, writes the report."""
   validate(config)
   for model in config.models:
-    check_sweep_dir(os.path.join(workdir, f"sweep_{model}"), sweep_fingerprint(config, model),
-                    overwrite)
+    check_sweep(config, workdir, model, overwrite)
   os.makedirs(workdir, exist_ok=True)
   pools = mnist_pools(config) if config.data.kind == "mnist" else None
   snrs = snr_values(config)

@@ -30,7 +30,7 @@ from xsens import models as models_lib
 from xsens.data import pipeline
 from xsens.errors import ConfigError, require
 from xsens.train import distill as distill_lib
-from xsens.train import interventions, loop, losses, optim, sharding
+from xsens.train import interventions, loop, losses, objectives, optim, sharding
 from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
 from xsens.train.workdir import Workdir
 
@@ -48,6 +48,8 @@ class Experiment:
   loss_fn: Callable
   total_steps: int
   distill: distill_lib.DistillSetup | None = None  # From config.distill, if set.
+  terms: list = dataclasses.field(default_factory=list)       # objectives.Term
+  transforms: list = dataclasses.field(default_factory=list)  # objectives.Transform
 
 
 @dataclasses.dataclass
@@ -164,60 +166,68 @@ def build_experiment(config, num_devices: int | None = None, *,
     setup = distill_lib.validate_distill_config(
         config.distill, train.num_classes, train.image_shape, config.data, len(train),
         check_teacher=check_teacher)
-  return Experiment(config, train, test, model, tx, losses.get_loss(config.loss), total_steps,
-                    setup)
-
-
-PRETRAINED_LOADERS = {"vit": "load_vit", "bit_resnet": "load_bit"}
+  loss_fn = losses.get_loss(config.loss)
+  terms = objectives.terms_from_config(config, train.image_shape, loss_fn,
+                                       setup.spec if setup is not None else None)
+  return Experiment(config, train, test, model, tx, loss_fn, total_steps, setup, terms,
+                    objectives.transforms_from_config(config))
 
 
 def _validate_pretrained(config) -> None:
+  """Refuses a `pretrained.path` for a model without a loader, or one that is not a file."""
   path = config.get("pretrained", {}).get("path")
   if path is None:
     return
-  if config.model.name not in PRETRAINED_LOADERS:
+  formats = models_lib.pretrained_formats()
+  if config.model.name not in formats:
     raise ConfigError("pretrained.path", f"pretrained weights load into models "
-                      f"{', '.join(PRETRAINED_LOADERS)}, not {config.model.name!r}")
+                      f"{', '.join(formats)}, not {config.model.name!r}")
   if not os.path.exists(path):
-    raise ConfigError("pretrained.path", f"no checkpoint at {path!r} (a vit_jax / "
-                      "big_transfer .npz file on local disk)")
+    releases = " / ".join(f.name for f in formats.values())
+    raise ConfigError("pretrained.path", f"no checkpoint at {path!r} (a {releases} .npz "
+                      "file on local disk)")
 
 
 def load_pretrained(config, model, image_shape, key) -> dict | None:
-  """Params from `config.pretrained.path` (vit_jax or big_transfer `.npz`), or None.
+  """Params from `config.pretrained.path` (the model entry's release, e.g. a vit_jax or
+  big_transfer `.npz`), or None.
 
   The head is re-initialised when `pretrained.reinit_head` (fine-tuning to new classes).
   """
   path = config.get("pretrained", {}).get("path")
   if path is None:
     return None
-  from xsens.models import pretrained  # pylint: disable=g-import-not-at-top
-  loader = getattr(pretrained, PRETRAINED_LOADERS[config.model.name])
+  entry = models_lib.get_entry(config.model.name)
   try:
-    return loader(path, model, image_shape, reinit_head=config.pretrained.reinit_head,
-                  key=key)["params"]
-  except pretrained.CheckpointError as e:
+    return entry.load_pretrained(path, model, image_shape,
+                                 reinit_head=config.pretrained.reinit_head, key=key)["params"]
+  except models_lib.pretrained.CheckpointError as e:
     raise ConfigError("pretrained.path", f"{path!r} does not fit the model: {e}") from None
 
 
 # ----------------------------------------------------------------------------- jitted parts
 
 
-def init_state(model: nn.Module, tx, image_shape, key: jax.Array, dtype=jnp.float32) -> dict:
-  """The train state pytree `{"params", "batch_stats", "opt", "step"}`.
+def init_state(model: nn.Module, tx, image_shape, key: jax.Array, dtype=jnp.float32,
+               terms: Sequence[objectives.Term] = ()) -> dict:
+  """The train state pytree `{"params", "batch_stats", "opt", "step"[, "objective"]}`.
 
   `image_shape` and `dtype` are those of one input: (H, W, C) float32 images, or (L,) int32
-  token ids for the text models.
+  token ids for the text models. "objective" holds the states of stateful `terms`.
   """
   dummy = jnp.zeros((1, *image_shape), dtype)
   variables = model.init({"params": key, "dropout": key}, dummy, train=False)
   params = variables["params"]
-  return {
+  state = {
       "params": params,
       "batch_stats": variables.get("batch_stats", {}),
       "opt": tx.init(params),
       "step": jnp.zeros((), jnp.int32),
   }
+  term_states = objectives.init_states(list(terms))
+  if term_states:
+    state["objective"] = term_states
+  return state
 
 
 def eval_variables(state: dict) -> dict:
@@ -228,63 +238,44 @@ def eval_variables(state: dict) -> dict:
   return variables
 
 
-def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=None,
-                    distill: distill_lib.DistillSpec | None = None) -> Callable:
+def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
+                    transforms: Sequence[objectives.Transform] = (),
+                    teacher_model: nn.Module | None = None) -> Callable:
   """`(state, batch, key[, teacher_variables]) -> (state, metrics)`; metrics are batch means.
 
-  `augment` (config.augment) adds Gaussian pixel noise to the inputs; `regularizer`
-  (config.regularizer, name "sensitivity") adds the sensitivity paper's penalty
-  p·MSE(f(x̃), f(x)) with x̃ noised on one random window (`xsens.train.interventions`);
-  name "min_entropy" adds λ·H(p). `distill` replaces the loss by the distillation loss
-  (`xsens.train.distill`) with teacher logits from `batch["teacher_logits"]` or, when
-  `distill.teacher_model` is set, computed in the step from `teacher_variables`.
+  The loss is the weighted sum of `terms` (`xsens.train.objectives`) on the inputs after
+  `transforms`; stateful terms read and write `state["objective"]`. With `teacher_model`
+  (distillation in the step) the teacher's eval-mode logits on the same inputs, under
+  stop_gradient, are `batch["teacher_logits"]`. Metrics: loss, accuracy, grad_norm,
+  param_norm, and each term's value when there is more than one term.
   """
-  use_aug = augment is not None and augment.gaussian_std > 0 and augment.gaussian_prob > 0
-  use_reg = regularizer is not None and regularizer.name == "sensitivity"
-  use_ent = regularizer is not None and regularizer.name == "min_entropy"
+  terms, transforms = list(terms), list(transforms)
 
   def train_step(state, batch, key, teacher_variables=None):
     step_key = jax.random.fold_in(key, state["step"])
-    dropout_key, aug_key, reg_key = (jax.random.fold_in(step_key, i) for i in range(3))
+    dropout_key, transform_key, term_key = (jax.random.fold_in(step_key, i) for i in range(3))
     has_bn = bool(state["batch_stats"])
-    images = batch["image"]
-    if use_aug:
-      images = interventions.gaussian_augment(
-          images, aug_key, std=augment.gaussian_std, prob=augment.gaussian_prob)
+    images = objectives.apply_transforms(transforms, batch["image"], transform_key)
+    batch = dict(batch, image=images)
+    if teacher_model is not None:
+      batch["teacher_logits"] = jax.lax.stop_gradient(
+          teacher_model.apply(teacher_variables, images, train=False))
 
     def objective(params):
-      variables = {"params": params}
-      if has_bn:
-        variables["batch_stats"] = state["batch_stats"]
-      apply = lambda x: model.apply(variables, x, train=True, rngs={"dropout": dropout_key},
-                                    mutable=["batch_stats"])
-      logits, new_vars = apply(images)
-      if distill is None:
-        task = loss_fn(logits, batch["label"]).mean()
-      else:
-        if distill.teacher_model is not None:
-          teacher_logits = jax.lax.stop_gradient(
-              distill.teacher_model.apply(teacher_variables, images, train=False))
-        else:
-          teacher_logits = batch["teacher_logits"]
-        task = distill_lib.distill_loss(logits, teacher_logits, batch["label"], loss_fn,
-                                        distill).mean()
-      aux = {"task_loss": task}
-      loss = task
-      if use_ent:
-        aux["penalty"] = interventions.entropy_penalty(logits)
-        loss = task + regularizer.weight * aux["penalty"]
-      if use_reg:
-        noisy = interventions.patch_noise(
-            images, reg_key, sigma=regularizer.sigma, patch_size=regularizer.patch_size,
-            grid_aligned=regularizer.grid_aligned)
-        noisy_logits, _ = apply(noisy)  # BatchNorm statistics come from the clean pass.
-        aux["penalty"] = interventions.sensitivity_penalty(logits, noisy_logits)
-        loss = interventions.combine(task, aux["penalty"], regularizer.weight)
-      return loss, (logits, new_vars, aux)
+      def apply(p, x):  # BatchNorm statistics come from the clean pass.
+        variables = {"params": p}
+        if has_bn:
+          variables["batch_stats"] = state["batch_stats"]
+        return model.apply(variables, x, train=True, rngs={"dropout": dropout_key},
+                           mutable=["batch_stats"])
+      logits, new_vars = apply(params, images)
+      loss, aux, term_states = objectives.total_loss(
+          terms, lambda p, x: apply(p, x)[0], params, dict(batch, logits=logits), term_key,
+          state.get("objective", {}))
+      return loss, (logits, new_vars, aux, term_states)
 
-    (loss, (logits, new_vars, aux)), grads = jax.value_and_grad(objective, has_aux=True)(
-        state["params"])
+    (loss, (logits, new_vars, aux, term_states)), grads = jax.value_and_grad(
+        objective, has_aux=True)(state["params"])
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {
@@ -293,6 +284,8 @@ def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=Non
         "opt": opt,
         "step": state["step"] + 1,
     }
+    if "objective" in state:
+      new_state["objective"] = term_states
     metrics = {
         "loss": loss,
         "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"]),
@@ -300,7 +293,7 @@ def make_train_step(model: nn.Module, tx, loss_fn, augment=None, regularizer=Non
         # Non-finite weights (e.g. from a too-large step) are caught with the loss.
         "param_norm": optax.global_norm(params),
     }
-    if use_reg or use_ent:
+    if len(terms) > 1:
       metrics.update(aux)
     return new_state, metrics
 
@@ -405,7 +398,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   step_key = jax.random.split(jax.random.key(seeds["augment_seed"]))[1]
 
   init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.image_shape, k,
-                                 exp.train.images.dtype)
+                                 exp.train.images.dtype, exp.terms)
   abstract = jax.eval_shape(init_fn, init_key)
   shardings = state_shardings(abstract, mesh)
 
@@ -426,9 +419,8 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
     if teacher_vars is not None:  # In-step teacher: replicated, an argument of the step.
       extra_args = (jax.device_put(teacher_vars, repl),)
   train_step = jax.jit(
-      make_train_step(exp.model, exp.tx, exp.loss_fn, config.get("augment"),
-                      config.get("regularizer"),
-                      exp.distill.spec if exp.distill is not None else None),
+      make_train_step(exp.model, exp.tx, exp.terms, exp.transforms,
+                      exp.distill.spec.teacher_model if exp.distill is not None else None),
       in_shardings=(shardings, batch_sh, repl) + (repl,) * len(extra_args),
       out_shardings=(shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
