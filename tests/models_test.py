@@ -1,12 +1,21 @@
-"""Tests for the vision model zoo (xsens/models)."""
+"""Tests for the model zoo (xsens/models): the registry and the vision models."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlcollections_configs import benign_overfitting as benign_config
+from mlcollections_configs import grokking as grok_config
+from mlcollections_configs import synthetic_sensitivity as synthetic_config
+from tests.text_models_test import PARAM_COUNTS as TEXT_PARAM_COUNTS
+from tests.text_models_test import SMALL as TEXT_SMALL
 from xsens.errors import ConfigError
-from xsens.models import MODELS, TEXT_MODELS, config_fields, get_model, vit
+from xsens.models import (MODELS, REGISTRY, TEXT_MODELS, config_fields, get_entry,
+                          get_model, vit)
+from xsens.models import grokking_transformer as gt
+from xsens.models import one_layer_vit
+from xsens.models import two_layer_cnn
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -43,8 +52,39 @@ PARAM_COUNTS = {
 }
 
 BATCHNORM_MODELS = ("resnet18", "densenet", "convmixer")
-# The text models take token ids; tests/text_models_test.py covers them.
-VISION_MODELS = sorted(set(MODELS) - set(TEXT_MODELS))
+# The models on token ids or float tokens (text ones: also tests/text_models_test.py).
+NON_IMAGE_MODELS = (*TEXT_MODELS, "grokking_transformer", "one_layer_attention", "token_mlp",
+                    "one_layer_vit", "two_layer_cnn")
+VISION_MODELS = sorted(set(MODELS) - set(NON_IMAGE_MODELS))
+
+# Every non-image entry at a small size: name -> (num_classes, input_shape, kwargs).
+SMALL_NON_IMAGE = {
+    **{name: (3, (16,), TEXT_SMALL[name]) for name in TEXT_MODELS},
+    "grokking_transformer": (8, (3,), dict(vocab_size=8, width=16, num_heads=4, mlp_dim=24)),
+    "one_layer_attention": (3, (5, 4), dict(qk_dim=3, v_dim=6)),
+    "token_mlp": (3, (5, 4), dict(hidden_dims=(7,))),
+    "one_layer_vit": (2, (5, 4), dict(d_h=3, d_v=6)),
+    "two_layer_cnn": (2, (5, 4), dict(m=3)),
+}
+# Exact parameter counts of the non-text, non-image entries:
+# name -> (model, num_classes, input_shape, kwargs, count).
+NON_IMAGE_PARAM_COUNTS = {
+    # The grokking paper's SimpleTransformer (p = 113: vocab 114, d 128, MLP 512).
+    "grokking_transformer": ("grokking_transformer", 114, (3,), {}, 227_442),
+    "grokking_transformer_small": ("grokking_transformer", 8, (3,),
+                                   SMALL_NON_IMAGE["grokking_transformer"][2],
+                                   gt.num_params(8, 8, 16, 24)),
+    # W_Q, W_K 4x3, W_V 4x6, U 6x2; defaults qk = v = d: 3 d^2 + d K.
+    "one_layer_attention": ("one_layer_attention", 2, (5, 4), dict(qk_dim=3, v_dim=6), 60),
+    "one_layer_attention_default": ("one_layer_attention", 2, (5, 8), {}, 3 * 64 + 16),
+    "token_mlp": ("token_mlp", 2, (4, 3), dict(hidden_dims=(7,)), 12 * 7 + 7 + 7 * 2 + 2),
+    "token_mlp_default": ("token_mlp", 2, (4, 3), {},
+                          12 * 256 + 256 + 256 * 256 + 256 + 256 * 2 + 2),
+    # W_Q, W_K [d, d_h], W_V [d, d_v], w_O [d_v] (64 each by default), d = 8.
+    "one_layer_vit": ("one_layer_vit", 2, (3, 8), {}, 3 * 8 * 64 + 64),
+    # w [2, m, d], m = 10 by default.
+    "two_layer_cnn": ("two_layer_cnn", 2, (3, 8), {}, 2 * 10 * 8),
+}
 
 
 def _rngs(seed=0):
@@ -204,6 +244,9 @@ def test_config_fields():
   assert config_fields("mlp") == ("hidden_dims", "activation")
   for name in MODELS:
     assert not {"parent", "name", "num_classes"} & set(config_fields(name))
+  assert config_fields("one_layer_attention") == ("qk_dim", "v_dim")
+  assert config_fields("grokking_transformer") == ("vocab_size", "width", "num_heads",
+                                                   "mlp_dim", "seq_len")
 
 
 @pytest.mark.parametrize("name, kwargs, image_shape, field", [
@@ -233,10 +276,24 @@ def test_config_fields():
     ("bit_resnet", dict(block_units=(3, 4, 6)), MNIST, "model.block_units"),
     ("bit_resnet", dict(width_factor=0.1), MNIST, "model.num_groups"),
     ("bit_resnet", dict(width_factor=-1.0), MNIST, "model.width_factor"),
+    ("grokking_transformer", dict(width=10, num_heads=4), (3,), "model.num_heads"),
+    ("grokking_transformer", {}, (4,), "model.seq_len"),
+    ("grokking_transformer", {}, MNIST, "model.seq_len"),
+    ("one_layer_attention", dict(qk_dim=0), (5, 4), "model.qk_dim"),
+    ("one_layer_attention", {}, MNIST, "model.name"),
+    ("token_mlp", dict(hidden_dims=(4, 0)), (5, 4), "model.hidden_dims"),
+    ("token_mlp", {}, (5,), "model.name"),
+    ("one_layer_vit", dict(init_scheme="xavier"), (5, 4), "model.init_scheme"),
+    ("one_layer_vit", dict(d_h=0), (5, 4), "model.d_h"),
+    ("one_layer_vit", {}, MNIST, "model.name"),
+    ("two_layer_cnn", dict(q=0.5), (5, 4), "model.q"),
+    ("two_layer_cnn", dict(sigma_0=0.0), (5, 4), "model.sigma_0"),
+    ("two_layer_cnn", {}, (0, 4), "model.name"),
 ])
 def test_refusals(name, kwargs, image_shape, field):
+  binary = name in REGISTRY and REGISTRY[name].classes_field is None
   with pytest.raises(ConfigError) as info:
-    get_model(name, NUM_CLASSES, image_shape, **kwargs)
+    get_model(name, 2 if binary else NUM_CLASSES, image_shape, **kwargs)
   assert info.value.field == field
   assert f"config.{field}:" in str(info.value)
 
@@ -245,7 +302,9 @@ def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"allowed: 1, 2, 4, 7, 14, 28$"):
     get_model("vit", NUM_CLASSES, MNIST, patch_size=5)
   with pytest.raises(ConfigError, match=r"allowed: bit_resnet, cnn, convmixer, densenet, "
-                     r"gpt2, lstm, mlp, resnet18, reuse_vit, roberta, vit$"):
+                     r"gpt2, grokking_transformer, lstm, mlp, one_layer_attention, "
+                     r"one_layer_vit, resnet18, reuse_vit, roberta, token_mlp, "
+                     r"two_layer_cnn, vit$"):
     get_model("nope", NUM_CLASSES, MNIST)
   with pytest.raises(ConfigError, match=r"allowed: relu, gelu, tanh, leaky_relu$"):
     get_model("mlp", NUM_CLASSES, MNIST, activation="swish")
@@ -261,3 +320,155 @@ def test_smallest_inputs_accepted():
   get_model("densenet", NUM_CLASSES, (8, 8, 3))
   get_model("cnn", NUM_CLASSES, (4, 4, 1))
   get_model("vit", NUM_CLASSES, (28, 32, 1), patch_size=4)
+
+
+# ---------------------------------------------------------------------------------- registry
+
+
+def _inputs(name, input_shape, batch=2, seed=1):
+  """A batch [batch, *input_shape] of the entry's dtype (ids in 1..vocab - 1)."""
+  entry = REGISTRY[name]
+  key = jax.random.key(seed)
+  if entry.input_dtype == jnp.int32:
+    vocab = SMALL_NON_IMAGE[name][2]["vocab_size"]
+    return jax.random.randint(key, (batch, *input_shape), 1, vocab, jnp.int32)
+  return jax.random.normal(key, (batch, *input_shape), jnp.float32)
+
+
+def test_registry_entries():
+  assert set(REGISTRY) == set(MODELS) == set(VISION_MODELS) | set(NON_IMAGE_MODELS)
+  for name, entry in REGISTRY.items():
+    assert entry.name == name and MODELS[name] is entry.module
+    assert get_entry(name) is entry
+    ids = name in TEXT_MODELS or name == "grokking_transformer"
+    assert entry.input_dtype == (jnp.int32 if ids else jnp.float32)
+  assert {n for n, e in REGISTRY.items() if e.classes_field is None} == {
+      "one_layer_vit", "two_layer_cnn"}
+  assert {n for n, e in REGISTRY.items() if e.supports_removal} == {
+      "vit", "reuse_vit", "resnet18", "bit_resnet"}
+  with pytest.raises(ConfigError, match="unknown model 'nope'"):
+    get_entry("nope")
+
+
+def test_every_non_image_entry_has_small_settings_and_counts():
+  assert set(SMALL_NON_IMAGE) == set(NON_IMAGE_MODELS)
+  counted = ({m for m, *_ in NON_IMAGE_PARAM_COUNTS.values()}
+             | {m for m, _, _ in TEXT_PARAM_COUNTS.values()})
+  assert set(NON_IMAGE_MODELS) <= counted
+  # Together with test_param_table_covers_every_model: every entry has a count.
+  assert set(REGISTRY) <= counted | {name for name, _, _ in PARAM_COUNTS.values()}
+
+
+@pytest.mark.parametrize("name", NON_IMAGE_MODELS)
+def test_non_image_forward_shape_and_finite(name):
+  num_classes, input_shape, kwargs = SMALL_NON_IMAGE[name]
+  model = get_model(name, num_classes, input_shape, **kwargs)
+  x = _inputs(name, input_shape)
+  assert x.dtype == REGISTRY[name].input_dtype
+  if name in TEXT_MODELS:  # Run in tests/text_models_test.py; shapes only here.
+    variables = jax.eval_shape(lambda x: model.init(_rngs(), x, train=False), x)
+    out = jax.eval_shape(lambda v, x: model.apply(v, x, train=False), variables, x)
+    assert out.shape == (2, num_classes) and out.dtype == jnp.float32
+    return
+  variables = _init(model, x)
+  out = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x)
+  binary = REGISTRY[name].classes_field is None
+  assert out.shape == ((2,) if binary else (2, num_classes))
+  assert out.dtype == jnp.float32
+  assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("entry", sorted(NON_IMAGE_PARAM_COUNTS))
+def test_non_image_param_count(entry):
+  name, num_classes, input_shape, kwargs, expected = NON_IMAGE_PARAM_COUNTS[entry]
+  model = get_model(name, num_classes, input_shape, **kwargs)
+  x = jax.ShapeDtypeStruct((1, *input_shape), REGISTRY[name].input_dtype)
+  variables = jax.eval_shape(lambda x: model.init(_rngs(), x, train=False), x)
+  assert _n_params(variables) == expected
+
+
+def test_input_shape_and_its_old_name_image_shape():
+  a = get_model("vit", NUM_CLASSES, input_shape=MNIST, **SMALL["vit"])
+  b = get_model("vit", NUM_CLASSES, image_shape=MNIST, **SMALL["vit"])
+  assert a == b == get_model("vit", NUM_CLASSES, MNIST, **SMALL["vit"])
+  with pytest.raises(TypeError, match="not both"):
+    get_model("vit", NUM_CLASSES, MNIST, image_shape=MNIST)
+  with pytest.raises(TypeError, match="needs input_shape"):
+    get_model("vit", NUM_CLASSES)
+
+
+def test_binary_models_take_two_classes():
+  for name in ("one_layer_vit", "two_layer_cnn"):
+    with pytest.raises(ConfigError, match=f"'{name}' is a binary classifier"):
+      get_model(name, 3, (5, 4))
+
+
+def test_grokking_entry_builds_the_study_model():
+  from xsens.studies import grokking  # pylint: disable=g-import-not-at-top
+  for arg in (None, "smoke"):
+    config = grok_config.get_config(arg)
+    p, m = int(config.data.modulus), config.model
+    model = get_model("grokking_transformer", p + 1, (gt.SEQ_LEN,), vocab_size=p + 1,
+                      width=m.width, num_heads=m.num_heads, mlp_dim=m.mlp_dim)
+    assert model == grokking.make_model(config)
+
+
+def test_synthetic_sensitivity_entries_build_the_study_models():
+  from xsens.studies import synthetic_sensitivity as syn  # pylint: disable=g-import-not-at-top
+  config = synthetic_config.get_config(None)
+  a = config.attention
+  for num_outputs in (1, 2):
+    assert get_model("one_layer_attention", num_outputs, (6, 5), qk_dim=a.qk_dim,
+                     v_dim=a.v_dim) == syn.make_model(config, "attention", num_outputs)
+    assert get_model("token_mlp", num_outputs, (6, 5),
+                     hidden_dims=config.mlp.hidden_dims) == syn.make_model(
+                         config, "mlp", num_outputs)
+
+
+@pytest.mark.parametrize("kind", ["vit", "cnn"])
+def test_benign_entries_equal_the_study_functions(kind):
+  """Same parameters (names, shapes, init law) and bit-identical outputs as the pure
+  functions `benign_overfitting.model_fns` builds the sweeps from."""
+  from xsens.studies import benign_overfitting as benign  # pylint: disable=g-import-not-at-top
+  config = benign_config.get_config("smoke")
+  d, m = int(config.data.d), int(config.data.num_tokens)
+  init_fn, apply_fn = benign.model_fns(config, kind)
+  params, frozen = init_fn(jax.random.key(0))
+  if kind == "vit":
+    v = config.vit
+    model = get_model("one_layer_vit", 2, (m, d), d_h=v.d_h, d_v=v.d_v, init_scheme=v.init,
+                      init_divisor=v.init_divisor, init_std=v.init_std)
+    variables = {"params": {**params, "w_o": frozen}}
+  else:
+    c = config.cnn
+    model = get_model("two_layer_cnn", 2, (m, d), m=c.m, q=c.q, sigma_0=c.sigma_0)
+    variables = {"params": params}
+  x = jax.random.normal(jax.random.key(1), (7, m, d), jnp.float32)
+  own = model.init(jax.random.key(2), x[:1])
+  assert (jax.tree.map(lambda a: (a.shape, a.dtype), own)
+          == jax.tree.map(lambda a: (a.shape, a.dtype), variables))
+  np.testing.assert_array_equal(model.apply(variables, x, train=False),
+                                apply_fn(params, frozen, x))
+  np.testing.assert_array_equal(jax.jit(model.apply)(variables, x),
+                                jax.jit(apply_fn)(params, frozen, x))
+
+
+def test_benign_module_inits_follow_the_pure_laws():
+  """The modules draw from the same distributions as `init` (bounds / scales)."""
+  d, n = 16, 3
+  x = jnp.zeros((1, n, d))
+  vit_params = get_model("one_layer_vit", 2, (n, d), d_h=32, d_v=32).init(
+      jax.random.key(0), x)["params"]
+  bound = 1.0 / d ** 0.5 / 16.0
+  for k in ("wq", "wk", "wv"):
+    a = np.abs(np.asarray(vit_params[k]))
+    assert a.max() <= bound and a.max() > 0.9 * bound
+  a = np.abs(np.asarray(vit_params["w_o"]))
+  assert a.max() <= 1 / 32 ** 0.5 and a.max() > 0.8 / 32 ** 0.5
+  pure, _ = one_layer_vit.init(jax.random.key(0), d, 32, 32)
+  assert {k: a.shape for k, a in pure.items()} == {
+      k: vit_params[k].shape for k in ("wq", "wk", "wv")}
+  w = get_model("two_layer_cnn", 2, (n, d), m=500, sigma_0=0.5).init(
+      jax.random.key(0), x)["params"]["w"]
+  assert w.shape == two_layer_cnn.init(jax.random.key(0), d, 500)[0]["w"].shape
+  assert abs(float(np.std(np.asarray(w))) - 0.5) < 0.01

@@ -377,3 +377,49 @@ def test_bit_errors_and_head_reinit():
   with pytest.raises(pretrained.CheckpointError, match="shape mismatch"):
     pretrained.bit_params_from_checkpoint(ck, _bit_model(ck, width_factor=0.25),
                                           (16, 16, C))
+
+
+# ----------------------------------------------------------------------------
+# Pretrained loading through the registry entries.
+# ----------------------------------------------------------------------------
+
+
+def test_registry_entries_hold_the_checkpoint_formats():
+  from xsens import models  # pylint: disable=g-import-not-at-top
+  assert list(models.pretrained_formats()) == ["vit", "bit_resnet"]
+  assert models.REGISTRY["vit"].pretrained is pretrained.VIT_JAX
+  assert models.REGISTRY["bit_resnet"].pretrained is pretrained.BIG_TRANSFER
+  assert all(e.pretrained is None for n, e in models.REGISTRY.items()
+             if n not in ("vit", "bit_resnet"))
+  with pytest.raises(ValueError, match="'cnn' has no pretrained-checkpoint loader; models "
+                     "with one: vit, bit_resnet"):
+    models.REGISTRY["cnn"].load_pretrained("x.npz", models.get_model("cnn", 5, (8, 8, C)),
+                                           (8, 8, C))
+
+
+def test_entry_load_pretrained_equals_the_loaders(tmp_path):
+  from xsens import models  # pylint: disable=g-import-not-at-top
+  vit_ck, bit_ck = fake_vit_checkpoint(representation_size=6), fake_bit_checkpoint()
+  np.savez(tmp_path / "vit.npz", **vit_ck)
+  np.savez(tmp_path / "bit.npz", **bit_ck)
+  for name, path, model, shape, load in (
+      ("vit", tmp_path / "vit.npz", _model(vit_ck), (12, 12, C), pretrained.load_vit),
+      ("bit_resnet", tmp_path / "bit.npz", _bit_model(bit_ck), (16, 16, C),
+       pretrained.load_bit)):
+    entry = models.REGISTRY[name]
+    # The format reads the architecture off the checkpoint, as the loaders' examples do.
+    config = entry.pretrained.config_from_checkpoint(read := pretrained.read_npz(path))
+    assert all(getattr(model, k) == v for k, v in config.items())
+    got = entry.load_pretrained(path, model, shape)
+    want = load(path, model, shape)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    jax.tree.map(np.testing.assert_array_equal, got, want)
+    head = entry.load_pretrained(path, model.clone(num_classes=7), shape, reinit_head=True,
+                                 key=jax.random.key(0))
+    assert pretrained.flatten(head["params"])["head/kernel"].shape[-1] == 7
+    np.testing.assert_array_equal(
+        pretrained.flatten(entry.pretrained.params_from_checkpoint(read, model, shape))[
+            "head/bias"], pretrained.flatten(want["params"])["head/bias"])
+  with pytest.raises(TypeError, match="must be a ViT"):
+    models.REGISTRY["vit"].load_pretrained(tmp_path / "bit.npz", _bit_model(bit_ck),
+                                           (16, 16, C))

@@ -64,6 +64,24 @@ def image(image_shape, num_classes) -> tuple[int, int, int]:
   return shape
 
 
+def removal_parts(parts, allowed: Sequence[str] = ("block", "attention", "mlp")) -> None:
+  """Refuses (ValueError) a layer-removal part outside `allowed`."""
+  for part in parts:
+    if part not in allowed:
+      raise ValueError(f"unknown part {part!r}; allowed: {', '.join(allowed)}")
+
+
+def tokens(input_shape) -> tuple[int, int]:
+  """Checks a per-example token shape (n, d) (float tokens [B, n, d])."""
+  shape = tuple(input_shape) if isinstance(input_shape, Sequence) else None
+  if (shape is None or len(shape) != 2
+      or not all(_is_int(v) and v >= 1 for v in shape)):
+    raise ConfigError(
+        "model.name", f"takes tokens [B, n, d] (two positive ints per example: n tokens "
+        f"of dimension d); the data has per-example shape {input_shape!r}")
+  return shape
+
+
 def halvings_fit(field: str, image_shape, halvings: int, what: str) -> None:
   """Refuses `halvings` floor-halvings that would shrink H or W below 1.
 

@@ -210,6 +210,36 @@ class BiTResNet(nn.Module):
           f"{bad[0]} is not a multiple")
     check_skip(self.skip, self.block_units)
 
+  def removable_layers(self, parts=("block",)) -> tuple[tuple[int, str], ...]:
+    """(i, 'block') for every unit i with an identity shortcut (`identity_units`).
+
+    A unit has no separate attention / MLP, so only the 'block' entry of `parts`
+    applies; ValueError when `parts` lacks it.
+    """
+    _checks.removal_parts(parts)
+    if "block" not in parts:
+      raise ValueError(f"BiT units have no {', '.join(map(repr, parts))} sub-layer; "
+                       f"only 'block' (a whole unit) can be removed.")
+    return tuple((i, "block") for i in identity_units(self.block_units))
+
+  def remove_layers(self, layers) -> "BiTResNet":
+    """A copy whose units (i, 'block') (flat index) are the identity.
+
+    Any existing `skip` is replaced; the copy applies to the same variables.
+
+    Raises:
+      ValueError: for a part other than 'block'.
+      ConfigError: naming `model.skip` for a unit with a projection shortcut.
+    """
+    layers = tuple((int(i), str(p)) for i, p in layers)
+    bad = [p for _, p in layers if p != "block"]
+    if bad:
+      raise ValueError(f"BiT units have no {bad[0]!r} sub-layer; only 'block' can be "
+                       f"removed.")
+    skip = tuple(i for i, _ in layers)
+    check_skip(skip, self.block_units)
+    return self.clone(skip=skip)
+
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train  # No dropout or batch statistics.

@@ -69,6 +69,14 @@ class GrokkingTransformer(nn.Module):
       raise ConfigError("model.num_heads",
                         f"must divide width={self.width}; got {self.num_heads}")
 
+  def check_input(self, input_shape) -> None:
+    """`check_config`, and refuses inputs other than ids of per-example shape (seq_len,)."""
+    self.check_config()
+    shape = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else None
+    if shape != (self.seq_len,):
+      raise ConfigError("model.seq_len", f"the model reads ids [B, {self.seq_len}]; the data "
+                        f"has per-example shape {input_shape!r}")
+
   def setup(self):
     d = self.width
     self.token_embed = self.param("token_embed", nn.initializers.normal(1.0),

@@ -26,6 +26,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from xsens.models import _checks
+
 
 class OneLayerAttention(nn.Module):
   """tokens [B, n, d] -> outputs [B, num_outputs]; W_Q, W_K [d, qk_dim], W_V [d, v_dim],
@@ -33,6 +35,14 @@ class OneLayerAttention(nn.Module):
   num_outputs: int
   qk_dim: Optional[int] = None   # None: d.
   v_dim: Optional[int] = None    # None: d.
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on tokens of per-example shape (n, d)."""
+    _checks.tokens(input_shape)
+    _checks.positive_int("num_outputs", self.num_outputs)
+    for field in ("qk_dim", "v_dim"):
+      if getattr(self, field) is not None:
+        _checks.positive_int(field, getattr(self, field))
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -52,6 +62,12 @@ class TokenMLP(nn.Module):
   """tokens [B, n, d] -> flatten [B, n d] -> (Dense -> ReLU) per hidden dim -> [B, K]."""
   num_outputs: int
   hidden_dims: tuple[int, ...] = (256, 256)
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on tokens of per-example shape (n, d)."""
+    _checks.tokens(input_shape)
+    _checks.positive_int("num_outputs", self.num_outputs)
+    _checks.positive_ints("hidden_dims", self.hidden_dims, allow_empty=True)
 
   @nn.compact
   def __call__(self, x, train: bool = False):

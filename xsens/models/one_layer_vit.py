@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xsens.models import _checks
+
 INITS = ("torch_scaled", "gaussian")
 
 
@@ -86,15 +88,28 @@ def apply_matrix_form(params, w_o, x):
 
 
 class OneLayerViT(nn.Module):
-  """f(X) of the module docstring; params {"wq", "wk", "wv", "w_o"}; x [..., M, d] -> [...]."""
-  d_h: int
-  d_v: int
+  """f(X) of the module docstring; params {"wq", "wk", "wv", "w_o"}; x [..., M, d] -> [...].
+
+  One real score per example (the label is its sign); the registry's "one_layer_vit".
+  """
+  d_h: int = 64
+  d_v: int = 64
   init_scheme: str = "torch_scaled"  # `init` would shadow nn.Module.init.
   init_divisor: float = 16.0
   init_std: float = 1e-3
 
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on inputs of per-example shape (M, d)."""
+    _checks.tokens(input_shape)
+    _checks.positive_int("d_h", self.d_h)
+    _checks.positive_int("d_v", self.d_v)
+    _checks.one_of("init_scheme", self.init_scheme, INITS)
+    _checks.positive_float("init_divisor", self.init_divisor)
+    _checks.positive_float("init_std", self.init_std)
+
   @nn.compact
-  def __call__(self, x):
+  def __call__(self, x, train: bool = False):
+    del train  # No dropout, no batch statistics.
     d = x.shape[-1]
     if self.init_scheme == "torch_scaled":
       b = 1.0 / d ** 0.5 / self.init_divisor

@@ -5,6 +5,8 @@ BiT ResNet-v2 (Kolesnikov et al. 2020, arXiv 1912.11370; the
 google-research/big_transfer release, keys `resnet/...`): `load_bit`,
 `bit_params_from_checkpoint`, `bit_config_from_checkpoint`; see
 `xsens.models.bit` for the name map.
+`VIT_JAX` and `BIG_TRANSFER` bundle each release's two functions as a `Format`: the
+`pretrained` of the registry entries "vit" and "bit_resnet" (`xsens.models.REGISTRY`).
 
 ViT (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", arXiv
 2010.11929): the google-research/vision_transformer release (`vit_jax`) stores
@@ -41,11 +43,12 @@ corners aligned (output index o reads input o * (g - 1) / (g' - 1)).
 `resize_posemb_grid` re-implements it in NumPy (no SciPy needed).
 """
 
+import dataclasses
 import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import flax.linen as nn
 import jax
@@ -426,3 +429,35 @@ def load_bit(path: Union[str, os.PathLike], model: bit_lib.BiTResNet,
   params = bit_params_from_checkpoint(read_npz(path), model, image_shape,
                                       reinit_head=reinit_head, key=key)
   return {"params": params}
+
+
+# ----------------------------------------------------------------------------
+# Checkpoint formats, as the registry entries hold them.
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  """A public checkpoint release that one registered model loads.
+
+  Attributes:
+    name: the release, e.g. "vit_jax".
+    config_from_checkpoint: {key: array} -> the model fields it implies
+      (num_classes included), e.g. `vit_config_from_checkpoint`.
+    params_from_checkpoint: (checkpoint, model, input_shape, *, reinit_head, key)
+      -> the params tree, e.g. `vit_params_from_checkpoint`; raises CheckpointError.
+  """
+  name: str
+  config_from_checkpoint: Callable[[Checkpoint], dict[str, Any]]
+  params_from_checkpoint: Callable[..., dict[str, Any]]
+
+  def load(self, path: Union[str, os.PathLike], model: nn.Module, input_shape, *,
+           reinit_head: bool = False, key: Optional[jax.Array] = None) -> dict[str, Any]:
+    """Reads the `.npz` at `path`: variables {"params": ...} for `model` on `input_shape`."""
+    params = self.params_from_checkpoint(read_npz(path), model, input_shape,
+                                         reinit_head=reinit_head, key=key)
+    return {"params": params}
+
+
+VIT_JAX = Format("vit_jax", vit_config_from_checkpoint, vit_params_from_checkpoint)
+BIG_TRANSFER = Format("big_transfer", bit_config_from_checkpoint, bit_params_from_checkpoint)

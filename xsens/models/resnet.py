@@ -94,6 +94,36 @@ class ResNet18(nn.Module):
                          "stride-2 stages of resnet18")
     check_skip(self.skip)
 
+  def removable_layers(self, parts=("block",)) -> tuple[tuple[int, str], ...]:
+    """(i, 'block') for every BasicBlock i with an identity shortcut (`identity_blocks`).
+
+    A BasicBlock has no separate attention / MLP, so only the 'block' entry of
+    `parts` applies; ValueError when `parts` lacks it.
+    """
+    _checks.removal_parts(parts)
+    if "block" not in parts:
+      raise ValueError(f"ResNet18 blocks have no {', '.join(map(repr, parts))} "
+                       f"sub-layer; only 'block' can be removed.")
+    return tuple((i, "block") for i in identity_blocks())
+
+  def remove_layers(self, layers) -> "ResNet18":
+    """A copy whose BasicBlocks (i, 'block') (flat index) are the identity.
+
+    Any existing `skip` is replaced; the copy applies to the same variables.
+
+    Raises:
+      ValueError: for a part other than 'block'.
+      ConfigError: naming `model.skip` for a block with a projection shortcut.
+    """
+    layers = tuple((int(i), str(p)) for i, p in layers)
+    bad = [p for _, p in layers if p != "block"]
+    if bad:
+      raise ValueError(f"ResNet18 blocks have no {bad[0]!r} sub-layer; only "
+                       f"'block' can be removed.")
+    skip = tuple(i for i, _ in layers)
+    check_skip(skip)
+    return self.clone(skip=skip)
+
   @nn.compact
   def __call__(self, x, train: bool = False):
     widths = stage_widths(self.width_multiplier)

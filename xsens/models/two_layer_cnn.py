@@ -6,12 +6,19 @@
 (spec §8; q > 2 in the paper, q = 1 is Kou et al.'s ReLU case). The second layer is fixed
 at ±1/m, so the trained pytree is just {"w": [2, m, d]} (row 0 = class +1 filters); the
 frozen part is None. w_{j,r}^(0) ~ N(0, σ_0² I).
+
+`TwoLayerCNN` is the same model as a flax.linen module (params {"w": [2, m, d]}), the
+registry's "two_layer_cnn"; the sweeps use the pure functions, which vmap without ceremony.
 """
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from xsens.errors import ConfigError
+from xsens.models import _checks
 
 
 def init(key, d: int, m: int, *, sigma_0: float = 0.01):
@@ -31,3 +38,29 @@ def apply(params, frozen, x, *, q: float = 3.0):
   z = jnp.einsum("...pd,jrd->...jrp", x, w)  # [..., 2, m, M]
   f = poly_relu(z, q).sum(axis=-1).mean(axis=-1)  # [..., 2]
   return f[..., 0] - f[..., 1]
+
+
+class TwoLayerCNN(nn.Module):
+  """f(W, X) of the module docstring: x [B, M, d] -> f [B] (one score; the label is its sign).
+
+  Params {"w": [2, m, d]} ~ N(0, sigma_0²), as `init`; `apply` computes the output.
+  """
+  m: int = 10
+  q: float = 3.0
+  sigma_0: float = 0.01
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on inputs of per-example shape (M, d)."""
+    _checks.tokens(input_shape)
+    _checks.positive_int("m", self.m)
+    _checks.positive_float("q", self.q)
+    if self.q < 1:
+      raise ConfigError("model.q", f"must be >= 1; got {self.q!r}")
+    _checks.positive_float("sigma_0", self.sigma_0)
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    del train  # No dropout, no batch statistics.
+    w = self.param("w", lambda k, s: self.sigma_0 * jax.random.normal(k, s, jnp.float32),
+                   (2, self.m, x.shape[-1]))
+    return apply({"w": w}, None, x, q=self.q)

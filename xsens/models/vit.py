@@ -195,6 +195,25 @@ class ViT(nn.Module):
       _checks.positive_int("representation_size", self.representation_size)
     skipped_parts(self.skip, self.depth)
 
+  def removable_layers(self, parts=SKIP_PARTS) -> tuple[tuple[int, str], ...]:
+    """Every (layer, part) pair `remove_layers` can drop, layer-major, parts in order."""
+    _checks.removal_parts(parts, SKIP_PARTS)
+    return tuple((i, p) for i in range(self.depth) for p in parts)
+
+  def remove_layers(self, layers) -> "ViT":
+    """A copy with the residual branches `layers` ((layer, part) pairs) dropped.
+
+    (i, 'block') makes encoder block i the identity, (i, 'attention') keeps only
+    its MLP branch x + MLP(LN(x)), (i, 'mlp') keeps only x + MHSA(LN(x)). Any
+    existing `skip` is replaced; the copy applies to the same variables.
+
+    Raises:
+      ConfigError: naming `model.skip` for a malformed pair.
+    """
+    layers = tuple((int(i), str(p)) for i, p in layers)
+    skipped_parts(layers, self.depth)  # Validates.
+    return self.clone(skip=layers)
+
   @nn.compact
   def __call__(self, x, train: bool = False):
     x = embed_tokens(self, x)

@@ -164,7 +164,8 @@ def run(workdir: Workdir, program: Program, schedule: Schedule, *,
         flush(step)
       if program.evaluate is not None and (last or _at(step, schedule.eval_every)):
         scalars = program.evaluate(state, step)
-        writer.write(step, scalars)
+        if scalars:
+          writer.write(step, scalars)
         if program.should_stop is not None:
           stop_reason = program.should_stop(step, scalars)
       run_hooks(step)

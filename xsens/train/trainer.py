@@ -30,7 +30,7 @@ from xsens import models as models_lib
 from xsens.data import pipeline
 from xsens.errors import ConfigError, require
 from xsens.train import distill as distill_lib
-from xsens.train import interventions, loop, losses, objectives, optim, sharding
+from xsens.train import evaluators, interventions, loop, losses, objectives, optim, sharding
 from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
 from xsens.train.workdir import Workdir
 
@@ -50,6 +50,7 @@ class Experiment:
   distill: distill_lib.DistillSetup | None = None  # From config.distill, if set.
   terms: list = dataclasses.field(default_factory=list)       # objectives.Term
   transforms: list = dataclasses.field(default_factory=list)  # objectives.Transform
+  evaluators: list = dataclasses.field(default_factory=list)  # evaluators.Evaluator
 
 
 @dataclasses.dataclass
@@ -169,8 +170,15 @@ def build_experiment(config, num_devices: int | None = None, *,
   loss_fn = losses.get_loss(config.loss)
   terms = objectives.terms_from_config(config, train.image_shape, loss_fn,
                                        setup.spec if setup is not None else None)
+  evals = evaluators.build(default_evals(config), apply_fn=eval_apply_fn(model),
+                           loss_fn=loss_fn, default_every=config.eval_every)
+  if config.get("target_train_accuracy") is not None:
+    require(any(e.name == "train" and e.kind == "classification" and e.split == "train"
+                for e in evals), "target_train_accuracy",
+            "needs a classification evaluator named 'train' on the train split in "
+            "config.evals")
   return Experiment(config, train, test, model, tx, loss_fn, total_steps, setup, terms,
-                    objectives.transforms_from_config(config))
+                    objectives.transforms_from_config(config), evals)
 
 
 def _validate_pretrained(config) -> None:
@@ -302,44 +310,28 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
 
 def make_eval_step(model: nn.Module, loss_fn) -> Callable:
   """`(variables, batch) -> {"correct", "loss", "count"}` sums over unmasked examples."""
-
-  def eval_step(variables, batch):
-    logits = model.apply(variables, batch["image"], train=False)
-    mask = batch["mask"]
-    return {
-        "correct": jnp.sum((jnp.argmax(logits, -1) == batch["label"]) * mask),
-        "loss": jnp.sum(loss_fn(logits, batch["label"]) * mask),
-        "count": jnp.sum(mask),
-    }
-
-  return eval_step
+  return functools.partial(evaluators.classification_sums, eval_apply_fn(model), loss_fn)
 
 
 # ----------------------------------------------------------------------------- evaluation
 
 
-def eval_batches(split: pipeline.Split, batch_size: int, limit: int | None = None):
-  """Yields this host's slices of padded global eval batches `{"image","label","mask"}`."""
-  n = len(split) if limit is None else min(limit, len(split))
-  pc, pi = jax.process_count(), jax.process_index()
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size)
-    mask = (idx < n).astype(np.float32)
-    idx = np.minimum(idx, n - 1)
-    local = slice(pi * batch_size // pc, (pi + 1) * batch_size // pc)
-    yield {"image": split.images[idx[local]], "label": split.labels[idx[local]],
-           "mask": mask[local]}
-
-
 def evaluate(eval_step, variables, split, batch_size, mesh, limit=None) -> dict:
   """Accuracy and mean loss over `split` (first `limit` examples), sums divided on host."""
-  totals = None
-  for batch in eval_batches(split, batch_size, limit):
-    out = eval_step(variables, sharding.global_batch(batch, mesh))
-    totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
-  totals = jax.device_get(totals)
-  count = float(totals["count"])
-  return {"accuracy": float(totals["correct"]) / count, "loss": float(totals["loss"]) / count}
+  totals = evaluators.accumulate(eval_step, variables, evaluators.batches(
+      split.images, split.labels, batch_size, mesh, limit))
+  return {"accuracy": totals["correct"] / totals["count"],
+          "loss": totals["loss"] / totals["count"]}
+
+
+def default_evals(config) -> dict:
+  """`config.evals`, or the default: classification on the train split (first
+  `eval_train_examples`) and on the test split, every `eval_every` steps."""
+  if config.get("evals") is not None:
+    return config.evals
+  return {"train": {"kind": "classification", "split": "train",
+                    "limit": config.get("eval_train_examples")},
+          "test": {"kind": "classification", "split": "test"}}
 
 
 def _round_up(x: int, m: int) -> int:
@@ -440,18 +432,19 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
     return state, metrics, None
 
   def evaluate_during(state, step):
-    del step
     variables = eval_variables(state)
-    tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh,
-                  config.get("eval_train_examples"))
-    te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
-    return {"eval/train_accuracy": tr["accuracy"], "eval/train_loss": tr["loss"],
-            "eval/test_accuracy": te["accuracy"], "eval/test_loss": te["loss"]}
+    last = step >= exp.total_steps
+    scalars = {}
+    for ev in exp.evaluators:
+      if ev.due(step, last):
+        split = exp.train if ev.split == "train" else exp.test
+        scalars.update(ev.run(variables, split.images, split.labels, eval_bs, mesh, step))
+    return scalars
 
   def should_stop(step, scalars):
     del step
     target = config.get("target_train_accuracy")
-    if target is not None and scalars["eval/train_accuracy"] >= target:
+    if target is not None and scalars.get("eval/train_accuracy", -1.0) >= target:
       return "target_train_accuracy"
     return None
 
@@ -461,7 +454,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
       advance=advance, evaluate=evaluate_during, should_stop=should_stop,
       log_scalars=lambda step: {"learning_rate": float(schedule_fn(step - 1))})
   schedule = loop.Schedule(exp.total_steps, log_every=config.log_every,
-                           eval_every=config.eval_every,
+                           eval_every=evaluators.schedule_every(exp.evaluators),
                            checkpoint_every=config.checkpoint_every)
   summary_name = SUMMARY_FILE
   restored = wd.latest_step()
