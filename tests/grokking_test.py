@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
 
 from mlcollections_configs import grokking as grok_config
@@ -15,7 +16,7 @@ from xsens import studies
 from xsens.errors import ConfigError
 from xsens.models import grokking_transformer as gt
 from xsens.studies import grokking
-from xsens.train import checkpoint as ckpt
+from xsens.train.workdir import Workdir
 
 
 # ---------------------------------------------------------------------------------- data
@@ -137,10 +138,11 @@ def test_sensitivity_perturbs_only_positions_0_and_1(reads, expect_flips):
   """A classifier reading one position: only positions 0 and 1 may flip it."""
   b, d = 64, 4
   tokens = jnp.zeros((b, 3, d)).at[:, :, 0].set(1e-3)  # clean class 0 everywhere
-  from_tokens = lambda t: jnp.stack([t[:, reads, 0], -t[:, reads, 0]], -1)
-  clean = jnp.argmax(from_tokens(tokens), -1)
-  s = float(grokking.embedding_sensitivity(from_tokens, tokens, clean, jax.random.key(0),
-                                           sigma=1.0, token_mask=jnp.array([True, True, False])))
+  apply_fn = lambda v, t: jnp.stack([t[:, reads, 0], -t[:, reads, 0]], -1) * v
+  clean = jnp.argmax(apply_fn(1.0, tokens), -1)
+  s = float(grokking.embedding_sensitivity(apply_fn, 1.0, tokens, labels=clean,
+                                           key=jax.random.key(0), sigma=1.0,
+                                           token_mask=jnp.array([True, True, False])))
   if expect_flips:
     assert 0.3 < s < 0.7  # sign flips about half the time at sigma >> 1e-3
   else:
@@ -153,8 +155,9 @@ def test_sensitivity_noise_is_one_draw_on_both_operands_together():
   key = jax.random.key(5)
   seen = []
   grokking.embedding_sensitivity(
-      lambda t: (seen.append(t), t[:, 0, :2])[1], tokens, jnp.zeros(b, jnp.int32), key,
-      sigma=0.1, token_mask=jnp.array([True, True, False]))
+      lambda v, t: (seen.append(t), t[:, 0, :2])[1], None, tokens,
+      labels=jnp.zeros(b, jnp.int32), key=key, sigma=0.1,
+      token_mask=jnp.array([True, True, False]))
   noisy = np.asarray(seen[-1])
   assert noisy.shape == (b, 3, d)  # one perturbed copy per example
   delta = noisy - np.asarray(tokens)
@@ -250,7 +253,7 @@ def test_smoke_study_writes_logs_table_and_plot(smoke):
   # Training moves: the loss goes down; different seeds give different runs.
   assert np.all(logs["train_loss"][:, -1] < logs["train_loss"][:, 0])
   assert not np.allclose(logs["train_loss"][0], logs["train_loss"][1])
-  assert ckpt.latest_step(workdir) == e
+  assert Workdir(workdir).latest_step() == e
   md = open(os.path.join(workdir, "results.md")).read()
   assert "Grokking and sensitivity" in md and "grokking.png" in md and "lead_epochs" in md
   assert os.path.exists(os.path.join(workdir, "grokking.png"))
@@ -268,14 +271,65 @@ def test_smoke_study_writes_logs_table_and_plot(smoke):
 def test_interrupted_run_resumes_to_the_same_logs(smoke, tmp_path):
   config, _, out = smoke
   workdir = str(tmp_path / "resume")
-  ckpt.prepare_workdir(workdir, grokking._FingerprintView(grokking.fingerprint(config)), False)
+  Workdir.open(workdir, config)
   part = grokking.train(config, workdir, max_chunks=1, log=lambda *_: None)
   assert part["epochs_done"] == config.train.chunk_epochs and part["final"] is None
-  again = grokking.run(config, workdir, log=lambda *_: None)
+  assert part["chunks_computed"] == 1 and part["resumed_from"] == 0
+  assert part["logs"]["train_loss"].shape == (config.train.num_seeds, config.train.chunk_epochs)
+  # The chunk length may change on a resume: chunks then end at multiples of the new one
+  # (epochs 10-12, 12-16, ..., 28-30), with the same numbers.
+  rechunked = grok_config.get_config("smoke")
+  rechunked.train.chunk_epochs = 4
+  again = grokking.run(rechunked, workdir, log=lambda *_: None)
   assert again["resumed_from"] == config.train.chunk_epochs
+  assert sorted(os.listdir(os.path.join(workdir, "logs")))[:3] == [
+      "epochs_0000000_0000010.npz", "epochs_0000010_0000012.npz", "epochs_0000012_0000016.npz"]
   for k in grokking.STEP_FIELDS:
-    np.testing.assert_allclose(again["logs"][k], out["logs"][k], rtol=1e-5, atol=1e-6,
-                               equal_nan=True, err_msg=k)
+    np.testing.assert_array_equal(again["logs"][k], out["logs"][k], err_msg=k)
+  for k in out["final"]:
+    np.testing.assert_array_equal(again["final"][k], out["final"][k], err_msg=k)
+
+
+def test_workdir_written_by_the_previous_code_resumes(smoke, tmp_path):
+  """The layout of the study's own loop before the one loop: config.json without the
+  resume-free fields, orbax checkpoints/<epoch> of the vmapped state, float32 per-chunk logs
+  logs/epochs_<a>_<b>.npz [S, b - a]. It wrote a chunk's logs before its (asynchronous)
+  checkpoint, so a crash could leave logs past the newest checkpoint: here those of a run
+  with chunk_epochs / 2, which the resume must drop."""
+  config, _, out = smoke
+  workdir = tmp_path / "old"
+  size, seeds = config.train.chunk_epochs, config.train.num_seeds
+  # The previous code's fingerprint: the config without report, train.epochs,
+  # train.chunk_epochs and train.keep_checkpoints.
+  saved = json.loads(config.to_json_best_effort())
+  saved.pop("report")
+  for k in ("epochs", "chunk_epochs", "keep_checkpoints"):
+    saved["train"].pop(k)
+  (workdir / "logs").mkdir(parents=True)
+  (workdir / "config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
+  _, init_state, chunk, _ = grokking.make_fns(config)
+  init_keys, noise_keys = grokking.seed_keys(config)
+  state = jax.vmap(init_state)(init_keys)
+  state, logs = jax.jit(jax.vmap(lambda s, d, k, t: chunk(s, d, k, t, size),
+                                 in_axes=(0, 0, 0, None)))(
+      state, grokking.stacked_data(config), noise_keys, jnp.int32(0))
+  np.savez(workdir / "logs" / f"epochs_{0:07d}_{size:07d}.npz",
+           **{k: np.asarray(v, np.float32) for k, v in logs.items()})
+  half = size // 2
+  stale = {k: np.full((seeds, half), 7.0, np.float32) for k in grokking.STEP_FIELDS}
+  for start in (size, size + half):
+    np.savez(workdir / "logs" / f"epochs_{start:07d}_{start + half:07d}.npz", **stale)
+  manager = ocp.CheckpointManager(str(workdir / "checkpoints"))
+  manager.save(size, args=ocp.args.StandardSave(state))
+  manager.wait_until_finished()
+  manager.close()
+  again = grokking.run(config, str(workdir), log=lambda *_: None)
+  assert again["resumed_from"] == size and again["epochs_done"] == config.train.epochs
+  for k in grokking.STEP_FIELDS:
+    np.testing.assert_array_equal(again["logs"][k], out["logs"][k], err_msg=k)
+  for k in out["final"]:
+    np.testing.assert_array_equal(again["final"][k], out["final"][k], err_msg=k)
+  assert json.loads((workdir / "config.json").read_text()) == saved
 
 
 def test_workdir_of_another_config_is_refused(smoke):
@@ -292,4 +346,4 @@ def test_fewer_epochs_than_the_workdir_holds_is_refused(smoke):
   shorter.train.epochs = config.train.epochs - 1
   with pytest.raises(ConfigError, match=r"config.train.epochs: .*already holds"):
     studies.run(shorter, workdir)
-  assert ckpt.latest_step(workdir) == config.train.epochs
+  assert Workdir(workdir).latest_step() == config.train.epochs

@@ -1,6 +1,8 @@
-"""The single attention layer, the sparse-token data, and the synthetic_sensitivity study."""
+"""The single attention layer, the sparse-token data, and the synthetic_sensitivity study
+(trained through the one loop: exact resume)."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,7 @@ from xsens.errors import ConfigError
 from xsens.measures import boolean
 from xsens.models import one_layer_attention as ola
 from xsens.studies import synthetic_sensitivity as syn
+from xsens.train.workdir import Workdir
 
 
 def test_attention_layer_equals_numpy():
@@ -78,15 +81,24 @@ def test_boolean_tokens_and_target():
   assert [x["degree"] for x in comps] == [1, 2]
 
 
-def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function():
-  n = 4
+def _wd(path, **fingerprint):
+  return Workdir.open(str(path), fingerprint or {"test": 1})
+
+
+def _boolean_setup(n=4):
   model = ola.TokenMLP(num_outputs=1, hidden_dims=(16,))
   tokens = jnp.asarray(st.boolean_tokens(n, 1.0))
   target, _ = st.boolean_target(n, [((0,), 1.0), ((1, 2), 0.5)])
   params = model.init(jax.random.key(0), tokens[:1])["params"]
-  p, coeffs, losses = syn.boolean_trajectory(model, params, optax.adam(1e-2), tokens,
-                                             jnp.asarray(target), jnp.ones(2**n), steps=30,
-                                             log_every=10)
+  return model, tokens, jnp.asarray(target), params
+
+
+def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function(tmp_path):
+  n = 4
+  model, tokens, target, params = _boolean_setup(n)
+  p, coeffs, losses, _ = syn.boolean_trajectory(_wd(tmp_path), model, params,
+                                                optax.adam(1e-2), tokens, target,
+                                                jnp.ones(2**n), steps=30, log_every=10)
   assert coeffs.shape == (4, 16) and losses.shape == (4,)
   direct = boolean.fourier_coefficients(model.apply({"params": p}, tokens)[:, 0])
   np.testing.assert_allclose(np.asarray(coeffs[-1]), np.asarray(direct), rtol=1e-4, atol=1e-5)
@@ -95,7 +107,7 @@ def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function():
   assert float(losses[-1]) < float(losses[0])
 
 
-def test_matched_loss_criterion_trains_until_the_loss_is_reached():
+def test_matched_loss_criterion_trains_until_the_loss_is_reached(tmp_path):
   pos = np.array([1])
   data = st.sparse_token_task(64, n=3, m=2, k=1, rule="majority", position_scale=1.0,
                               seed=0, positions=pos)
@@ -103,11 +115,69 @@ def test_matched_loss_criterion_trains_until_the_loss_is_reached():
   model = ola.TokenMLP(num_outputs=2, hidden_dims=(8,))
   params = model.init(jax.random.key(0), x[:1])["params"]
   kw = dict(target=1.0, eval_every=5, max_steps=400)
-  _, s_acc, acc, _ = syn.train_to_accuracy(model, params, optax.adam(3e-2), x, y, **kw)
-  _, s_loss, acc2, curve = syn.train_to_accuracy(model, params, optax.adam(3e-2), x, y,
-                                                 target_loss=0.01, **kw)
+  _, s_acc, acc, _, _ = syn.train_to_accuracy(_wd(tmp_path / "acc"), model, params,
+                                               optax.adam(3e-2), x, y, **kw)
+  _, s_loss, acc2, curve, _ = syn.train_to_accuracy(_wd(tmp_path / "loss"), model, params,
+                                                    optax.adam(3e-2), x, y,
+                                                    target_loss=0.01, **kw)
   assert acc == acc2 == 1.0
   assert s_loss > s_acc and curve[-1][1] <= 0.01 and s_loss % 5 == 0
+  assert [c[0] for c in curve] == list(range(5, s_loss + 1, 5))
+  # A rerun of the finished run trains nothing more: same steps, same curve.
+  again = syn.train_to_accuracy(_wd(tmp_path / "loss"), model, params, optax.adam(3e-2), x,
+                                y, target_loss=0.01, **kw)
+  assert again[1] == s_loss and again[3] == curve
+
+
+def _sparse_setup():
+  data = st.sparse_token_task(64, n=3, m=2, k=1, rule="majority", position_scale=1.0,
+                              seed=0, positions=np.array([1]))
+  x, y = jnp.asarray(data["tokens"]), jnp.asarray(data["labels"])
+  model = ola.TokenMLP(num_outputs=2, hidden_dims=(8,))
+  return model, model.init(jax.random.key(0), x[:1])["params"], x, y
+
+
+def _assert_trees_equal(a, b):
+  for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def test_interrupted_training_resumes_bit_equal(tmp_path, monkeypatch):
+  """Both trainings, interrupted after a checkpointed chunk and rerun, give exactly the
+  uninterrupted run's params, curve, coefficients and losses; the array logs of steps
+  after the restored checkpoint are rewritten, not duplicated."""
+  model, params, x, y = _sparse_setup()
+  kw = dict(target=1.0, target_loss=1e-30, eval_every=5, max_steps=48)  # Never met.
+  tx = optax.adam(3e-2)
+  cut = syn.train_to_accuracy(_wd(tmp_path / "s_cut"), model, params, tx, x, y,
+                              max_chunks=3, **kw)
+  assert cut[1] == 15 and Workdir(str(tmp_path / "s_cut")).latest_step() == 15
+  resumed = syn.train_to_accuracy(_wd(tmp_path / "s_cut"), model, params, tx, x, y, **kw)
+  straight = syn.train_to_accuracy(_wd(tmp_path / "s_straight"), model, params, tx, x, y,
+                                   **kw)
+  assert resumed[1] == straight[1] == 50  # max_steps rounded up to whole chunks.
+  _assert_trees_equal(resumed[0], straight[0])
+  assert resumed[2:4] == straight[2:4]
+
+  monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)  # Chunks of 2 logs × 5 steps.
+  n = 4
+  bmodel, tokens, target, bparams = _boolean_setup(n)
+  mask = jnp.asarray(np.arange(2**n) % 3 != 0, jnp.float32)
+  bkw = dict(steps=35, log_every=5)
+  run = lambda name, **extra: syn.boolean_trajectory(
+      _wd(tmp_path / name), bmodel, bparams, optax.adam(1e-2), tokens, target, mask,
+      **bkw, **extra)
+  cut = run("b_cut", max_chunks=2)
+  assert Workdir(str(tmp_path / "b_cut")).latest_step() == 20 and cut[1].shape == (5, 2**n)
+  # A log of steps the checkpoint does not hold (written, then the run was killed).
+  wd = Workdir(str(tmp_path / "b_cut"))
+  wd.write_step_log(20, 30, {"coef": np.zeros((2**n, 2)), "loss": np.zeros(2)})
+  resumed, straight = run("b_cut"), run("b_straight")
+  assert resumed[1].shape == (8, 2**n)
+  _assert_trees_equal(resumed[0], straight[0])
+  for got, want in zip(resumed[1:3], straight[1:3]):
+    np.testing.assert_array_equal(got, want)
+  assert [f[:2] for f in wd.step_log_files()] == [(0, 10), (10, 20), (20, 30), (30, 35)]
 
 
 def test_learned_step():
@@ -164,3 +234,54 @@ def test_smoke_study_end_to_end(tmp_path):
     assert (tmp_path / plot).exists() and plot in md
   payload = json.loads((tmp_path / "results.json").read_text())
   assert set(payload["boolean"]["order"]) == {"attention", "mlp"}
+
+
+def _report(path):
+  """results.json without the timings."""
+  def clean(o):
+    if isinstance(o, dict):
+      return {k: clean(v) for k, v in o.items() if k not in ("train_s", "wall_s")}
+    return [clean(v) for v in o] if isinstance(o, list) else o
+  with open(os.path.join(path, "results.json")) as f:
+    return clean(json.load(f))
+
+
+def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch):
+  monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)    # Boolean smoke: 2 chunks of 20 steps.
+  monkeypatch.setattr(syn, "CHECKPOINT_CHUNKS", 1)
+  config = syn_config.get_config("smoke")
+  quiet = lambda *_: None
+  cut, straight = str(tmp_path / "cut"), str(tmp_path / "straight")
+  syn.run_sparse(config, cut, log=quiet, max_chunks=2)
+  syn.run_boolean(config, cut, log=quiet, max_chunks=1)
+  for (part, _), (path, _) in syn.run_workdirs(config, cut).items():
+    assert Workdir(path).latest_step() == 20, part
+  assert not os.path.exists(os.path.join(cut, "results.json"))
+  syn.run(config, cut, log=quiet)
+  syn.run(config, straight, log=quiet)
+  assert _report(cut) == _report(straight)
+  # Another training config is refused before anything is written; --overwrite retrains.
+  config.mlp.learning_rate = 2e-3
+  with pytest.raises(ConfigError, match=r"config\.workdir: .*sparse_mlp.*learning_rate"):
+    syn.run(config, straight, log=quiet)
+  assert _report(straight) == _report(cut)
+  config.boolean.enabled = False  # (Quicker: retrain the sparse part only.)
+  syn.run(config, straight, log=quiet, overwrite=True)
+  new, old = _report(straight)["rows"], _report(cut)["rows"]
+  assert [r for r in new if r["model"] == "attention"] == [
+      r for r in old if r["model"] == "attention"]
+  assert [r for r in new if r["model"] == "mlp"] != [r for r in old if r["model"] == "mlp"]
+
+
+def test_a_run_workdir_is_keyed_by_what_its_training_depends_on():
+  config = syn_config.get_config("smoke")
+  base = syn.run_workdirs(config, "w")
+  config.sparse.sigmas = [0.3]
+  config.sparse.num_draws = 5
+  config.boolean.learned_fraction = 0.5
+  assert syn.run_workdirs(config, "w") == base
+  config.boolean.steps = 50
+  changed = syn.run_workdirs(config, "w")
+  assert [k for k in base if base[k] != changed[k]] == [("boolean", "attention"),
+                                                          ("boolean", "mlp")]
+  assert set(base) == {(p, m) for p in ("sparse", "boolean") for m in ("attention", "mlp")}

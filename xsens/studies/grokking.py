@@ -26,9 +26,10 @@ are evaluated once more at the end): train loss and accuracy (from the forward p
 the update itself), sensitivity, the L2 norm of all parameters, and test loss/accuracy
 when t % test_every == 0 (NaN otherwise). The notebook logs the train metrics of epoch e
 at the same parameters (before update e) and the sensitivity/norm one update later: a
-one-epoch offset. Epochs run as jitted `lax.scan` chunks, seeds `vmap`ped; after each
-chunk the logs (npz) and the full state (orbax: params, AdamW state, step) are saved, so
-an interrupted run resumes exactly where it stopped (the noise of epoch t uses
+one-epoch offset. Epochs run through the one loop (`xsens.train.loop`) as jitted
+`lax.scan` chunks, seeds `vmap`ped; after each chunk the workdir saves the logs
+(`logs/epochs_<a>_<b>.npz`) and the full state (orbax: params, AdamW state, step), so an
+interrupted run resumes exactly where it stopped (the noise of epoch t uses
 fold_in(key, t), a pure function of the step).
 
 Events (per seed, on the logs; all reported in results.md):
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
 
 import jax
@@ -63,9 +63,10 @@ from xsens.errors import is_finite_number, is_int, require
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import grokking_transformer as gt
 from xsens.report import plots, tables
-from xsens.train import checkpoint as ckpt
+from xsens.train import loop
+from xsens.train.sharding import abstract_with_shardings
+from xsens.train.workdir import Workdir
 
-LOG_DIR = "logs"
 STEP_FIELDS = ("train_loss", "train_accuracy", "sensitivity", "weight_norm", "test_loss",
                "test_accuracy")
 
@@ -173,15 +174,18 @@ def _cross_entropy(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
 
-def embedding_sensitivity(from_tokens, tokens, clean, key, *, sigma, token_mask):
-  """Flip fraction of argmax from_tokens(tokens + E) vs `clean` [B], one draw per example.
+def embedding_sensitivity(apply_fn, variables, inputs, *, labels, key, sigma, token_mask):
+  """Flip fraction of argmax apply_fn(variables, inputs + E) vs `labels` [B], one draw each.
 
-  E = sigma * normal(fold_in(key, 0), [B, T, d]) on the positions where token_mask [T] is
-  True, zero elsewhere (`global_sensitivity` with num_draws = 1): the official code's
-  noise on the embeddings of a and b together, "=" untouched (spec §5).
+  inputs: the embeddings [B, T, d]; apply_fn: the model's from-embeddings method (bound
+  with `method=`). E = sigma * normal(fold_in(key, 0), [B, T, d]) on the positions where
+  token_mask [T] is True, zero elsewhere (`global_sensitivity` with num_draws = 1, one
+  forward call): the official code's noise on the embeddings of a and b together, "="
+  untouched (spec §5).
   """
-  out = sens_lib.global_sensitivity(from_tokens, tokens, key, sigma=sigma, num_draws=1,
-                                    token_mask=token_mask, labels=clean)
+  out = sens_lib.global_sensitivity(apply_fn, variables, inputs, labels=labels, key=key,
+                                    sigma=sigma, num_draws=1, token_mask=token_mask,
+                                    chunk_size=None, example_chunk_size=None)
   return out["mean"]
 
 
@@ -202,11 +206,11 @@ def make_fns(config):
     return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
   def sensitivity(params, ids, clean, key):
-    tokens = model.apply({"params": params}, ids, method=model.embed)
-    from_tokens = functools.partial(model.apply, {"params": params},
-                                    method=model.from_embeddings)
-    return embedding_sensitivity(from_tokens, tokens, clean, key, sigma=sigma,
-                                 token_mask=token_mask)
+    variables = {"params": params}
+    tokens = model.apply(variables, ids, method=model.embed)
+    apply_fn = functools.partial(model.apply, method=model.from_embeddings)
+    return embedding_sensitivity(apply_fn, variables, tokens, labels=clean, key=key,
+                                 sigma=sigma, token_mask=token_mask)
 
   def test_metrics(params, data):
     logits = model.apply({"params": params}, data["test_ids"])
@@ -272,95 +276,77 @@ def seed_keys(config):
 
 
 # ------------------------------------------------------------------------------------------
-# Training with resumable chunks.
-
-
-def _log_files(workdir: str) -> list[tuple[int, int, str]]:
-  path = os.path.join(workdir, LOG_DIR)
-  if not os.path.isdir(path):
-    return []
-  out = []
-  for name in os.listdir(path):
-    if name.startswith("epochs_") and name.endswith(".npz"):
-      start, end = (int(x) for x in name[len("epochs_"):-len(".npz")].split("_"))
-      out.append((start, end, os.path.join(path, name)))
-  return sorted(out)
+# Training: the one loop, one chunk of epochs per call.
 
 
 def load_logs(workdir: str, upto: int, num_seeds: int) -> dict:
-  """{field: [S, upto]} from the chunk files covering epochs [0, upto) (NaN where missing)."""
-  out = {k: np.full((num_seeds, upto), np.nan, np.float32) for k in STEP_FIELDS}
-  for start, end, path in _log_files(workdir):
-    if end > upto:
-      continue
-    with np.load(path) as z:
-      for k in STEP_FIELDS:
-        out[k][:, start:end] = z[k]
-  return out
+  """{field: [S, upto]} from the array logs of epochs [0, upto) (NaN where missing)."""
+  return Workdir(workdir).read_step_log(upto, STEP_FIELDS, (num_seeds,))
 
 
 def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> dict:
-  """Trains (or resumes) every seed; returns {"logs", "final", "wall_s", "epochs_done",
-  "resumed_from", "compile_s"}. `max_chunks` stops after that many new chunks."""
+  """Trains (or resumes) every seed through the one loop (`xsens.train.loop`).
+
+  One call of the loop's `advance` runs a chunk of epochs as a jitted, seed-vmapped
+  `lax.scan` (compiled ahead of time once per chunk length, outside the timing); chunks
+  end at multiples of `train.chunk_epochs`, and after each the per-epoch logs
+  (`logs/epochs_<a>_<b>.npz`, {field: [S, b - a]} float32) and the full state (params,
+  AdamW state, step) are saved. `max_chunks` stops after that many new chunks (at least
+  one). Returns {"logs" {field: [S, E]}, "final" ({field: [S]} after the last epoch, None
+  if interrupted), "wall_s", "compile_s", "epochs_done", "resumed_from",
+  "chunks_computed", "num_params"}.
+  """
+  epochs, size = int(config.train.epochs), int(config.train.chunk_epochs)
+  wd = Workdir(workdir, keep_checkpoints=int(config.train.keep_checkpoints))
+  held = wd.latest_step()
+  require(held is None or held <= epochs, "train.epochs",
+          f"{epochs}, but {workdir!r} already holds {held} trained epochs; use epochs >= "
+          f"{held} (to extend the run) or --overwrite")
+  if held is not None:
+    log(f"[grokking] resumed at epoch {held}")
   model, init_state, chunk, evaluate = make_fns(config)
   data = stacked_data(config)
   init_keys, noise_keys = seed_keys(config)
-  epochs, size = int(config.train.epochs), int(config.train.chunk_epochs)
-  manager = ckpt.make_manager(workdir, int(config.train.keep_checkpoints))
   v_init = jax.jit(jax.vmap(init_state))
-  abstract = jax.eval_shape(v_init, init_keys)
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = ckpt.abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
-  start = ckpt.latest_step(workdir)
-  require(start is None or start <= epochs, "train.epochs",
-          f"{epochs}, but {workdir!r} already holds {start} trained epochs; use epochs >= "
-          f"{start} (to extend the run) or --overwrite")
-  if start is not None:
-    state = ckpt.restore(manager, start, abstract)
-    log(f"[grokking] resumed at epoch {start}")
-  else:
-    start, state = 0, v_init(init_keys)
-  resumed_from = start
-  chunk_fns = {}
-  os.makedirs(os.path.join(workdir, LOG_DIR), exist_ok=True)
-  wall, computed, compile_s = 0.0, 0, 0.0
-  e = start
-  while e < epochs:
-    if max_chunks is not None and computed >= max_chunks:
-      break
-    length = min(size, epochs - e)
-    if length not in chunk_fns:
-      fn = jax.jit(jax.vmap(functools.partial(chunk, length=length),
-                            in_axes=(0, 0, 0, None)))
+  abstract = jax.eval_shape(v_init, init_keys)
+  abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
+  compiled, stats = {}, {"wall_s": 0.0, "compile_s": 0.0, "chunk_s": 0.0, "chunks": 0}
+
+  def advance(state, start, length):
+    if length not in compiled:
+      fn = jax.jit(jax.vmap(functools.partial(chunk, length=length), in_axes=(0, 0, 0, None)))
       t0 = time.perf_counter()
-      chunk_fns[length] = fn.lower(state, data, noise_keys, jnp.int32(e)).compile()
-      compile_s += time.perf_counter() - t0
+      compiled[length] = fn.lower(state, data, noise_keys, jnp.int32(start)).compile()
+      stats["compile_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
-    state, logs = chunk_fns[length](state, data, noise_keys, jnp.int32(e))
-    logs = jax.device_get(logs)
-    dt = time.perf_counter() - t0
-    wall += dt
-    computed += 1
-    tmp = os.path.join(workdir, LOG_DIR, f"tmp_{e:07d}.npz")
-    np.savez(tmp, **{k: np.asarray(v, np.float32) for k, v in logs.items()})
-    os.replace(tmp, os.path.join(workdir, LOG_DIR, f"epochs_{e:07d}_{e + length:07d}.npz"))
-    e += length
-    ckpt.save(manager, e, state)
-    acc = np.asarray(logs["test_accuracy"])
-    last_test = acc[:, ~np.isnan(acc[0])][:, -1] if np.any(~np.isnan(acc[0])) else acc[:, -1]
-    log(f"[grokking] epoch {e}/{epochs} ({dt:.1f}s, {1e3 * dt / length:.1f} ms/epoch): "
-        f"train acc {np.round(np.asarray(logs['train_accuracy'])[:, -1], 3)}, test acc "
-        f"{np.round(last_test, 3)}, sensitivity "
-        f"{np.round(np.asarray(logs['sensitivity'])[:, -1], 3)}")
-  manager.wait_until_finished()
-  manager.close()
+    state, logs = compiled[length](state, data, noise_keys, jnp.int32(start))
+    logs = {k: np.asarray(v, np.float32) for k, v in jax.device_get(logs).items()}
+    stats["chunk_s"] = time.perf_counter() - t0
+    stats["wall_s"] += stats["chunk_s"]
+    stats["chunks"] += 1
+    return state, None, logs
+
+  def on_chunk(start, end, logs, _):
+    dt, acc = stats["chunk_s"], logs["test_accuracy"]
+    tested = ~np.isnan(acc[0])
+    last_test = acc[:, tested][:, -1] if np.any(tested) else acc[:, -1]
+    log(f"[grokking] epoch {end}/{epochs} ({dt:.1f}s, {1e3 * dt / (end - start):.1f} "
+        f"ms/epoch): train acc {np.round(logs['train_accuracy'][:, -1], 3)}, test acc "
+        f"{np.round(last_test, 3)}, sensitivity {np.round(logs['sensitivity'][:, -1], 3)}")
+
+  program = loop.Program(init=lambda: v_init(init_keys), abstract_state=abstract,
+                         advance=advance, on_chunk=on_chunk)
+  schedule = loop.Schedule(total_steps=epochs, checkpoint_every=size, max_chunk=size)
+  res = loop.run(wd, program, schedule, desc="grokking", max_chunks=max_chunks)
   final = None
-  if e >= epochs:
+  if res.step >= epochs:
     final = jax.device_get(jax.jit(jax.vmap(evaluate, in_axes=(0, 0, 0, None)))(
-        state["params"], data, noise_keys, jnp.int32(e)))
-  return {"logs": load_logs(workdir, e, len(seeds_of(config))), "final": final,
-          "wall_s": wall, "compile_s": compile_s, "epochs_done": e,
-          "resumed_from": resumed_from, "chunks_computed": computed,
+        res.state["params"], data, noise_keys, jnp.int32(res.step)))
+  return {"logs": load_logs(workdir, res.step, len(seeds_of(config))), "final": final,
+          "wall_s": stats["wall_s"], "compile_s": stats["compile_s"],
+          "epochs_done": res.step, "resumed_from": held or 0,
+          "chunks_computed": stats["chunks"],
           "num_params": gt.num_params(model.vocab_size, model.num_classes, model.width,
                                       model.mlp_dim)}
 
@@ -455,26 +441,13 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
   return plots._save(fig, path)  # pylint: disable=protected-access
 
 
-def fingerprint(config) -> dict:
-  """The fields that determine the logged numbers. `report.*` may change on a resume, and
-  so may `train.epochs` (a longer run continues a shorter one exactly: the logs of an
-  epoch do not depend on the total) and `train.chunk_epochs` (chunking changes nothing)."""
-  c = json.loads(config.to_json_best_effort())
-  c.pop("report", None)
-  for k in ("epochs", "chunk_epochs", "keep_checkpoints"):
-    c.get("train", {}).pop(k, None)
-  return c
-
-
 def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   """Trains, logs every epoch, finds the events, writes results.md/json and the figure."""
   validate(config)
-  train_cfg = _FingerprintView(fingerprint(config))
-  ckpt.check_workdir(workdir, train_cfg, overwrite)
-  ckpt.prepare_workdir(workdir, train_cfg, overwrite)
-  if overwrite:
-    for _, _, path in _log_files(workdir):
-      os.remove(path)
+  # The guard: `report`, `train.epochs`, `train.chunk_epochs` and `train.keep_checkpoints`
+  # may change on a resume (Workdir's MAY_CHANGE_ON_RESUME); --overwrite clears the logs.
+  wd = Workdir.open(workdir, config, overwrite=overwrite,
+                    keep_checkpoints=int(config.train.keep_checkpoints))
   t0 = time.perf_counter()
   out = train(config, workdir, log=log)
   total = time.perf_counter() - t0
@@ -497,8 +470,8 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       row["final_sens_%"] = 100 * float(final["sensitivity"][s])
       row["final_weight_norm"] = float(final["weight_norm"][s])
     rows.append(row)
-  np.savez(os.path.join(workdir, "logs.npz"), **logs)
-  fig = _figure(os.path.join(workdir, "grokking.png"), logs, ev, config)
+  wd.write_npz("logs.npz", logs)
+  fig = _figure(wd.file("grokking.png"), logs, ev, config)
   leads = [r["lead_epochs"] for r in rows]
   before = sum(1 for x in leads if x is not None and x > 0)
   notes = [
@@ -526,13 +499,3 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   return {"rows": rows, "markdown": md, "logs": logs, "events": ev, "final": final,
           "wall_s": total, **{k: out[k] for k in ("resumed_from", "epochs_done",
                                                   "num_params")}}
-
-
-class _FingerprintView:
-  """Adapts a dict to what xsens.train.checkpoint's workdir guard reads."""
-
-  def __init__(self, d: dict):
-    self._d = d
-
-  def to_json_best_effort(self) -> str:
-    return json.dumps(self._d)

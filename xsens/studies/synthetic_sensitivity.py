@@ -27,10 +27,17 @@ degree spectrum W^k and the total influence sum_S |S| fhat(S)^2. A component is
 "learned" at the first logged step at which its coefficient reaches `learned_fraction`
 (0.9; also reported: 0.5) of its target; the weak spectral bias predicts lower degrees
 first.
+
+Each trained model goes through the one loop (`xsens.train.loop`) in its own workdir,
+`workdir/runs/<part>_<model>/` (orbax checkpoints, metrics, the Boolean coefficients as
+array logs), so an interrupted study resumes where it stopped and a rerun trains nothing
+new; a run's workdir is keyed by what the model's training depends on (changing σ, the
+draws or `learned_fraction` reuses it).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -46,8 +53,16 @@ from xsens.measures import boolean
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import one_layer_attention as ola
 from xsens.report import plots, tables
+from xsens.train import loop
+from xsens.train.metrics import read_metrics
+from xsens.train.workdir import Workdir
 
 MODELS = ("attention", "mlp")
+RUNS_DIR = "runs"                 # workdir/runs/<part>_<model>/: one trained model each.
+SUMMARY_FILE = "train_summary.json"
+CHECKPOINT_CHUNKS = 20            # Sparse runs: a checkpoint every 20 chunks (and at the stop).
+LOGS_PER_CHUNK = 20               # Boolean runs: one jitted chunk (and checkpoint) per 20 logs.
+_LOSS, _ACC = "eval/train_loss", "eval/train_accuracy"
 
 # ------------------------------------------------------------------------------------------
 # Validation.
@@ -132,54 +147,118 @@ def _num_params(params) -> int:
   return int(sum(x.size for x in jax.tree.leaves(params)))
 
 
-def train_to_accuracy(model, params, tx, x, y, *, target: float, eval_every: int,
-                      max_steps: int, target_loss=None):
-  """Full-batch steps on the cross-entropy until train accuracy >= target (and, when
-  `target_loss` is set, train loss <= target_loss), checked every `eval_every` steps, or
-  `max_steps`: (params, steps, train accuracy, curve [(step, loss, accuracy)])."""
+def run_config(config, part: str, index: int, name: str) -> dict:
+  """What the training of model `name` (position `index` in `config.models`) in `part`
+  ("sparse" or "boolean") depends on: its run workdir's fingerprint."""
+  section = config[part].to_dict()
+  for field in ("enabled", "sigmas", "num_draws", "learned_fraction"):  # Measurement only.
+    section.pop(field, None)
+  return {"part": part, "model": name, "index": index, "seed": config.seed,
+          name: config[name].to_dict(), part: section}
+
+
+def run_workdirs(config, workdir: str) -> dict[tuple[str, str], tuple[str, dict]]:
+  """{(part, model): (run workdir, its fingerprint)} of every enabled part."""
+  return {(part, name): (os.path.join(workdir, RUNS_DIR, f"{part}_{name}"),
+                         run_config(config, part, i, name))
+          for part in ("sparse", "boolean") if config[part].enabled
+          for i, name in enumerate(config.models)}
+
+
+def _open_run(config, workdir: str, part: str, name: str, overwrite: bool) -> Workdir:
+  path, fingerprint = run_workdirs(config, workdir)[(part, name)]
+  return Workdir.open(path, fingerprint, overwrite=overwrite)
+
+
+def _abstract(state):
+  """The ShapeDtypeStructs of a state on the default device (what a checkpoint restores)."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), state)
+
+
+def _train_s(wd: Workdir, out: loop.LoopResult) -> float:
+  """Seconds spent training the run so far (a resumed run adds the interrupted part's)."""
+  before = wd.read_json(SUMMARY_FILE) or {}
+  prev = before.get("train_s", 0.0) if before.get("steps") == out.restored_step else 0.0
+  train_s = prev + out.wall_s
+  wd.write_json(SUMMARY_FILE, {"steps": out.step, "stop_reason": out.stop_reason,
+                               "train_s": train_s})
+  return train_s
+
+
+def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
+                      eval_every: int, max_steps: int, target_loss=None,
+                      max_chunks: int | None = None):
+  """Full-batch steps on the cross-entropy through the one loop, resumed from `wd`.
+
+  Chunks of `eval_every` steps (a `lax.scan`); after each, the train loss and accuracy;
+  stops when the accuracy is >= target (and, when `target_loss` is set, the loss is <=
+  target_loss) or after `max_steps` (rounded up to whole chunks). Checkpoints every
+  `CHECKPOINT_CHUNKS` chunks and at the stop. `max_chunks`: stop after that many chunks
+  (an interruption, for tests). Returns (params, steps, train accuracy, curve
+  [(step, loss, accuracy)] of every chunk, train_s).
+  """
 
   def loss_fn(p):
     logits = model.apply({"params": p}, x)
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-  @jax.jit
-  def chunk(p, opt):
+  @functools.partial(jax.jit, static_argnums=1)
+  def chunk(state, length):
     def body(carry, _):
       p, opt = carry
       loss, g = jax.value_and_grad(loss_fn)(p)
       upd, opt = tx.update(g, opt, p)
       return (optax.apply_updates(p, upd), opt), loss
-    (p, opt), _ = jax.lax.scan(body, (p, opt), None, length=eval_every)
+    (p, opt), _ = jax.lax.scan(body, (state["params"], state["opt"]), None, length=length)
     logits = model.apply({"params": p}, x)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-    return p, opt, loss, jnp.mean(jnp.argmax(logits, -1) == y)
+    return {"params": p, "opt": opt, "loss": loss,
+            "accuracy": jnp.mean(jnp.argmax(logits, -1) == y)}
 
-  opt = tx.init(params)
-  steps, acc, curve = 0, 0.0, []
-  while steps < max_steps:
-    params, opt, loss, acc = chunk(params, opt)
-    steps += eval_every
-    acc = float(acc)
-    curve.append((steps, float(loss), acc))
-    if acc >= target and (target_loss is None or float(loss) <= target_loss):
-      break
-  return params, steps, acc, curve
+  def init():
+    return {"params": params, "opt": tx.init(params), "loss": jnp.float32(jnp.nan),
+            "accuracy": jnp.float32(0.0)}
+
+  def reached(scalars):
+    return scalars[_ACC] >= target and (target_loss is None or scalars[_LOSS] <= target_loss)
+
+  program = loop.Program(
+      init=init, abstract_state=_abstract(jax.eval_shape(init)),
+      advance=lambda state, step, length: (chunk(state, length), None, None),
+      evaluate=lambda state, step: {_LOSS: float(state["loss"]),
+                                    _ACC: float(state["accuracy"])},
+      should_stop=lambda step, scalars: "target_train_accuracy" if reached(scalars) else None)
+  total = -(-max_steps // eval_every) * eval_every  # Whole chunks, as many as reach max_steps.
+  schedule = loop.Schedule(total, eval_every=eval_every, max_chunk=eval_every,
+                           checkpoint_every=eval_every * CHECKPOINT_CHUNKS)
+  latest = wd.latest_step()
+  done = [r for r in read_metrics(wd.path) if _ACC in r and latest is not None
+          and r["step"] <= latest]
+  finished = ("target_train_accuracy" if done and done[-1]["step"] == latest
+              and reached(done[-1]) else None)
+  out = loop.run(wd, program, schedule, finished_reason=finished, max_chunks=max_chunks)
+  curve = [(r["step"], r[_LOSS], r[_ACC]) for r in read_metrics(wd.path) if _ACC in r]
+  return out.state["params"], out.step, curve[-1][2], curve, _train_s(wd, out)
 
 
 def _sensitivity_fn(model, params, *, num_draws: int, chunk_size: int):
   """jit (tokens [B, n, d], key, sigma) -> token_sensitivity's dict for this model."""
-  def from_tokens(t):
-    return model.apply({"params": params}, t)
+  variables = {"params": params}
 
   @jax.jit
   def measure(tokens, key, sigma):
-    return sens_lib.token_sensitivity(from_tokens, tokens, key, sigma=sigma,
-                                      num_draws=num_draws, chunk_size=chunk_size)
+    return sens_lib.token_sensitivity(model.apply, variables, tokens, key=key, sigma=sigma,
+                                      num_draws=num_draws, chunk_size=chunk_size,
+                                      example_chunk_size=None)
   return measure
 
 
-def run_sparse(config, log=print) -> dict:
-  """Part 1: returns {"rows", "profiles" {model: {sigma: [n]}}, "positions", "curves"}."""
+def run_sparse(config, workdir: str, *, overwrite: bool = False, log=print,
+               max_chunks: int | None = None) -> dict:
+  """Part 1 (each model trained, or resumed, in `workdir/runs/sparse_<model>`; `max_chunks`
+  interrupts each, for tests): returns {"rows", "profiles" {model: {sigma: [n]}},
+  "positions", "curves"}."""
   s = config.sparse
   seed = int(config.seed)
   positions = st.relevant_positions(int(s.n), int(s.k), seed)
@@ -196,12 +275,12 @@ def run_sparse(config, log=print) -> dict:
     model = make_model(config, name, 2)
     params = model.init(jax.random.fold_in(jax.random.key(seed), i), x[:1])["params"]
     tx = optax.adam(float(config[name].learning_rate))
-    t0 = time.perf_counter()
-    params, steps, acc, curve = train_to_accuracy(
-        model, params, tx, x, y, target=float(s.target_train_accuracy),
-        eval_every=int(s.eval_every), max_steps=int(s.max_steps),
-        target_loss=None if s.target_train_loss is None else float(s.target_train_loss))
-    wall = time.perf_counter() - t0
+    params, steps, acc, curve, wall = train_to_accuracy(
+        _open_run(config, workdir, "sparse", name, overwrite), model, params, tx, x, y,
+        target=float(s.target_train_accuracy), eval_every=int(s.eval_every),
+        max_steps=int(s.max_steps),
+        target_loss=None if s.target_train_loss is None else float(s.target_train_loss),
+        max_chunks=max_chunks)
     curves[name] = curve
     test_acc = float(jnp.mean(jnp.argmax(model.apply({"params": params}, xt), -1) == yt))
     measure = _sensitivity_fn(model, params, num_draws=int(s.num_draws), chunk_size=int(s.n))
@@ -224,11 +303,17 @@ def run_sparse(config, log=print) -> dict:
           "curves": curves}
 
 
-def boolean_trajectory(model, params, tx, tokens, target, train_mask, *, steps: int,
-                       log_every: int):
-  """MSE full-batch training on the masked inputs; every `log_every` steps (and at step
-  0) the Fourier coefficients [L + 1, 2^n] of the learned function on all 2^n inputs.
-  Returns (params, coefficients, train losses [L + 1])."""
+def boolean_trajectory(wd: Workdir, model, params, tx, tokens, target, train_mask, *,
+                       steps: int, log_every: int, max_chunks: int | None = None):
+  """MSE full-batch training on the masked inputs through the one loop, resumed from `wd`;
+  every `log_every` steps (and at step 0) the Fourier coefficients [L + 1, 2^n] of the
+  learned function on all 2^n inputs.
+
+  Chunks (`lax.scan`s) of `log_every * LOGS_PER_CHUNK` steps, each checkpointed; the
+  coefficients and losses are the workdir's array logs (per chunk, the logged points of
+  its steps on the last axis). `max_chunks`: stop after that many chunks (an interruption,
+  for tests). Returns (params, coefficients, train losses [L + 1], train_s).
+  """
   w = train_mask / jnp.sum(train_mask)
 
   def predict(p):
@@ -247,16 +332,38 @@ def boolean_trajectory(model, params, tx, tokens, target, train_mask, *, steps: 
     f = predict(carry[0])
     return carry, (boolean.fourier_coefficients(f), jnp.sum(w * jnp.square(f - target)))
 
-  @jax.jit
-  def run(p):
-    opt = tx.init(p)
+  @functools.partial(jax.jit, static_argnums=1)
+  def chunk(state, num_logs):
+    """`num_logs` × `log_every` steps: the state, coefficients and losses at the chunk's
+    start and after each `log_every` steps ([num_logs + 1, ...])."""
+    p = state["params"]
     f0 = predict(p)
     first = (boolean.fourier_coefficients(f0), jnp.sum(w * jnp.square(f0 - target)))
-    (p, _), (coeffs, losses) = jax.lax.scan(outer, (p, opt), None, length=steps // log_every)
-    return p, jnp.concatenate([first[0][None], coeffs]), jnp.concatenate(
-        [first[1][None], losses])
+    (p, opt), (coeffs, losses) = jax.lax.scan(outer, (p, state["opt"]), None,
+                                              length=num_logs)
+    return ({"params": p, "opt": opt}, jnp.concatenate([first[0][None], coeffs]),
+            jnp.concatenate([first[1][None], losses]))
 
-  return run(params)
+  def advance(state, step, length):
+    state, coeffs, losses = chunk(state, length // log_every)
+    coeffs, losses = jax.device_get((coeffs, losses))
+    keep = slice(0 if step == 0 else 1, None)  # The start is the previous chunk's end.
+    return state, None, {"coef": np.asarray(coeffs)[keep].T, "loss": np.asarray(losses)[keep]}
+
+  init = lambda: {"params": params, "opt": tx.init(params)}
+  program = loop.Program(init=init, abstract_state=_abstract(jax.eval_shape(init)),
+                         advance=advance)
+  every = log_every * LOGS_PER_CHUNK
+  out = loop.run(wd, program, loop.Schedule(steps, checkpoint_every=every, max_chunk=every),
+                 max_chunks=max_chunks)
+  parts = []
+  for _, end, path in wd.step_log_files():
+    if end <= out.step:
+      with np.load(path) as z:
+        parts.append({k: z[k] for k in ("coef", "loss")})
+  coeffs = np.concatenate([z["coef"] for z in parts], axis=-1).T
+  losses = np.concatenate([z["loss"] for z in parts], axis=-1)
+  return out.state["params"], coeffs, losses, _train_s(wd, out)
 
 
 def learned_step(coef_curve: np.ndarray, target: float, fraction: float, logged_steps):
@@ -265,9 +372,12 @@ def learned_step(coef_curve: np.ndarray, target: float, fraction: float, logged_
   return int(logged_steps[hits[0]]) if len(hits) else None
 
 
-def run_boolean(config, log=print) -> dict:
-  """Part 2: returns {"rows", "components", "steps", "coef" {model: [L+1, C]},
-  "spectrum" {model: [L+1, n+1]}, "influence" {model: [L+1]}, "target_spectrum"}."""
+def run_boolean(config, workdir: str, *, overwrite: bool = False, log=print,
+                max_chunks: int | None = None) -> dict:
+  """Part 2 (each model trained, or resumed, in `workdir/runs/boolean_<model>`;
+  `max_chunks` interrupts each, for tests): returns {"rows", "components", "steps",
+  "coef" {model: [L+1, C]}, "spectrum" {model: [L+1, n+1]}, "influence" {model: [L+1]},
+  "target_spectrum"}."""
   b = config.boolean
   n, seed = int(b.n), int(config.seed)
   target, comps = st.boolean_target(n, [(tuple(c[0]), c[1]) for c in b.components])
@@ -288,12 +398,10 @@ def run_boolean(config, log=print) -> dict:
     model = make_model(config, name, 1)
     params = model.init(jax.random.fold_in(jax.random.key(seed + 7), i), tokens[:1])["params"]
     tx = optax.adam(float(config[name].learning_rate))
-    t0 = time.perf_counter()
-    params, coeffs, losses = boolean_trajectory(
-        model, params, tx, tokens, jnp.asarray(target), jnp.asarray(mask),
-        steps=int(b.steps), log_every=int(b.log_every))
-    coeffs = jax.device_get(coeffs)
-    wall = time.perf_counter() - t0
+    params, coeffs, losses, wall = boolean_trajectory(
+        _open_run(config, workdir, "boolean", name, overwrite), model, params, tx, tokens,
+        jnp.asarray(target), jnp.asarray(mask), steps=int(b.steps),
+        log_every=int(b.log_every), max_chunks=max_chunks)
     coef = np.asarray(coeffs)[:, idx]                               # [L+1, C]
     spec = np.asarray(boolean.degree_spectrum(coeffs))              # [L+1, n+1]
     infl = np.asarray(boolean.fourier_average_sensitivity(coeffs))  # [L+1]
@@ -342,15 +450,21 @@ def _boolean_figure(path: str, res: dict) -> str:
 
 
 def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
-  """Runs the enabled parts and writes results.md/json and the plots."""
-  del overwrite  # Nothing is resumed: every part takes seconds to minutes.
+  """Runs the enabled parts and writes results.md/json and the plots.
+
+  Every trained model resumes from its run workdir (`run_workdirs`); each is checked
+  against the config before anything trains (ConfigError on `workdir`, nothing written);
+  `overwrite` trains them all again.
+  """
   validate(config)
+  for path, fingerprint in run_workdirs(config, workdir).values():
+    Workdir(path).check(fingerprint, overwrite=overwrite)
   os.makedirs(workdir, exist_ok=True)
   t0 = time.perf_counter()
   rows, figs, notes, extra = [], [], [], {"config": json.loads(config.to_json_best_effort())}
   result = {}
   if config.sparse.enabled:
-    sp = run_sparse(config, log=log)
+    sp = run_sparse(config, workdir, overwrite=overwrite, log=log)
     result["sparse"] = sp
     rows += sp["rows"]
     sigma = float(config.sparse.sigmas[-1])
@@ -379,7 +493,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                                     for m, p in sp["profiles"].items()},
                        "positions": sp["positions"], "curves": sp["curves"]}
   if config.boolean.enabled:
-    bo = run_boolean(config, log=log)
+    bo = run_boolean(config, workdir, overwrite=overwrite, log=log)
     result["boolean"] = bo
     figs.append(_boolean_figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
     b = config.boolean

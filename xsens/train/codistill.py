@@ -13,17 +13,15 @@ each model exactly its own gradient (the peer's logits enter only through sg).
 Model a is initialised from `init_seed` (default `config.seed`), model b from
 `init_seed + codistill.peer_seed_offset`; both see the same mini-batches (`order_seed`) and
 the same step key (`augment_seed`: augmentation, dropout). With β = 0 each model is
-therefore exactly the plain trainer's run with those seeds. The loop shares the trainer's
-pieces (data, batching, evaluation, orbax checkpoints with automatic resume, metric
-writer); its state is `{"a": state, "b": state}`.
+therefore exactly the plain trainer's run with those seeds. Training runs through the one
+loop (`xsens.train.loop`: resume, schedule, divergence stop) with the trainer's pieces
+(data, batching, evaluation); the state is `{"a": state, "b": state}`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import time
 
 import jax
@@ -33,10 +31,9 @@ import optax
 
 from xsens.data import pipeline
 from xsens.errors import ConfigError
-from xsens.train import checkpoint as ckpt
 from xsens.train import distill as distill_lib
-from xsens.train import interventions, sharding, trainer
-from xsens.train.metrics import MetricWriter, truncate_metrics
+from xsens.train import interventions, loop, sharding, trainer
+from xsens.train.workdir import Workdir
 
 FIELDS = ("beta", "peer_seed_offset", "burn_in_steps")
 PEERS = ("a", "b")
@@ -151,16 +148,22 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False, mesh=No
   mesh = sharding.data_mesh() if mesh is None else mesh
   exp = trainer.build_experiment(config, mesh.size)
   cc = validate_codistill_config(config)
-  ckpt.check_workdir(workdir, config, overwrite)
-  ckpt.prepare_workdir(workdir, config, overwrite)
-  return run_experiment(exp, cc, workdir, mesh)
+  return run_experiment(exp, cc, trainer.open_workdir(workdir, config, overwrite), mesh)
 
 
-def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str, mesh=None
-                   ) -> CodistillResult:
-  """The co-distillation loop of a validated experiment in a prepared workdir."""
+def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str | Workdir, mesh=None, *,
+                   max_chunks: int | None = None) -> CodistillResult:
+  """Co-distils a validated experiment through the one loop (`xsens.train.loop`).
+
+  `workdir` is a prepared `Workdir` (or its path, already prepared). One call of the
+  loop's `advance` is one joint step of both models; evaluation gives both models'
+  train/test accuracy (`eval/{a,b}_{train,test}_accuracy`). `max_chunks` stops after
+  that many steps with a checkpoint (an interruption, for tests).
+  """
   config = exp.config
   t_start = time.time()
+  wd = workdir if isinstance(workdir, Workdir) else Workdir(
+      workdir, keep_checkpoints=config.keep_checkpoints)
   mesh = sharding.data_mesh() if mesh is None else mesh
   repl = sharding.replicated(mesh)
   seeds = trainer.run_seeds(config)
@@ -176,13 +179,6 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str, mesh=None
       "b": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, kb, dtype)}
   abstract = jax.eval_shape(init_fn, init_keys["a"], init_keys["b"])
   state_sh = jax.tree.map(lambda _: repl, abstract)
-  manager = ckpt.make_manager(workdir, config.keep_checkpoints)
-  restored = manager.latest_step()
-  if restored is None:
-    state = jax.jit(init_fn, out_shardings=state_sh)(init_keys["a"], init_keys["b"])
-  else:
-    state = ckpt.restore(manager, restored, ckpt.abstract_with_shardings(abstract, state_sh))
-    truncate_metrics(workdir, restored)
 
   step_fn = jax.jit(
       make_codistill_step(exp.model, exp.tx, exp.loss_fn, cc["beta"], cc["burn_in_steps"],
@@ -191,72 +187,56 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str, mesh=None
       out_shardings=(state_sh, repl), donate_argnums=0)
   eval_step = jax.jit(trainer.make_eval_step(exp.model, exp.loss_fn))
   eval_bs = -(-config.eval_batch_size // mesh.size) * mesh.size
-  writer = MetricWriter(workdir, enabled=jax.process_index() == 0)
-  summary_path = os.path.join(workdir, trainer.SUMMARY_FILE)
-  step = int(jax.device_get(state["a"]["step"]))
-  finished = {}
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      finished = json.load(f)
-    finished = finished if finished.get("steps") == step else {}
-  total = exp.total_steps
-  pending, window_start = None, step
   pi, pc = jax.process_index(), jax.process_count()
 
-  def evaluate_both(split, limit=None):
+  def evaluate_both(state, split, limit=None):
     return {p: trainer.evaluate(eval_step, trainer.eval_variables(state[p]), split, eval_bs,
                                 mesh, limit) for p in PEERS}
 
-  while step < total:
+  def advance(state, step, length):
+    del length  # One joint step per call (schedule.max_chunk = 1).
     idx = pipeline.batch_indices(len(exp.train), config.batch_size, step,
                                  seeds["order_seed"], pi, pc)
     batch = sharding.global_batch(
         {"image": exp.train.images[idx], "label": exp.train.labels[idx]}, mesh)
     state, metrics = step_fn(state, batch, step_key)
-    pending = metrics if pending is None else jax.tree.map(jnp.add, pending, metrics)
-    step += 1
-    last = step >= total
-    save = last or (config.checkpoint_every and step % config.checkpoint_every == 0)
-    # Metrics are flushed (and checked finite) before every checkpoint, as in the trainer.
-    if save or (config.log_every and step % config.log_every == 0):
-      means = {f"train/{k}": float(v) / (step - window_start)
-               for k, v in jax.device_get(pending).items()}
-      if not all(math.isfinite(v) for v in means.values()):
-        manager.wait_until_finished()
-        manager.close()
-        writer.close()
-        raise trainer.TrainingDivergedError(
-            f"co-distillation diverged between steps {window_start} and {step}; the last "
-            f"good checkpoint is kept in {os.path.join(workdir, ckpt.CHECKPOINT_DIR)}")
-      writer.write(step, means)
-      pending, window_start = None, step
-    if last or (config.eval_every and step % config.eval_every == 0):
-      tr = evaluate_both(exp.train, config.get("eval_train_examples"))
-      te = evaluate_both(exp.test)
-      writer.write(step, {f"eval/{p}_{k}": v[p]["accuracy"] for k, v in
-                          (("train_accuracy", tr), ("test_accuracy", te)) for p in PEERS})
-    if save:
-      ckpt.save(manager, step, state)
-  manager.wait_until_finished()
-  manager.close()
-  writer.close()
+    return state, metrics, None
 
-  tr, te = evaluate_both(exp.train), evaluate_both(exp.test)
+  def evaluate_during(state, step):
+    del step
+    tr = evaluate_both(state, exp.train, config.get("eval_train_examples"))
+    te = evaluate_both(state, exp.test)
+    return {f"eval/{p}_{k}": v[p]["accuracy"] for k, v in
+            (("train_accuracy", tr), ("test_accuracy", te)) for p in PEERS}
+
+  program = loop.Program(
+      init=lambda: jax.jit(init_fn, out_shardings=state_sh)(init_keys["a"], init_keys["b"]),
+      abstract_state=sharding.abstract_with_shardings(abstract, state_sh),
+      advance=advance, evaluate=evaluate_during)
+  schedule = loop.Schedule(exp.total_steps, log_every=config.log_every,
+                           eval_every=config.eval_every,
+                           checkpoint_every=config.checkpoint_every)
+  finished = trainer._finished_summary(  # pylint: disable=protected-access
+      wd.file(trainer.SUMMARY_FILE), wd.latest_step())
+  out = loop.run(wd, program, schedule, finished_reason=finished.get("stop_reason"),
+                 progress=bool(config.get("progress", True)),
+                 desc=f"codistill {config.model.name}", max_chunks=max_chunks)
+  state, step = out.state, out.step
+
+  tr, te = evaluate_both(state, exp.train), evaluate_both(state, exp.test)
   wall = finished.get("wall_s", time.time() - t_start)
   per_model = {}
   for p in PEERS:
     per_model[p] = {
-        "model": config.model.name, "steps": step, "stop_reason": "max_steps",
+        "model": config.model.name, "steps": step, "stop_reason": out.stop_reason,
         "train_accuracy": tr[p]["accuracy"], "train_loss": tr[p]["loss"],
         "test_accuracy": te[p]["accuracy"], "test_loss": te[p]["loss"],
         "num_params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(
             state[p]["params"]))),
         "wall_s": wall}
-  summary = {"steps": step, "stop_reason": "max_steps", "wall_s": wall, **cc, **per_model}
-  if jax.process_index() == 0:
-    with open(summary_path + ".tmp", "w") as f:
-      json.dump(summary, f, indent=2)
-    os.replace(summary_path + ".tmp", summary_path)
+  summary = {"steps": step, "stop_reason": out.stop_reason, "wall_s": wall, **cc,
+             **per_model}
+  wd.write_json(trainer.SUMMARY_FILE, summary)
   results = {p: trainer.TrainResult(exp.model, trainer.eval_variables(state[p]), exp.train,
                                     exp.test, per_model[p]) for p in PEERS}
   return CodistillResult(results["a"], results["b"], summary)

@@ -167,7 +167,8 @@ class Workdir:
       return
     path = self.file(name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp.npz"
+    # The temporary name never matches a log file's pattern (a kill may leave it behind).
+    tmp = os.path.join(os.path.dirname(path), ".tmp." + os.path.basename(path))
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
 
@@ -227,9 +228,10 @@ class Workdir:
       return []
     out = []
     for name in os.listdir(folder):
-      if name.startswith(_STEP_LOG_PREFIX) and name.endswith(".npz"):
-        start, end = (int(x) for x in name[len(_STEP_LOG_PREFIX):-len(".npz")].split("_"))
-        out.append((start, end, os.path.join(folder, name)))
+      bounds = name[len(_STEP_LOG_PREFIX):-len(".npz")].split("_")
+      if (name.startswith(_STEP_LOG_PREFIX) and name.endswith(".npz") and len(bounds) == 2
+          and all(b.isdigit() for b in bounds)):
+        out.append((int(bounds[0]), int(bounds[1]), os.path.join(folder, name)))
     return sorted(out)
 
   def write_step_log(self, start: int, end: int, arrays: dict) -> None:
