@@ -29,7 +29,6 @@ from xsens.errors import ConfigError
 from xsens.measures import churn as churn_lib
 from xsens.report import plots, tables
 from xsens.studies import compare
-from xsens.train import checkpoint as ckpt
 from xsens.train import codistill
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
@@ -99,13 +98,12 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
         co_cfg[name] = codistill.validate_codistill_config(exp.config)
       except ConfigError as e:
         raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
-  for name, exp in experiments.items():
-    ckpt.check_workdir(compare.run_workdir(workdir, name), exp.config, overwrite)
+  workdirs = compare.check_run_workdirs(workdir, experiments, overwrite)
 
   logits, peer_churn, accuracy = {}, {}, {}
   for name, exp in experiments.items():
-    wd = compare.run_workdir(workdir, name)
-    ckpt.prepare_workdir(wd, exp.config, overwrite)
+    wd = workdirs[name]
+    wd.prepare(exp.config, overwrite=overwrite)
     if name in co_cfg:
       out = codistill.run_experiment(exp, co_cfg[name], wd)
       res = out.a

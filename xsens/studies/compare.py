@@ -12,8 +12,8 @@ import os
 from xsens.config_utils import run_config
 from xsens.errors import ConfigError
 from xsens.report import tables
-from xsens.train import checkpoint as ckpt
 from xsens.train import trainer
+from xsens.train.workdir import Workdir
 
 TABLE_COLUMNS = ("run", "model", "params", "steps", "stop_reason", "train_accuracy",
                  "test_accuracy", "train_loss", "test_loss", "wall_s")
@@ -21,6 +21,19 @@ TABLE_COLUMNS = ("run", "model", "params", "steps", "stop_reason", "train_accura
 
 def run_workdir(workdir: str, name: str) -> str:
   return os.path.join(workdir, "runs", name)
+
+
+def check_run_workdirs(workdir: str, experiments: dict[str, trainer.Experiment],
+                       overwrite: bool = False) -> dict[str, Workdir]:
+  """Each run's `Workdir`, checked against its config (ConfigError; nothing written).
+
+  Call `.prepare(exp.config, overwrite=...)` on each just before training it.
+  """
+  out = {}
+  for name, exp in experiments.items():
+    out[name] = Workdir(run_workdir(workdir, name), keep_checkpoints=exp.config.keep_checkpoints)
+    out[name].check(exp.config, overwrite=overwrite)
+  return out
 
 
 def validate_runs(config) -> dict[str, trainer.Experiment]:
@@ -42,13 +55,11 @@ def train_runs(config, workdir: str, *, overwrite: bool = False,
   `experiments` are the already-validated runs (from `validate_runs`), if the caller has them.
   """
   experiments = validate_runs(config) if experiments is None else experiments
-  for name, exp in experiments.items():
-    ckpt.check_workdir(run_workdir(workdir, name), exp.config, overwrite)
+  workdirs = check_run_workdirs(workdir, experiments, overwrite)
   results = {}
   for name, exp in experiments.items():
-    wd = run_workdir(workdir, name)
-    ckpt.prepare_workdir(wd, exp.config, overwrite)
-    results[name] = trainer.run_experiment(exp, wd)
+    workdirs[name].prepare(exp.config, overwrite=overwrite)
+    results[name] = trainer.run_experiment(exp, workdirs[name])
   return results
 
 

@@ -44,7 +44,6 @@ from xsens.measures import text_sensitivity as ts
 from xsens.models import text as text_models
 from xsens.report import plots, tables
 from xsens.studies import compare
-from xsens.train import checkpoint as ckpt
 from xsens.train import trainer
 from xsens.train.metrics import read_metrics
 
@@ -124,15 +123,17 @@ def _measure_batch(variables, ids, example_ids, key, sigma, global_sigma, *, mod
   mask = text_models.padding_mask(ids)
   content = mask & ~jnp.isin(ids, jnp.asarray(SPECIAL_IDS))
   tokens = model.apply(variables, ids, method=model.embed)
-  encode = lambda t, m: model.apply(variables, t, m, method=model.encode)
-  pred = jnp.argmax(encode(tokens, mask), -1)
-  per_token = ts.masked_token_sensitivity(
-      encode, tokens, mask, jax.random.fold_in(key, 0), sigma=sigma, num_draws=num_draws,
-      measure_mask=mask, example_ids=example_ids, chunk_size=chunk_size)
-  glob = ts.masked_global_sensitivity(
-      encode, tokens, mask, jax.random.fold_in(key, 1), sigma=global_sigma,
-      num_draws=global_draws, measure_mask=mask if include_special else content,
-      example_ids=example_ids)
+  encode = functools.partial(model.apply, method=model.encode)
+  pred = jnp.argmax(encode(variables, tokens, mask), -1)
+  per_token = ts.text_token_sensitivity(
+      encode, variables, tokens, key=jax.random.fold_in(key, 0), token_mask=mask,
+      sigma=sigma, num_draws=num_draws, measure_mask=mask, example_ids=example_ids,
+      chunk_size=chunk_size)["per_token"]
+  glob = ts.text_global_sensitivity(
+      encode, variables, tokens, key=jax.random.fold_in(key, 1), token_mask=mask,
+      sigma=global_sigma, num_draws=global_draws,
+      measure_mask=mask if include_special else content, example_ids=example_ids,
+      chunk_size=None)["per_example"]
   return per_token, glob, pred
 
 
@@ -216,13 +217,12 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run with the sensitivity hook, measures the final models, reports."""
   sc = config.sensitivity
   experiments = validate(config)  # Nothing trained, compiled or written before this.
-  for name, exp in experiments.items():
-    ckpt.check_workdir(compare.run_workdir(workdir, name), exp.config, overwrite)
+  workdirs = compare.check_run_workdirs(workdir, experiments, overwrite)
   key = jax.random.key(sc.seed)
   results, measured, measure_s = {}, {}, {}
   for name, exp in experiments.items():
-    wd = compare.run_workdir(workdir, name)
-    ckpt.prepare_workdir(wd, exp.config, overwrite)
+    wd = workdirs[name]
+    wd.prepare(exp.config, overwrite=overwrite)
     ids = exp.train.images[:sc.num_examples]
     labels = exp.train.labels[:sc.num_examples]
     hook = make_hook(exp.model, ids, labels, sc, key)

@@ -212,12 +212,12 @@ def _check_logits_file(path: str, num_train: int, num_classes: int) -> None:
 
 
 def _teacher_config(workdir: str) -> dict:
-  from xsens.train import checkpoint as ckpt  # pylint: disable=g-import-not-at-top
-  path = os.path.join(workdir, ckpt.CONFIG_FILE)
+  from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   if not os.path.isdir(workdir) or not os.path.isfile(path):
     raise ConfigError("distill.teacher_workdir", f"{workdir!r} is not an xsens run "
-                      f"directory (no {ckpt.CONFIG_FILE}); train the teacher first")
-  if ckpt.latest_step(workdir) is None:
+                      f"directory (no {workdir_lib.CONFIG_FILE}); train the teacher first")
+  if workdir_lib.Workdir(workdir).latest_step() is None:
     raise ConfigError("distill.teacher_workdir", f"{workdir!r} holds no checkpoint; train "
                       "the teacher first")
   with open(path) as f:
@@ -251,9 +251,10 @@ def build_teacher(workdir: str, num_classes: int, image_shape, data_config) -> n
 
 
 def _checkpoint_path(workdir: str) -> str:
-  from xsens.train import checkpoint as ckpt  # pylint: disable=g-import-not-at-top
-  step = ckpt.latest_step(workdir)
-  return os.path.join(os.path.abspath(workdir), ckpt.CHECKPOINT_DIR, str(step), "default")
+  from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  step = workdir_lib.Workdir(workdir).latest_step()
+  return os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR, str(step),
+                      "default")
 
 
 @contextlib.contextmanager
