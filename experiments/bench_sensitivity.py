@@ -10,7 +10,7 @@ Measures, and prints as markdown tables:
     machine's best moment, a conservative choice on a shared machine);
   * forward sweep: GFLOP/s of one jitted forward per forward batch size, the
     reason for the chunk sizes used below;
-  * estimator: `image_token_sensitivity` for a ViT (28x28x1, width 128,
+  * estimator: `token_sensitivity` (patch_size=p) for a ViT (28x28x1, width 128,
     depth 6, 4 heads, MLP 256) at patch 4 (T = 49) and 7 (T = 16) and the
     small CNN (patch 4), at batch 64 and 256, for several (chunk_size,
     example_chunk_size); evaluations/s = B * T * R / time, GFLOP/s = forward
@@ -194,8 +194,8 @@ def images_for(batch: int, seed: int = 0) -> jax.Array:
 def estimator_fn(apply, patch_size: int, num_draws: int,
                  chunk_size, example_chunk_size):
   def fn(variables, images, key):
-    out = sens.image_token_sensitivity(
-        lambda im: apply(variables, im), images, key, patch_size=patch_size,
+    out = sens.token_sensitivity(
+        apply, variables, images, key=key, patch_size=patch_size,
         sigma=SIGMA, num_draws=num_draws, chunk_size=chunk_size,
         example_chunk_size=example_chunk_size)
     return out["per_token"], out["mean"]
@@ -204,11 +204,9 @@ def estimator_fn(apply, patch_size: int, num_draws: int,
 
 def loop_thunk(apply, variables, images, key, patch_size, num_draws):
   """Baseline (a): `token_sensitivity_loop`, T * R jitted batch forwards."""
-  to_tokens, from_tokens = tokens_lib.image_token_fns(
-      lambda im: apply(variables, im), patch_size, IMAGE_SHAPE)
-  tok = to_tokens(images)
   return lambda: sens.token_sensitivity_loop(
-      from_tokens, tok, key, sigma=SIGMA, num_draws=num_draws)["per_token"]
+      apply, variables, images, key=key, patch_size=patch_size, sigma=SIGMA,
+      num_draws=num_draws)["per_token"]
 
 
 def per_example_thunk(apply, variables, images, key, patch_size, num_draws,
@@ -220,28 +218,27 @@ def per_example_thunk(apply, variables, images, key, patch_size, num_draws,
   one token, run the model on that single input. Runs `num_examples`
   examples; returns (thunk, evaluations per call).
   """
-  to_tokens, from_tokens = tokens_lib.image_token_fns(
-      lambda im: apply(variables, im), patch_size, IMAGE_SHAPE)
-  tok = to_tokens(images[:num_examples])             # [n, T, D]
+  token_fn, tok = tokens_lib.token_view(apply, images[:num_examples],
+                                        patch_size)  # tok [n, T, D]
   t, d = tok.shape[1:]
 
   @jax.jit
-  def clean(x1):
-    return jnp.argmax(from_tokens(x1), -1)
+  def clean(v, x1):
+    return jnp.argmax(token_fn(v, x1), -1)
 
   @jax.jit
-  def one(x1, y1, q):                                # x1 [1, T, D]
+  def one(v, x1, y1, q):                             # x1 [1, T, D]
     noise = jax.random.normal(jax.random.fold_in(key, q), (1, d))
     x1 = x1.at[:, q // num_draws].add(SIGMA * noise)
-    return jnp.argmax(from_tokens(x1), -1) != y1
+    return jnp.argmax(token_fn(v, x1), -1) != y1
 
   def thunk():
     flips = []
     for b in range(num_examples):
       x1 = tok[b:b + 1]
-      y1 = clean(x1)
+      y1 = clean(variables, x1)
       for q in range(t * num_draws):
-        flips.append(one(x1, y1, jnp.int32(q)))
+        flips.append(one(variables, x1, y1, jnp.int32(q)))
     return flips
 
   return thunk, num_examples * t * num_draws

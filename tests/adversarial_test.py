@@ -1,5 +1,7 @@
 """Tests for xsens/measures/adversarial.py."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,10 +25,21 @@ def _linear_w(seed=0):
 W = _linear_w()
 
 
-def linear_predict(x):
+def linear_apply(w, x):
   """Binary linear classifier: logits [0, w . x]."""
-  z = x.reshape(x.shape[0], -1) @ W
+  z = x.reshape(x.shape[0], -1) @ w
   return jnp.stack([jnp.zeros_like(z), z], axis=-1)
+
+
+linear_predict = (linear_apply, W)   # (apply_fn, variables).
+
+
+def _fgsm(model, x, labels, **kw):
+  return adv_lib.fgsm(*model, x, labels=labels, **kw)["adv_inputs"]
+
+
+def _pgd(model, x, labels, key, **kw):
+  return adv_lib.pgd(*model, x, labels=labels, key=key, **kw)["adv_inputs"]
 
 
 def _images(seed, b=5, scale=0.5):
@@ -45,9 +58,9 @@ def mlp():
   x = _images(1, b=64, scale=1.0)
   variables = jax.jit(lambda k: model.init(k, x, train=False))(
       jax.random.key(2))
-  predict_fn = lambda z: model.apply(variables, z, train=False)
-  labels = jnp.argmax(predict_fn(x), -1)   # Clean accuracy 1 by construction.
-  return predict_fn, x, labels
+  apply_fn = functools.partial(model.apply, train=False)
+  labels = jnp.argmax(apply_fn(variables, x), -1)   # Clean accuracy 1 by construction.
+  return (apply_fn, variables), x, labels
 
 
 # ----------------------------------------------------------------------------
@@ -58,17 +71,17 @@ def mlp():
 def test_fgsm_linf_linear_exact():
   x = _images(0)
   labels = jnp.ones(x.shape[0], jnp.int32)
-  out = adv_lib.fgsm(linear_predict, x, labels, epsilon=0.1)
+  out = _fgsm(linear_predict, x, labels, epsilon=0.1)
   np.testing.assert_array_equal(out, _worst_linf(x, 0.1))
   # Label 0 flips the direction.
-  out0 = adv_lib.fgsm(linear_predict, x, jnp.zeros_like(labels), epsilon=0.1)
+  out0 = _fgsm(linear_predict, x, jnp.zeros_like(labels), epsilon=0.1)
   np.testing.assert_array_equal(out0, _worst_linf(x, -0.1))
 
 
 def test_fgsm_l2_linear_exact():
   x = _images(0)
   labels = jnp.ones(x.shape[0], jnp.int32)
-  out = adv_lib.fgsm(linear_predict, x, labels, epsilon=0.3, norm="l2")
+  out = _fgsm(linear_predict, x, labels, epsilon=0.3, norm="l2")
   want = x - 0.3 * (W / jnp.linalg.norm(W)).reshape(SHAPE)
   np.testing.assert_allclose(out, want, atol=1e-6)
 
@@ -76,7 +89,7 @@ def test_fgsm_l2_linear_exact():
 def test_pgd_linf_reaches_worst_case():
   x = _images(3)
   labels = jnp.ones(x.shape[0], jnp.int32)
-  out = adv_lib.pgd(linear_predict, x, labels, jax.random.key(0), epsilon=0.1,
+  out = _pgd(linear_predict, x, labels, jax.random.key(0), epsilon=0.1,
                     num_steps=6, step_size=0.05)
   np.testing.assert_array_equal(out, _worst_linf(x, 0.1))
 
@@ -85,11 +98,11 @@ def test_pgd_l2_reaches_worst_case():
   x = _images(3)
   labels = jnp.ones(x.shape[0], jnp.int32)
   want = x - 0.5 * (W / jnp.linalg.norm(W)).reshape(SHAPE)
-  out = adv_lib.pgd(linear_predict, x, labels, jax.random.key(0), epsilon=0.5,
+  out = _pgd(linear_predict, x, labels, jax.random.key(0), epsilon=0.5,
                     num_steps=1, step_size=0.5, norm="l2", random_start=False)
   np.testing.assert_allclose(out, want, atol=1e-6)
   # From a random start the component orthogonal to w shrinks geometrically.
-  out = adv_lib.pgd(linear_predict, x, labels, jax.random.key(0), epsilon=0.5,
+  out = _pgd(linear_predict, x, labels, jax.random.key(0), epsilon=0.5,
                     num_steps=40, step_size=0.5, norm="l2")
   np.testing.assert_allclose(out, want, atol=1e-4)
 
@@ -97,12 +110,12 @@ def test_pgd_l2_reaches_worst_case():
 def test_pgd_zero_steps_is_random_start_in_ball():
   x = _images(4)
   labels = jnp.ones(x.shape[0], jnp.int32)
-  out = adv_lib.pgd(linear_predict, x, labels, jax.random.key(1), epsilon=0.2,
+  out = _pgd(linear_predict, x, labels, jax.random.key(1), epsilon=0.2,
                     num_steps=0, step_size=0.1)
   d = out - x
   assert float(jnp.abs(d).max()) <= 0.2 + 1e-6
   assert float(jnp.abs(d).max()) > 0.1   # It did move.
-  same = adv_lib.pgd(linear_predict, x, labels, jax.random.key(1),
+  same = _pgd(linear_predict, x, labels, jax.random.key(1),
                      epsilon=0.2, num_steps=0, step_size=0.1,
                      random_start=False)
   np.testing.assert_array_equal(same, x)
@@ -118,10 +131,10 @@ def test_constraints_hold(mlp, norm, eps):
   predict_fn, x, labels = mlp
   for attack in ("fgsm", "pgd"):
     if attack == "fgsm":
-      out = adv_lib.fgsm(predict_fn, x, labels, epsilon=eps, norm=norm,
+      out = _fgsm(predict_fn, x, labels, epsilon=eps, norm=norm,
                          clip_min=-1.0, clip_max=1.0)
     else:
-      out = adv_lib.pgd(predict_fn, x, labels, jax.random.key(5), epsilon=eps,
+      out = _pgd(predict_fn, x, labels, jax.random.key(5), epsilon=eps,
                         num_steps=5, step_size=eps / 2, norm=norm,
                         clip_min=-1.0, clip_max=1.0)
     assert out.shape == x.shape and out.dtype == x.dtype
@@ -136,11 +149,11 @@ def test_constraints_hold(mlp, norm, eps):
 def test_pgd_le_fgsm_le_clean(mlp):
   predict_fn, x, labels = mlp
   eps = 0.15
-  f = adv_lib.fgsm(predict_fn, x, labels, epsilon=eps)
-  p = adv_lib.pgd(predict_fn, x, labels, jax.random.key(0), epsilon=eps,
+  f = _fgsm(predict_fn, x, labels, epsilon=eps)
+  p = _pgd(predict_fn, x, labels, jax.random.key(0), epsilon=eps,
                   num_steps=10, step_size=eps / 4)
-  acc_f = adv_lib.adversarial_accuracy(predict_fn, x, labels, f)
-  acc_p = adv_lib.adversarial_accuracy(predict_fn, x, labels, p)
+  acc_f = adv_lib.adversarial_accuracy(*predict_fn, x, labels=labels, adv_inputs=f)
+  acc_p = adv_lib.adversarial_accuracy(*predict_fn, x, labels=labels, adv_inputs=p)
   assert float(acc_f["clean_acc"]) == 1.0
   assert float(acc_p["adv_acc"]) <= float(acc_f["adv_acc"]) < 1.0
   assert float(acc_p["adv_acc"]) < 0.9
@@ -148,37 +161,74 @@ def test_pgd_le_fgsm_le_clean(mlp):
 
 
 def test_pgd_compiles_once_across_epsilons():
+  """Callers jit with apply_fn static and the variables traced: one trace for every ε and
+  every new set of weights."""
   traces = []
 
-  def predict(z):
+  def apply_fn(w, z):
     traces.append(1)
-    return linear_predict(z)
+    return linear_apply(w, z)
 
+  pgd = jax.jit(adv_lib.pgd, static_argnums=0,
+                static_argnames=("num_steps", "norm", "random_start"))
   x = _images(6)
   labels = jnp.ones(x.shape[0], jnp.int32)
   for eps in (0.01, 0.02, 0.04):
-    adv_lib.pgd(predict, x, labels, jax.random.key(0), epsilon=eps,
-                num_steps=3, step_size=eps / 2)
+    pgd(apply_fn, W, x, labels=labels, key=jax.random.key(0), epsilon=eps,
+        num_steps=3, step_size=eps / 2)
   n = len(traces)
-  adv_lib.pgd(predict, x, labels, jax.random.key(1), epsilon=0.5,
-              num_steps=3, step_size=0.2)
+  out = pgd(apply_fn, 2.0 * W, x, labels=labels, key=jax.random.key(1), epsilon=0.1,
+            num_steps=3, step_size=0.1)
   assert len(traces) == n
-  # And it traces inside a caller's jit with the model parameters traced.
-  f = jax.jit(lambda w, e: adv_lib.pgd(
-      lambda z: jnp.stack([jnp.zeros(z.shape[0]), z.reshape(z.shape[0], -1) @ w],
-                          -1), x, labels, jax.random.key(0), epsilon=e,
-      num_steps=4, step_size=e))
-  np.testing.assert_array_equal(f(W, 0.1), _worst_linf(x, 0.1))
+  np.testing.assert_array_equal(out["adv_inputs"], _worst_linf(x, 0.1))
+  fgsm = jax.jit(adv_lib.fgsm, static_argnums=0)
+  for eps in (0.1, 0.2):
+    fgsm(apply_fn, W, x, labels=labels, epsilon=eps)
+  assert len(traces) == n + 1
+
+
+def test_pgd_needs_key_and_labels():
+  x = _images(6)
+  labels = jnp.ones(x.shape[0], jnp.int32)
+  with pytest.raises(ValueError, match="key"):
+    adv_lib.pgd(linear_apply, W, x, labels=labels, epsilon=0.1, num_steps=1,
+                step_size=0.1)
+  with pytest.raises(ValueError, match="labels"):
+    adv_lib.fgsm(linear_apply, W, x, labels=None, epsilon=0.1)
+  out = adv_lib.pgd(linear_apply, W, x, labels=labels, epsilon=0.1, num_steps=1,
+                    step_size=0.1, random_start=False)
+  np.testing.assert_array_equal(out["adv_inputs"], _worst_linf(x, 0.1))
 
 
 def test_adversarial_accuracy_mask():
   x = _images(7, b=4)
   labels = jnp.array([1, 0, 1, 0])
-  out = adv_lib.adversarial_accuracy(linear_predict, x, labels, x,
-                                     example_mask=jnp.array([1, 1, 0, 0]))
-  correct = np.asarray(jnp.argmax(linear_predict(x), -1) == labels)
+  out = adv_lib.adversarial_accuracy(linear_apply, W, x, labels=labels, adv_inputs=x,
+                                     mask=jnp.array([1, 1, 0, 0]))
+  correct = np.asarray(jnp.argmax(linear_apply(W, x), -1) == labels)
   np.testing.assert_allclose(out["clean_acc"], correct[:2].mean())
   np.testing.assert_allclose(out["adv_acc"], correct[:2].mean())
+  assert float(out["count"]) == 2.0
+  acc = adv_lib.accuracy(linear_apply, W, x, labels=labels, mask=jnp.array([1, 1, 0, 0]))
+  np.testing.assert_allclose(acc["accuracy"], correct[:2].mean())
+  np.testing.assert_array_equal(acc["correct"], correct)
+  assert float(acc["count"]) == 2.0
+  assert float(adv_lib.accuracy(linear_apply, W, x, labels=labels)["count"]) == 4.0
+
+
+def test_perturbation_structure_masked_sums():
+  d = jax.random.normal(jax.random.key(0), (3, 8, 8, 2))
+  mask = jnp.array([1.0, 0.0, 1.0])
+  out = jax.jit(adv_lib.perturbation_structure, static_argnames="patch_size")(
+      d, patch_size=4, cutoff=0.5, mask=mask)
+  np.testing.assert_allclose(out["patch_energy"],
+                             adv_lib.patch_energy(d, 4)[jnp.array([0, 2])].sum(0), rtol=1e-6)
+  np.testing.assert_allclose(out["low_freq_share"],
+                             adv_lib.frequency_share(d, 0.5)[jnp.array([0, 2])].sum(),
+                             rtol=1e-6)
+  np.testing.assert_allclose(out["patch_alignment"],
+                             adv_lib.patch_alignment(d, 4)[jnp.array([0, 2])].sum(),
+                             rtol=1e-6)
   assert float(out["count"]) == 2.0
 
 
@@ -186,28 +236,32 @@ def test_transfer_attack_bookkeeping(mlp):
   predict_fn, x, labels = mlp
   kw = dict(epsilon=0.15, num_steps=5, step_size=0.05)
   key = jax.random.key(3)
-  same = adv_lib.transfer_attack(predict_fn, predict_fn, x, labels, key, **kw)
+  same = adv_lib.transfer_attack(*predict_fn, x, labels=labels, key=key,
+                                 target_apply_fn=predict_fn[0],
+                                 target_variables=predict_fn[1], **kw)
   white = adv_lib.adversarial_accuracy(
-      predict_fn, x, labels, adv_lib.pgd(predict_fn, x, labels, key, **kw))
+      *predict_fn, x, labels=labels, adv_inputs=_pgd(predict_fn, x, labels, key, **kw))
   np.testing.assert_allclose(same["source_acc"], white["adv_acc"])
   np.testing.assert_allclose(same["target_acc_adv"], white["adv_acc"])
   np.testing.assert_allclose(same["target_acc_clean"], 1.0)
   np.testing.assert_allclose(same["source_acc_clean"], 1.0)
 
-  const = lambda z: jnp.tile(jnp.arange(4.0), (z.shape[0], 1))  # Always 3.
-  other = adv_lib.transfer_attack(predict_fn, const, x, labels, key, **kw)
+  const = lambda v, z: jnp.tile(v, (z.shape[0], 1))  # Always 3.
+  other = adv_lib.transfer_attack(*predict_fn, x, labels=labels, key=key,
+                                  target_apply_fn=const, target_variables=jnp.arange(4.0),
+                                  **kw)
   np.testing.assert_allclose(other["source_acc"], white["adv_acc"])
   want = float((labels == 3).mean())
   np.testing.assert_allclose(other["target_acc_clean"], want)
   np.testing.assert_allclose(other["target_acc_adv"], want)
-  np.testing.assert_array_equal(other["adv_images"], same["adv_images"])
+  np.testing.assert_array_equal(other["adv_inputs"], same["adv_inputs"])
 
 
 def test_invalid_arguments():
   x = _images(0)
   labels = jnp.ones(x.shape[0], jnp.int32)
   with pytest.raises(ValueError, match="norm"):
-    adv_lib.fgsm(linear_predict, x, labels, epsilon=0.1, norm="l1")
+    _fgsm(linear_predict, x, labels, epsilon=0.1, norm="l1")
   with pytest.raises(ValueError, match="patch_size"):
     adv_lib.patch_energy(x, 3)
   with pytest.raises(ValueError, match="patch_size"):
@@ -287,10 +341,10 @@ def test_vit_end_to_end():
                          maxval=1.0)
   variables = jax.jit(lambda k: model.init(k, x, train=False))(
       jax.random.key(1))
-  predict_fn = lambda z: model.apply(variables, z, train=False)
-  labels = jnp.argmax(predict_fn(x), -1)
+  predict_fn = (functools.partial(model.apply, train=False), variables)
+  labels = jnp.argmax(predict_fn[0](variables, x), -1)
   eps = 8 / 255 * 2   # 8/255 in [0, 1] pixels is 16/255 after Normalize.
-  out = adv_lib.pgd(predict_fn, x, labels, jax.random.key(2), epsilon=eps,
+  out = _pgd(predict_fn, x, labels, jax.random.key(2), epsilon=eps,
                     num_steps=3, step_size=eps / 4, clip_min=-1.0, clip_max=1.0)
   delta = out - x
   assert float(jnp.abs(delta).max()) <= eps * (1 + 1e-5)

@@ -1,5 +1,7 @@
 """Tests for xsens/measures/attention_similarity.py (Reuse Transformers, spec §A.1)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,14 +62,24 @@ def test_collect_over_dataset_on_random_and_reuse_models():
   kwargs = dict(patch_size=7, width=16, depth=3, num_heads=2, mlp_dim=32)
   vit = get_model("vit", 10, MNIST, **kwargs)
   variables = vit.init(jax.random.key(1), images[:1])
-  hs = asim.collect_head_similarity(vit, variables, images, batch_size=4)
+  apply_fn = functools.partial(vit.apply, train=False)
+  hs = asim.collect_head_similarity(apply_fn, variables, images, batch_size=4)
   assert hs.shape == (3, 2, 3, 2)
   assert np.all((hs >= -1e-6) & (hs <= 1 + 1e-6))
   # Batch-wise mean equals the mean over the whole set.
-  full = asim.head_similarity(jnp.stack(asim.attention_maps(vit, variables, images)))
+  full = asim.head_similarity(jnp.stack(asim.attention_maps(apply_fn, variables, images)))
   np.testing.assert_allclose(hs, full, rtol=1e-5, atol=1e-6)
+  # The per-batch measure: masked mean and count, composable in a caller's jit.
+  mask = jnp.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+  out = jax.jit(asim.batch_head_similarity, static_argnums=0)(
+      apply_fn, variables, images, mask=mask)
+  assert float(out["count"]) == 3.0
+  sub = asim.head_similarity(jnp.stack(asim.attention_maps(apply_fn, variables,
+                                                           images[np.array([0, 1, 3])])))
+  np.testing.assert_allclose(out["head_similarity"], sub, rtol=1e-5, atol=1e-6)
 
   reuse = get_model("reuse_vit", 10, MNIST, reuse_heads=-1, reuse_layers=1, **kwargs)
   rv = reuse.init(jax.random.key(1), images[:1])
-  layer = asim.layer_similarity(asim.collect_head_similarity(reuse, rv, images))
+  layer = asim.layer_similarity(asim.collect_head_similarity(
+      functools.partial(reuse.apply, train=False), rv, images))
   np.testing.assert_allclose(layer[1, 0], 1.0, rtol=1e-5)   # layer 1 copies layer 0

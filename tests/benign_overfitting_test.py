@@ -312,6 +312,7 @@ def smoke_run(tmp_path_factory):
   return workdir, studies.run(bo_config.get_config("smoke"), workdir)
 
 
+@pytest.mark.slow
 def test_smoke_high_n_snr2_generalises_better(smoke_run):
   workdir, out = smoke_run
   for name in ("results.md", "results.json", "heatmap_vit.png", "cutoff_vit.png",

@@ -13,10 +13,11 @@ from xsens.measures import sensitivity as sens_lib
 
 
 def _table_fn(table: np.ndarray, n: int):
-  """f(x) = table[index of x] for ±1 inputs [M, n] in all_inputs' bit layout."""
+  """apply_fn(_, x) = table[index of x] for ±1 inputs [M, n] in all_inputs' bit layout."""
   weights = 2 ** np.arange(n - 1, -1, -1)
 
-  def f(x):
+  def f(variables, x):
+    del variables
     bits = ((1 - x) / 2).astype(jnp.int32)
     return jnp.asarray(table)[bits @ jnp.asarray(weights, jnp.int32)]
   return f
@@ -45,7 +46,7 @@ def test_walsh_hadamard_equals_sylvester_matrix_and_inverts():
 
 def test_parity_puts_all_weight_on_the_full_set():
   n = 5
-  coeffs = np.asarray(boolean.fourier_spectrum(lambda x: jnp.prod(x, -1), n))
+  coeffs = np.asarray(boolean.fourier_spectrum(lambda _, x: jnp.prod(x, -1), None, n))
   expected = np.zeros(2**n)
   expected[2**n - 1] = 1.0
   np.testing.assert_allclose(coeffs, expected, atol=1e-6)
@@ -56,7 +57,7 @@ def test_parity_puts_all_weight_on_the_full_set():
 
 def test_majority_of_three_is_exact():
   # Maj3 = (x0 + x1 + x2 - x0 x1 x2) / 2.
-  coeffs = np.asarray(boolean.fourier_spectrum(lambda x: jnp.sign(jnp.sum(x, -1)), 3))
+  coeffs = np.asarray(boolean.fourier_spectrum(lambda _, x: jnp.sign(jnp.sum(x, -1)), None, 3))
   expected = np.zeros(8)
   for i in range(3):
     expected[boolean.subset_index(3, [i])] = 0.5
@@ -70,12 +71,12 @@ def test_majority_of_three_is_exact():
 
 def test_dictator_and_constant():
   n = 4
-  dictator = np.asarray(boolean.fourier_spectrum(lambda x: x[:, 2], n))
+  dictator = np.asarray(boolean.fourier_spectrum(lambda _, x: x[:, 2], None, n))
   expected = np.zeros(16)
   expected[boolean.subset_index(n, [2])] = 1.0
   np.testing.assert_allclose(dictator, expected, atol=1e-7)
   assert float(boolean.fourier_average_sensitivity(dictator)) == pytest.approx(1.0)
-  const = np.asarray(boolean.fourier_spectrum(lambda x: jnp.full(x.shape[:1], -0.7), n))
+  const = np.asarray(boolean.fourier_spectrum(lambda _, x: jnp.full(x.shape[:1], -0.7), None, n))
   expected = np.zeros(16)
   expected[0] = -0.7
   np.testing.assert_allclose(const, expected, atol=1e-7)
@@ -88,7 +89,7 @@ def test_average_sensitivity_from_spectrum_equals_direct_counting(seed):
   table = np.random.default_rng(seed).choice([-1.0, 1.0], size=2**n).astype(np.float32)
   f = _table_fn(table, n)
   coeffs = boolean.fourier_coefficients(jnp.asarray(table))
-  direct = sens_lib.boolean_sensitivity(f, n)
+  direct = sens_lib.boolean_sensitivity(f, None, boolean.all_inputs(n))
   assert float(boolean.fourier_average_sensitivity(coeffs)) == pytest.approx(
       float(direct["mean"]), abs=1e-5)
   # Parseval: sum fhat^2 = E f^2 = 1 for a ±1 function; the spectrum sums to it.
@@ -102,7 +103,8 @@ def test_monomial_values_and_multi_output():
     c = np.asarray(boolean.fourier_coefficients(v))
     assert c[boolean.subset_index(n, coords)] == pytest.approx(1.0)
     assert np.sum(np.abs(c)) == pytest.approx(1.0)
-  two = boolean.fourier_spectrum(lambda x: jnp.stack([x[:, 0], x[:, 1] * x[:, 3]], -1), n)
+  two = boolean.fourier_spectrum(
+      lambda _, x: jnp.stack([x[:, 0], x[:, 1] * x[:, 3]], -1), None, n)
   assert two.shape == (2, 16)
   np.testing.assert_allclose(np.asarray(boolean.degree_spectrum(two))[:, :3],
                              [[0, 1, 0], [0, 0, 1]], atol=1e-7)

@@ -41,6 +41,7 @@ def zero(tmp_path_factory):
   return root, co, plain_a, plain_b
 
 
+@pytest.mark.slow
 def test_zero_coupling_equals_two_independent_runs(zero):
   root, co, plain_a, plain_b = zero
   for got, want in ((co.a, plain_a), (co.b, plain_b)):

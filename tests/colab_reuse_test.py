@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from tests import notebooks
 
 NOTEBOOK = notebooks.notebook_path("reuse_attention.ipynb")
@@ -16,6 +18,7 @@ def test_committed_notebook_is_clean():
   assert "2110.06821" in source and "XSENS_NOTEBOOK_SMOKE" in source
 
 
+@pytest.mark.slow
 def test_notebook_runs_in_smoke_mode():
   nb = notebooks.execute_smoke(NOTEBOOK)
   assert not notebooks.outputs(nb, "error")

@@ -38,6 +38,7 @@ def _stdout(nb):
   return notebooks.stdout(nb)
 
 
+@pytest.mark.slow
 def test_notebook_runs_without_errors(executed_notebook):
   nb = executed_notebook
   assert not notebooks.outputs(nb, "error")
@@ -47,6 +48,7 @@ def test_notebook_runs_without_errors(executed_notebook):
   assert "smoke=True" in _stdout(nb)
 
 
+@pytest.mark.slow
 def test_notebook_reports_accuracies_of_both_models(executed_notebook):
   stdout = _stdout(executed_notebook)
   corr = {m["model"]: m for m in CORRUPTION_LINE.finditer(stdout)}
@@ -72,6 +74,7 @@ def test_notebook_reports_accuracies_of_both_models(executed_notebook):
   assert len(re.findall(r"^  without stage\d_block\d", resnet_part, re.M)) == 5
 
 
+@pytest.mark.slow
 def test_notebook_shows_figures(executed_notebook):
   nb = executed_notebook
   images = [o for o in notebooks.outputs(nb, "display_data") + notebooks.outputs(nb, "execute_result")

@@ -25,6 +25,7 @@ def executed_notebook():
   return notebooks.execute_smoke(NOTEBOOK)
 
 
+@pytest.mark.slow
 def test_notebook_runs_and_reports_both_models(executed_notebook):
   nb = executed_notebook
   assert not notebooks.outputs(nb, "error")

@@ -50,6 +50,7 @@ def test_docstring_has_run_command_and_smoke_variant(name):
     module.get_config("bogus")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SMOKE_RUNS))
 def test_smoke_variant_trains_and_writes_checkpoint_and_metrics(tmp_path, name):
   config = importlib.import_module(f"mlcollections_configs.{name}").get_config("smoke")

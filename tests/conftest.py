@@ -6,7 +6,6 @@ import tempfile
 # A private data dir for the whole session (inherited by CLI subprocesses): embedded
 # datasets are prepared there once; nothing reads or writes ~/tensorflow_datasets.
 os.environ.setdefault("TFDS_DATA_DIR", tempfile.mkdtemp(prefix="xsens_tfds_"))
-os.environ.setdefault("XSENS_FAST_COMPILE", "1")
 
 import jax  # pylint: disable=g-import-not-at-top
 

@@ -1,4 +1,5 @@
-"""Tests of xsens.measures.corruptions and xsens.measures.corruption_eval."""
+"""Tests of xsens.measures.corruptions, xsens.measures.corruption_eval and
+xsens.data.corrupted."""
 
 import jax
 import jax.numpy as jnp
@@ -8,9 +9,11 @@ import pytest
 import tensorflow_datasets as tfds
 
 from xsens.data import config as data_config_lib
+from xsens.data import corrupted
 from xsens.data import pipeline
 from xsens.measures import corruption_eval as ce
 from xsens.measures import corruptions as C
+from xsens.studies import robustness_common as common
 
 SHAPES = [(28, 28, 1), (32, 32, 3)]
 RANDOM = ("gaussian_noise", "shot_noise", "impulse_noise", "glass_blur", "motion_blur", "snow",
@@ -242,7 +245,7 @@ def test_aggregates():
 def test_corruption_accuracy_bookkeeping():
   """Constant predictor: every accuracy is the class frequency; a mean-threshold predictor
   on a dark-vs-bright dataset is perfect on contrast (the mean is kept) and the inputs it sees
-  are in the model space ("half": [-1, 1])."""
+  are in the model space ("half": [-1, 1]). Host loop of the study (NumPy corruptions)."""
   rng = np.random.default_rng(0)
   n, k = 37, 3
   labels = np.arange(n) % 2
@@ -253,28 +256,105 @@ def test_corruption_accuracy_bookkeeping():
 
   def constant(x):
     shapes.add(x.shape)
-    return jnp.tile(jnp.array([[0.0, 1.0, 0.5]]), (x.shape[0], 1))
+    return jnp.argmax(jnp.tile(jnp.array([[0.0, 1.0, 0.5]]), (x.shape[0], 1)), -1)
 
   names = ("contrast", "gaussian_noise")
-  acc = ce.corruption_accuracy(constant, images, labels, normalize="half", names=names,
-                               severities=(1, 5), batch_size=16)
+  acc = common.corruption_accuracy(constant, images, labels, normalize="half", names=names,
+                                   severities=(1, 5), batch_size=16)
   assert set(acc) == {(m, s) for m in names for s in (1, 5)}
   assert all(v == pytest.approx(np.mean(labels == 1)) for v in acc.values())
   assert shapes == {(16, 8, 8, 1)}  # Padded last batch: one shape, one compile.
-  assert ce.accuracy(constant, images, labels, batch_size=16) == pytest.approx(18 / 37)
+  assert common.accuracy(constant, images, labels, batch_size=16) == pytest.approx(18 / 37)
 
-  @jax.jit
-  def by_mean(x):
+  def by_mean(variables, x):
     assert x.shape[1:] == (8, 8, 1)
-    m = jnp.mean(x, axis=(1, 2, 3))  # In [-1, 1]: dark < 0 < bright.
+    m = jnp.mean(x, axis=(1, 2, 3)) * variables  # In [-1, 1]: dark < 0 < bright.
     return jnp.stack([-m, m, jnp.full_like(m, -10.0)], axis=-1)[:, :k]
 
-  acc = ce.corruption_accuracy(by_mean, images, labels, normalize="half",
-                               names=("contrast",), batch_size=10)
+  label_fn = common.bind(by_mean, 1.0)
+  acc = common.corruption_accuracy(label_fn, images, labels, normalize="half",
+                                   names=("contrast",), batch_size=10)
   assert all(v == 1.0 for v in acc.values())
-  again = ce.corruption_accuracy(by_mean, images, labels, normalize="half",
-                                 names=("gaussian_noise",), severities=(5,), seed=1)
+  again = common.corruption_accuracy(label_fn, images, labels, normalize="half",
+                                     names=("gaussian_noise",), severities=(5,), seed=1)
   assert 0.0 <= again[("gaussian_noise", 5)] <= 1.0
+  with pytest.raises(ValueError, match="unknown corruption"):
+    common.corruption_accuracy(label_fn, images, labels, normalize="half", names=("rain",))
+
+
+DETERMINISTIC_JAX = ("defocus_blur", "zoom_blur", "brightness", "contrast", "pixelate")
+
+
+def test_jax_registry():
+  assert set(C.JAX_CORRUPTIONS) | set(C.HOST_ONLY) == set(C.NAMES)
+  assert not set(C.JAX_CORRUPTIONS) & set(C.HOST_ONLY)
+  assert set(C.JAX_CORRUPTIONS) == set(DETERMINISTIC_JAX) | set(C.RANDOM_JAX)
+  with pytest.raises(ValueError, match="host only"):
+    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "fog", 1)
+  with pytest.raises(ValueError, match="unknown"):
+    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "rain", 1)
+  with pytest.raises(ValueError, match="key"):
+    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "shot_noise", 1)
+  with pytest.raises(ValueError, match="severity"):
+    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "contrast", 0)
+
+
+@pytest.mark.parametrize("shape", SHAPES + [(20, 24, 3)])
+@pytest.mark.parametrize("name", DETERMINISTIC_JAX)
+def test_corrupt_jax_equals_numpy(name, shape):
+  x = smooth_images(3, *shape)
+  x[0, :3, :3] = 0.0  # Black pixels (brightness' S = 0 branch).
+  fn = jax.jit(C.corrupt_jax, static_argnums=(1, 2))
+  for severity in C.SEVERITIES:
+    np.testing.assert_allclose(np.asarray(fn(x, name, severity)), C.corrupt(x, name, severity),
+                               atol=2e-6, err_msg=f"{name} {severity}")
+
+
+@pytest.mark.parametrize("name", C.RANDOM_JAX)
+def test_corrupt_jax_noise_distribution(name):
+  """Same distribution as NumPy's: mean and spread of the change per grey level agree, and
+  equal keys give equal draws at every severity."""
+  levels = np.array([0.2, 0.5, 0.8], np.float32)
+  x = np.broadcast_to(levels[:, None, None, None], (3, 64, 64, 3)).copy()
+  key = jax.random.key(4)
+  for severity in (1, 5):
+    a = np.asarray(C.corrupt_jax(x, name, severity, key)) - x
+    b = C.corrupt(x, name, severity, seed=4) - x
+    for i in range(3):
+      assert abs(a[i].mean() - b[i].mean()) < 4e-3, (severity, i)
+      assert abs(a[i].std() - b[i].std()) < 0.08 * b[i].std() + 1e-3, (severity, i)
+    np.testing.assert_array_equal(C.corrupt_jax(x, name, severity, key),
+                                  C.corrupt_jax(x, name, severity, key))
+  assert not np.array_equal(np.asarray(C.corrupt_jax(x, name, 3, key)),
+                            np.asarray(C.corrupt_jax(x, name, 3, jax.random.key(5))))
+
+
+@pytest.mark.parametrize("normalize", ["half", "standardize"])
+def test_corruption_accuracy_measure_in_jit(normalize):
+  """The device measure: composes in jit, masks padding rows, and sees the same corrupted
+  inputs as the host path (deterministic corruptions)."""
+  x01 = smooth_images(6, 8, 8, 3)
+  stats = pipeline.channel_stats(x01)
+  images = ce.from_unit_range(x01, normalize, stats)
+  w = jnp.asarray(np.random.default_rng(0).normal(size=(8 * 8 * 3, 4)), jnp.float32)
+  apply_fn = lambda v, x: x.reshape(x.shape[0], -1) @ v
+  labels = np.array([0, 1, 2, 3, 0, 1])
+  mask = np.array([1, 1, 1, 1, 0, 0], np.float32)
+  fn = jax.jit(ce.corruption_accuracy, static_argnums=0,
+               static_argnames=("name", "severity", "normalize"))
+  out = fn(apply_fn, w, images, labels=labels, name="contrast", severity=3, mask=mask,
+           normalize=normalize, stats=stats)
+  host = ce.corrupt_normalized(images, "contrast", 3, normalize=normalize, stats=stats)
+  want = np.argmax(np.asarray(apply_fn(w, host)), -1) == labels
+  np.testing.assert_array_equal(out["correct"], want)
+  assert float(out["count"]) == 4.0
+  np.testing.assert_allclose(out["accuracy"], want[:4].mean())
+  noisy = fn(apply_fn, w, images, labels=labels, name="gaussian_noise", severity=5,
+             key=jax.random.key(0), normalize=normalize, stats=stats)
+  assert noisy["correct"].shape == (6,) and float(noisy["count"]) == 6.0
+  with pytest.raises(ValueError, match="host only"):
+    ce.corruption_accuracy(apply_fn, w, images, labels=labels, name="fog", severity=1,
+                           normalize=normalize, stats=stats)
 
 
 def test_corrupt_normalized_is_seeded_and_chunked(monkeypatch):
@@ -299,12 +379,12 @@ def _cifar_config(data_dir, **fields):
 
 
 def test_tfds_names():
-  assert ce.tfds_name("glass_blur", 3) == "cifar10_corrupted/frosted_glass_blur_3"
-  assert ce.tfds_name("elastic_transform", 1) == "cifar10_corrupted/elastic_1"
-  assert ce.tfds_name("fog", 5) == "cifar10_corrupted/fog_5"
+  assert corrupted.tfds_name("glass_blur", 3) == "cifar10_corrupted/frosted_glass_blur_3"
+  assert corrupted.tfds_name("elastic_transform", 1) == "cifar10_corrupted/elastic_1"
+  assert corrupted.tfds_name("fog", 5) == "cifar10_corrupted/fog_5"
   builder_configs = {c.name for c in tfds.builder_cls("cifar10_corrupted").BUILDER_CONFIGS}
   for name in C.NAMES:
-    assert ce.tfds_name(name, 1).split("/")[1] in builder_configs, name
+    assert corrupted.tfds_name(name, 1).split("/")[1] in builder_configs, name
 
 
 @pytest.mark.parametrize("normalize", ["half", "standardize"])
@@ -313,17 +393,17 @@ def test_load_cifar10_corrupted_with_mock_data(tmp_path, normalize):
   pipeline.clear_cache()
   try:
     with tfds.testing.mock_data(num_examples=12, policy=tfds.testing.MockPolicy.USE_CODE):
-      split = ce.load_cifar10_corrupted(cfg, "glass_blur", 2)
+      split = corrupted.load_cifar10_corrupted(cfg, "glass_blur", 2)
       stats = None
       if normalize == "standardize":
         # The clean train split as the model saw it (after classes and num_train).
         clean = _cifar_config(str(tmp_path), normalize="zero_one", classes=(0, 1, 2),
                               num_train=5)
         stats = pipeline.channel_stats(pipeline.load_split(clean, "train").images)
-        raw = ce.load_cifar10_corrupted(
+        raw = corrupted.load_cifar10_corrupted(
             _cifar_config(str(tmp_path), normalize="zero_one", classes=(0, 1, 2)),
             "glass_blur", 2)
-      resized = ce.load_cifar10_corrupted(
+      resized = corrupted.load_cifar10_corrupted(
           _cifar_config(str(tmp_path), normalize=normalize, image_size=(16, 16)), "fog", 5,
           stats=stats)
   finally:

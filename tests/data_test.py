@@ -4,8 +4,10 @@ Offline and fast: embedded datasets are prepared into a temporary data_dir; the 
 path runs on `tfds.testing.mock_data`.
 """
 
+import ast
 import json
 import os
+import pathlib
 import shutil
 import time
 
@@ -17,6 +19,7 @@ import tensorflow_datasets as tfds
 from xsens.data import builders
 from xsens.data import config as config_lib
 from xsens.data import pipeline
+from xsens.data import splits
 from xsens.data import synthetic
 from xsens.errors import ConfigError
 
@@ -375,3 +378,42 @@ def test_synthetic_bad_fields(data_dir):
   with pytest.raises(ConfigError) as e:
     pipeline.validate_data_config(cfg)
   assert e.value.field == "data.synthetic.unknown_field" and "noise_std" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# Layering.
+
+
+def _xsens_imports(path: pathlib.Path) -> set[str]:
+  """Every `xsens...` module named by an import in `path` (module level or lazy)."""
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    if isinstance(node, ast.Import):
+      out.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      out.update([node.module] + [f"{node.module}.{a.name}" for a in node.names])
+  return {m for m in out if m.split(".")[0] == "xsens"}
+
+
+def test_data_imports_no_later_layer_and_loaders_do_not_import_the_dispatch():
+  data = pathlib.Path(pipeline.__file__).parent
+  for path in data.rglob("*.py"):
+    later = [m for m in _xsens_imports(path)
+             if m.split(".")[1:2] in (["measures"], ["models"], ["train"], ["studies"],
+                                      ["report"])]
+    assert not later, f"{path.name} imports {later}"
+  for name in ("text.py", "splits.py"):  # pipeline dispatches to text: no import back.
+    assert "xsens.data.pipeline" not in _xsens_imports(data / name), name
+  assert "xsens.data.text" not in _xsens_imports(data / "splits.py")
+
+
+def test_pipeline_reexports_the_shared_split_helpers():
+  assert pipeline.Split is splits.Split and pipeline.ROLES == splits.ROLES == ("train", "test")
+  assert pipeline.split_role is splits.split_role
+  assert pipeline.subset_indices is splits.subset_indices
+  assert splits.split_names("train[:10%]+test", "data.train_split") == ["train", "test"]
+  with pytest.raises(ConfigError) as e:
+    splits.check_split_names("valid", "data.test_split", ("train", "test"))
+  assert e.value.field == "data.test_split" and "allowed: train, test" in str(e.value)
+  assert splits.resolve_data_dir({"data_dir": "~/x"}) == os.path.expanduser("~/x")
+  assert splits.resolve_data_dir({"data_dir": "gs://b/~x"}) == "gs://b/~x"

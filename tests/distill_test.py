@@ -52,6 +52,7 @@ def runs(tmp_path_factory):
   return out
 
 
+@pytest.mark.slow
 def test_kd_with_alpha_zero_equals_cross_entropy_training(runs):
   for a, b in zip(_params(runs["ce"]), _params(runs["alpha0"])):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -13,6 +13,7 @@ from xsens.errors import ConfigError
 from xsens.train import checkpoint as ckpt
 
 
+@pytest.mark.slow
 def test_distillation_smoke_study_writes_report(tmp_path):
   config = distill_config.get_config("smoke")
   # Plain `kd` runs in tests/colab_distillation_test.py (the same smoke study).
@@ -53,6 +54,7 @@ def test_distillation_smoke_study_writes_report(tmp_path):
       assert value == old[key] or (value != value and old[key] != old[key]), key
 
 
+@pytest.mark.slow
 def test_churn_smoke_study_writes_report(tmp_path):
   config = churn_config.get_config("smoke")
   out = studies.run(config, str(tmp_path))

@@ -90,3 +90,17 @@ def test_target_accuracy_needs_a_train_classification_evaluator(tmp_path):
   with pytest.raises(ConfigError, match="config.target_train_accuracy: needs a "):
     trainer.train_and_evaluate(config, str(tmp_path / "wd"))
   assert not (tmp_path / "wd").exists()
+
+
+def test_trainer_logs_a_measure_evaluator_from_xsens_measures(tmp_path):
+  """The README's example: token sensitivity of the test split every k steps."""
+  config = smoke_train("vit", total_steps=4, eval_every=2)
+  config.evals = ml_collections.ConfigDict({
+      "test": {"kind": "classification", "split": "test"},
+      "sens": {"kind": "measure", "measure": "token_sensitivity", "split": "test",
+               "limit": 40, "every": 4,
+               "options": {"sigma": 1.0, "patch_size": 7, "num_draws": 1}}})
+  trainer.train_and_evaluate(config, str(tmp_path))
+  records = [r for r in read_metrics(str(tmp_path)) if "eval/sens_mean" in r]
+  assert [r["step"] for r in records] == [4]
+  assert 0.0 <= records[0]["eval/sens_mean"] <= 1.0

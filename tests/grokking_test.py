@@ -58,6 +58,7 @@ def _init(model, seed=0):
   return model.init(jax.random.key(seed), jnp.zeros((1, 3), jnp.int32))["params"]
 
 
+@pytest.mark.slow
 def test_paper_model_parameter_count_and_shapes():
   model = gt.GrokkingTransformer()
   params = _init(model)
@@ -240,6 +241,7 @@ def smoke(tmp_path_factory):
   return config, workdir, grokking.run(config, workdir, log=lambda *_: None)
 
 
+@pytest.mark.slow
 def test_smoke_study_writes_logs_table_and_plot(smoke):
   config, workdir, out = smoke
   e, s = config.train.epochs, config.train.num_seeds
@@ -268,6 +270,7 @@ def test_smoke_study_writes_logs_table_and_plot(smoke):
                                                           rel=1e-5)
 
 
+@pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_logs(smoke, tmp_path):
   config, _, out = smoke
   workdir = str(tmp_path / "resume")

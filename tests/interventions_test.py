@@ -13,6 +13,7 @@ from xsens.models import get_model
 from xsens.train import interventions, losses, objectives, trainer
 
 
+@pytest.mark.slow
 def test_window_masks_are_one_q_by_q_window_inside_the_image():
   masks = np.asarray(interventions.window_masks(jax.random.key(0), 2000, 8, 8, 3, False))
   assert masks.shape == (2000, 8, 8, 1)
@@ -30,6 +31,7 @@ def test_grid_aligned_windows_sit_on_the_patch_grid():
   assert set(rows) == {0, 4} and set(cols) == {0, 4}
 
 
+@pytest.mark.slow
 def test_patch_noise_changes_only_the_window():
   x = jnp.zeros((4, 8, 8, 3))
   noisy = np.asarray(interventions.patch_noise(x, jax.random.key(2), sigma=1.0, patch_size=2))
@@ -74,6 +76,7 @@ def _reg(**kw):
        "grid_aligned": False}, **kw))
 
 
+@pytest.mark.slow
 def test_regularised_loss_equals_cross_entropy_at_p_zero():
   plain_state, plain = _one_step(None)
   reg_state, reg = _one_step(_reg(weight=0.0))
@@ -83,6 +86,7 @@ def test_regularised_loss_equals_cross_entropy_at_p_zero():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_regularised_loss_weights_task_and_penalty():
   _, m = _one_step(_reg(weight=0.3))
   assert float(m["loss"]) == pytest.approx(0.7 * float(m["task_loss"]) + 0.3 * float(m["penalty"]),
@@ -102,6 +106,7 @@ def test_bad_intervention_settings_are_refused(tmp_path, field, value, match):
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_trainer_runs_with_regulariser_and_augmentation(tmp_path):
   config = smoke_train("vit", **{"regularizer.name": "sensitivity",
                                  "augment.gaussian_std": 0.1})
@@ -111,6 +116,7 @@ def test_trainer_runs_with_regulariser_and_augmentation(tmp_path):
   assert any("train/penalty" in r for r in read_metrics(str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_fine_tune_from_a_vit_jax_checkpoint(tmp_path, monkeypatch):
   """`pretrained.path` loads a vit_jax .npz (posemb resized, head re-initialised)."""
   from tests import pretrained_test  # pylint: disable=g-import-not-at-top

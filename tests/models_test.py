@@ -108,6 +108,7 @@ def test_every_model_has_small_settings():
   assert set(SMALL) == set(VISION_MODELS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("image_shape", [MNIST, CIFAR], ids=["28x28x1", "32x32x3"])
 @pytest.mark.parametrize("name", VISION_MODELS)
 def test_forward_shape_and_finite(name, image_shape):
@@ -145,6 +146,7 @@ def test_param_count(entry):
   assert _n_params(variables) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BATCHNORM_MODELS)
 def test_batchnorm_train_updates_stats_and_eval_is_deterministic(name):
   model = get_model(name, NUM_CLASSES, MNIST, **SMALL[name])
@@ -167,6 +169,7 @@ def test_batchnorm_train_updates_stats_and_eval_is_deterministic(name):
                              rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_vit_dropout_active_only_in_train():
   model = get_model("vit", NUM_CLASSES, MNIST, **SMALL["vit"], dropout_rate=0.5)
   x = _images(MNIST)
@@ -179,6 +182,7 @@ def test_vit_dropout_active_only_in_train():
   assert not np.allclose(apply(variables, x, k1, True), apply(variables, x, k2, True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
 @pytest.mark.parametrize("posemb", ["learned", "sincos"])
 def test_vit_variants(pooling, posemb):
@@ -191,6 +195,7 @@ def test_vit_variants(pooling, posemb):
   assert np.all(np.isfinite(jax.jit(model.apply)(variables, x)))
 
 
+@pytest.mark.slow
 def test_vit_patch_maps_to_one_token():
   model = get_model("vit", NUM_CLASSES, MNIST, **SMALL["vit"])
   x = _images(MNIST, batch=1)
@@ -228,6 +233,7 @@ def test_posemb_sincos_2d():
   np.testing.assert_allclose(pe[0, :, 8], np.sin(np.repeat(np.arange(3), 5)), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("activation", ["relu", "gelu", "tanh", "leaky_relu"])
 def test_mlp_activations(activation):
   model = get_model("mlp", NUM_CLASSES, MNIST, hidden_dims=[8], activation=activation)

@@ -13,6 +13,7 @@ from xsens.measures import perturbations as pert
 from xsens.models import get_model
 from xsens.models import resnet as resnet_lib
 from xsens.models import vit as vit_lib
+from xsens.studies import robustness_common as common
 
 SHAPE = (8, 8, 1)
 VIT = dict(patch_size=4, width=8, depth=3, num_heads=2, mlp_dim=16)
@@ -45,6 +46,10 @@ def _resnet():
     return {"params": variables["params"], "batch_stats": state["batch_stats"]}
 
   return model, init(_rngs(), _images(4))
+
+
+def _fn(model):
+  return functools.partial(model.apply, train=False)
 
 
 def _apply(model, variables, x):
@@ -81,6 +86,7 @@ def _reference_vit(model, params, x, skip):
   return nn.Dense(model.num_classes).apply({"params": params["head"]}, x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", [0, 2])
 @pytest.mark.parametrize("part", ["block", "attention", "mlp"])
 def test_vit_removal_equals_reference_forward(layer, part):
@@ -114,6 +120,7 @@ def test_vit_block_removal_equals_shallower_vit():
       _apply(shallow, {"params": params}, x), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_skip_nothing_is_the_normal_forward_and_tree_is_unchanged():
   model, variables = _vit(dropout_rate=0.3)
   x = _images()
@@ -174,6 +181,7 @@ def _reference_resnet(model, variables, x, skip):
                                            x.mean(axis=(1, 2)))
 
 
+@pytest.mark.slow
 def test_resnet_identity_blocks():
   assert resnet_lib.identity_blocks() == (0, 1, 3, 5, 7)
   model, _ = _resnet()
@@ -181,6 +189,7 @@ def test_resnet_identity_blocks():
       (i, "block") for i in (0, 1, 3, 5, 7))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [1, 5])
 def test_resnet_block_removal_equals_reference(block):
   model, variables = _resnet()
@@ -209,11 +218,59 @@ def test_resnet_projection_block_is_refused():
   assert pert.removable_layers(model) == pert.removable_layers(model, ("block",))
 
 
+# ---------------------------------------------------------------------------
+# Layer removal through the registry entries (the measure imports no models).
+# ---------------------------------------------------------------------------
+
+
+def test_entry_removal_equals_measure():
+  from xsens.models import REGISTRY  # pylint: disable=g-import-not-at-top
+  vit, vit_vars = _vit()
+  resnet, _ = _resnet()
+  bit = get_model("bit_resnet", 5, (16, 16, 1), block_units=(1, 2, 1, 3), width_factor=0.125,
+                  num_groups=4)
+  for name, model, parts in (("vit", vit, ("attention", "block")), ("resnet18", resnet, None),
+                             ("bit_resnet", bit, None)):
+    entry = REGISTRY[name]
+    assert entry.supports_removal
+    assert entry.removable_layers(model) == pert.removable_layers(model)
+    if parts is not None:
+      assert entry.removable_layers(model, parts) == pert.removable_layers(model, parts)
+    for layer in entry.removable_layers(model):
+      assert entry.remove_layers(model, [layer]) == pert.remove_layers(model, [layer])
+  assert REGISTRY["bit_resnet"].removable_layers(bit) == ((2, "block"), (5, "block"),
+                                                           (6, "block"))
+  x = _images()
+  np.testing.assert_array_equal(
+      _apply(REGISTRY["vit"].remove_layers(vit, [(1, "mlp")]), vit_vars, x),
+      _apply(vit.clone(skip=((1, "mlp"),)), vit_vars, x))
+  with pytest.raises(TypeError, match="must be a ViT"):
+    REGISTRY["vit"].removable_layers(resnet)
+  with pytest.raises(ValueError, match="unknown part 'head'"):
+    REGISTRY["vit"].removable_layers(vit, ("head",))
+
+
+def test_models_without_removable_layers_are_refused():
+  from xsens.models import REGISTRY  # pylint: disable=g-import-not-at-top
+  mlp = get_model("mlp", 5, SHAPE, hidden_dims=(4,))
+  assert not REGISTRY["mlp"].supports_removal
+  with pytest.raises(ValueError, match="'mlp' has no removable layers"):
+    REGISTRY["mlp"].removable_layers(mlp)
+  with pytest.raises(ValueError, match="layer removal needs a model with `removable_layers`"):
+    pert.removable_layers(mlp)
+  with pytest.raises(ValueError, match="not MLP"):
+    pert.remove_layers(mlp, [(0, "block")])
+  with pytest.raises(ValueError, match="unknown part 'head'"):
+    pert.removable_layers(mlp, ("head",))
+
+
+@pytest.mark.slow
 def test_layer_removal_accuracy():
   model, variables = _vit()
   x = _images(7)
   labels = np.asarray(jnp.argmax(_apply(model, variables, x), -1))
-  out = pert.layer_removal_accuracy(model, variables, x, labels, batch_size=3)
+  out = common.layer_removal_accuracy(_fn(model), variables, x, labels, model=model,
+                                      batch_size=3)
   assert out["baseline"] == 1.0
   assert set(out["accuracy"]) == {(i, p) for i in range(3)
                                  for p in ("block", "attention", "mlp")}
@@ -223,10 +280,29 @@ def test_layer_removal_accuracy():
     want = np.mean(np.asarray(jnp.argmax(_apply(variant, variables, x), -1)) == labels)
     assert acc == pytest.approx(want)
   model, variables = _resnet()
-  out = pert.layer_removal_accuracy(model, variables, x, labels,
-                                    layers=[(3, "block")], batch_size=4)
+  out = common.layer_removal_accuracy(_fn(model), variables, x, labels, model=model,
+                                      layers=[(3, "block")], batch_size=4)
   assert list(out["accuracy"]) == [(3, "block")]
   assert 0.0 <= out["accuracy"][(3, "block")] <= 1.0
+
+
+def test_layer_removal_accuracy_one_batch_in_jit():
+  """The per-batch measure: masked accuracies of every variant in one jitted program."""
+  model, variables = _vit()
+  x = _images(6)
+  labels = np.array(jnp.argmax(_apply(model, variables, x), -1))
+  labels[5] = (labels[5] + 1) % 5   # Wrong, but masked out.
+  mask = jnp.array([1, 1, 1, 1, 1, 0], jnp.float32)
+  layers = ((0, "block"), (2, "mlp"))
+  fn = jax.jit(functools.partial(pert.layer_removal_accuracy, _fn(model), model=model,
+                                 layers=layers))
+  out = fn(variables, x, labels=labels, mask=mask)
+  assert float(out["baseline"]) == 1.0 and float(out["count"]) == 5.0
+  assert out["correct"].shape == (2, 6) and out["accuracy"].shape == (2,)
+  for l, layer in enumerate(layers):
+    pred = np.asarray(jnp.argmax(_apply(pert.remove_layers(model, [layer]), variables, x), -1))
+    np.testing.assert_array_equal(out["correct"][l], pred == labels)
+    assert float(out["accuracy"][l]) == pytest.approx(np.mean((pred == labels)[:5]))
 
 
 def test_accuracy_padding_is_masked():
@@ -234,9 +310,14 @@ def test_accuracy_padding_is_masked():
   x = _images(5)
   labels = np.array([0, 1, 2, 3, 4])
   want = np.mean(np.asarray(jnp.argmax(_apply(model, variables, x), -1)) == labels)
+  label_fn = common.bind(_fn(model), variables)
   for batch_size in (1, 2, 5, 8):
-    assert pert.accuracy(model, variables, x, labels,
-                         batch_size=batch_size) == pytest.approx(want)
+    assert common.accuracy(label_fn, x, labels, batch_size) == pytest.approx(want)
+  mask = jnp.array([1, 1, 1, 0, 0])
+  out = pert.accuracy(_fn(model), variables, x, labels=labels, mask=mask)
+  correct = np.asarray(jnp.argmax(_apply(model, variables, x), -1)) == labels
+  assert float(out["accuracy"]) == pytest.approx(correct[:3].mean())
+  assert float(out["count"]) == 3.0
 
 
 # ---------------------------------------------------------------------------
@@ -244,6 +325,7 @@ def test_accuracy_padding_is_masked():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_weight_noise_zero_scale_is_identity():
   _, variables = _vit()
   params = variables["params"]
@@ -258,6 +340,7 @@ def test_weight_noise_zero_scale_is_identity():
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_weight_noise_norm_ratio():
   params = {"big": {"kernel": jax.random.normal(jax.random.key(1), (300, 200)) * 3.0,
                     "bias": jnp.ones((200,))},
@@ -294,24 +377,32 @@ def test_weight_noise_per_layer_matches_joint_noise():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_weight_noise_accuracy():
   model, variables = _vit()
   x = _images(7)
   labels = np.asarray(jnp.argmax(_apply(model, variables, x), -1))
   assert pert.weight_layers(variables["params"]) == (
       "embedding", "encoderblock_0", "encoderblock_1", "encoderblock_2", "head")
-  out = pert.weight_noise_accuracy(model, variables, x, labels, jax.random.key(0),
-                                   relative_scale=0.0, num_draws=2, batch_size=4)
+  out = common.weight_noise_accuracy(_fn(model), variables, x, labels, jax.random.key(0),
+                                     relative_scale=0.0, num_draws=2, batch_size=4)
   assert out["baseline"] == 1.0
   assert out["per_layer"] == {name: 1.0 for name in pert.weight_layers(variables["params"])}
-  out = pert.weight_noise_accuracy(model, variables, x, labels, jax.random.key(0),
-                                   relative_scale=5.0, num_draws=3, batch_size=4,
-                                   layers=["head"])
+  out = common.weight_noise_accuracy(_fn(model), variables, x, labels, jax.random.key(0),
+                                     relative_scale=5.0, num_draws=3, batch_size=4,
+                                     layers=["head"])
   assert len(out["per_layer_draws"]["head"]) == 3
   assert out["per_layer"]["head"] < 1.0
   with pytest.raises(ValueError, match="unknown layer"):
-    pert.weight_noise_accuracy(model, variables, x, labels, jax.random.key(0),
-                               relative_scale=0.1, layers=["nope"])
+    common.weight_noise_accuracy(_fn(model), variables, x, labels, jax.random.key(0),
+                                 relative_scale=0.1, layers=["nope"])
+  # The per-batch measure equals the pooled driver on one unpadded batch.
+  one = pert.weight_noise_accuracy(_fn(model), variables, x, labels=labels,
+                                   key=jax.random.key(0), relative_scale=5.0, num_draws=3,
+                                   layers=["head"])
+  np.testing.assert_allclose(one["per_layer_draws"][0], out["per_layer_draws"]["head"],
+                             rtol=1e-6)
+  assert one["correct"].shape == (1, 3, 7)
 
 
 # ---------------------------------------------------------------------------
@@ -321,9 +412,10 @@ def test_weight_noise_accuracy():
 
 def _jit_sharpness(model, **kwargs):
   return jax.jit(lambda v, x, key, sigma: pert.sharpness(
-      model.apply, v, x, key, sigma=sigma, **kwargs))
+      _fn(model), v, x, key=key, sigma=sigma, **kwargs))
 
 
+@pytest.mark.slow
 def test_sharpness_zero_sigma_is_zero_in_eval_mode():
   # Dropout 0.5: in train mode the two forwards would differ (or need an rng).
   model, variables = _vit(dropout_rate=0.5)
@@ -339,6 +431,7 @@ def test_sharpness_zero_sigma_is_zero_in_eval_mode():
   assert {k: float(v) for k, v in out.items()}  # All scalars.
 
 
+@pytest.mark.slow
 def test_sharpness_matches_manual_eval_mode_computation():
   model, variables = _resnet()
   stats = jax.tree.map(np.asarray, variables["batch_stats"])
@@ -377,6 +470,6 @@ def test_sharpness_perturbs_params_only():
 def test_sharpness_rejects_bad_arguments():
   model, variables = _vit()
   with pytest.raises(ValueError, match="num_draws"):
-    pert.sharpness(model.apply, variables, _images(), jax.random.key(0), num_draws=0)
+    pert.sharpness(_fn(model), variables, _images(), key=jax.random.key(0), num_draws=0)
   with pytest.raises(ValueError, match="sigma"):
-    pert.sharpness(model.apply, variables, _images(), jax.random.key(0), sigma=-1.0)
+    pert.sharpness(_fn(model), variables, _images(), key=jax.random.key(0), sigma=-1.0)

@@ -216,6 +216,7 @@ def test_resize_posemb_grid_hand_values():
   np.testing.assert_array_equal(pretrained.resize_posemb_grid(grid, (2, 2)), grid)
 
 
+@pytest.mark.slow
 def test_load_at_another_image_size_resizes_posemb():
   ck = fake_vit_checkpoint(grid=2)  # trained on 8 x 8 images
   pe = ck["Transformer/posembed_input/pos_embedding"]
@@ -334,6 +335,7 @@ def test_bit_config_from_checkpoint():
     pretrained.bit_config_from_checkpoint(fake_vit_checkpoint())
 
 
+@pytest.mark.slow
 def test_loaded_bit_equals_reference_forward(tmp_path):
   ck = fake_bit_checkpoint()
   np.savez(tmp_path / "bit.npz", **ck)

@@ -12,6 +12,7 @@ from xsens.errors import ConfigError
 from xsens.train import checkpoint as ckpt
 
 
+@pytest.mark.slow
 def test_smoke_study_writes_report(tmp_path):
   config = reuse_config.get_config("smoke")
   out = studies.run(config, str(tmp_path))

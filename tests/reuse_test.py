@@ -63,6 +63,7 @@ def test_full_reuse_uses_given_attention_exactly():
   np.testing.assert_array_equal(scores, prev)        # P = H passes S_prev on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("p", [0, 1, H - 1, H])
 def test_shapes_and_passed_on_attention(p):
   x, prev = _x(), _scores(heads=H)
@@ -104,6 +105,7 @@ def _rename(tree):
           for k, v in tree.items()}
 
 
+@pytest.mark.slow
 def test_reuse_vit_without_reuse_layers_equals_vit():
   kwargs = dict(patch_size=7, width=16, depth=3, num_heads=4, mlp_dim=32)
   vit = get_model("vit", 10, MNIST, **kwargs)

@@ -298,6 +298,7 @@ def study(fake, tmp_path_factory):
   return workdir, studies.run(_config(fake), workdir)
 
 
+@pytest.mark.slow
 def test_imagenet_study_end_to_end(fake, study):
   workdir, out = study
   with open(os.path.join(workdir, "results.json")) as f:
@@ -348,6 +349,7 @@ def _subset(fake, n):
   return (x - 0.5) / 0.5, labels
 
 
+@pytest.mark.slow
 def test_adversarial_and_removal_subset_match_direct_computation(fake, study):
   _, out = study
   n = SMOKE.robustness.num_examples
@@ -358,9 +360,10 @@ def test_adversarial_and_removal_subset_match_direct_computation(fake, study):
   # Layer removal's intact baseline is the clean accuracy of the first num_examples images.
   assert out["layer_removal"]["vit_b16"]["baseline"] == pytest.approx(acc(x))
   from xsens.measures import adversarial  # pylint: disable=g-import-not-at-top
+  apply_fn = fake["vit"].apply_fn
   for e, eps in enumerate(SMOKE.robustness.adversarial.epsilons):
-    x_f = adversarial.fgsm(predict, x, jnp.asarray(labels), epsilon=2 * eps, clip_min=-1.0,
-                           clip_max=1.0)
+    x_f = adversarial.fgsm(apply_fn, variables, x, labels=jnp.asarray(labels),
+                           epsilon=2 * eps, clip_min=-1.0, clip_max=1.0)["adv_inputs"]
     assert out["adversarial"]["fgsm"]["vit_b16"][e] == pytest.approx(acc(x_f)), eps
 
 
@@ -427,6 +430,7 @@ def test_wrong_head_size_is_refused(fake, tmp_path):
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_bit_unit_removal_equals_a_zero_residual_branch():
   """Skipping unit k is the identity on the residual stream: the same as zeroing the kernel
   of its last conv (weight standardisation maps a zero kernel to zero)."""

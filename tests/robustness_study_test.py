@@ -19,6 +19,7 @@ def robustness_run(tmp_path_factory):
   return workdir, studies.run(rob_cfg.get_config("smoke"), workdir)
 
 
+@pytest.mark.slow
 def test_robustness_report(robustness_run):
   workdir, out = robustness_run
   with open(os.path.join(workdir, "results.json")) as f:
@@ -47,6 +48,7 @@ def test_robustness_report(robustness_run):
     assert os.path.getsize(os.path.join(workdir, plot)) > 1000
 
 
+@pytest.mark.slow
 def test_pgd_is_at_least_as_strong_as_fgsm(robustness_run):
   _, out = robustness_run
   for name in out["adversarial"]["pgd"]:
@@ -74,6 +76,7 @@ def test_bad_robustness_settings_refused_before_training(tmp_path, field, value,
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_sensitivity_regularization_study(tmp_path):
   out = studies.run(sr_cfg.get_config("smoke"), str(tmp_path))
   rows = {r["run"]: r for r in out["rows"]}

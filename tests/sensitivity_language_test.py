@@ -52,34 +52,68 @@ def roberta():
 @functools.partial(jax.jit, static_argnames=("model",))
 def _per_token(model, variables, ids, sigma, example_ids=None):
   tokens = model.apply(variables, ids, method=model.embed)
-  encode = lambda t, m: model.apply(variables, t, m, method=model.encode)
-  return ts.masked_token_sensitivity(
-      encode, tokens, text_models.padding_mask(ids), jax.random.key(3), sigma=sigma,
-      num_draws=2, example_ids=example_ids)
+  encode = functools.partial(model.apply, method=model.encode)
+  return ts.text_token_sensitivity(
+      encode, variables, tokens, key=jax.random.key(3),
+      token_mask=text_models.padding_mask(ids), sigma=sigma, num_draws=2,
+      example_ids=example_ids)
 
 
 def test_token_sensitivity_masks_and_batching(roberta):
   model, variables, ids = roberta
   mask = np.asarray(text_models.padding_mask(ids))
-  per_token = np.asarray(_per_token(model, variables, ids, 10.0))
+  out = _per_token(model, variables, ids, 10.0)
+  per_token = np.asarray(out["per_token"])
   assert per_token.shape == (4, 10)
+  np.testing.assert_allclose(out["per_example"],
+                             (per_token * mask).sum(-1) / mask.sum(-1), rtol=1e-6)
+  np.testing.assert_allclose(out["mean"], np.asarray(out["per_example"]).mean(),
+                             rtol=1e-6)
+  assert int(out["count"]) == 2 * mask.sum()
   assert (per_token[~mask] == 0).all() and per_token[mask].max() > 0
   assert set(np.unique(per_token)) <= {0.0, 0.5, 1.0}
-  assert (np.asarray(_per_token(model, variables, ids, 0.0)) == 0).all()
+  assert (np.asarray(_per_token(model, variables, ids, 0.0)["per_token"]) == 0).all()
   # Example b's noise depends on its id only: measuring in two halves changes nothing.
-  halves = [_per_token(model, variables, ids[s], 10.0, jnp.arange(4)[s])
+  halves = [_per_token(model, variables, ids[s], 10.0, jnp.arange(4)[s])["per_token"]
             for s in (slice(0, 2), slice(2, 4))]
   np.testing.assert_array_equal(np.concatenate(halves), per_token)
+
+
+def test_token_sensitivity_labels_example_mask_and_chunks(roberta):
+  model, variables, ids = roberta
+  tokens = model.apply(variables, ids, method=model.embed)
+  encode = functools.partial(model.apply, method=model.encode)
+  pad = text_models.padding_mask(ids)
+  run = lambda v, **kw: jax.jit(lambda v: ts.text_token_sensitivity(  # kw static
+      encode, v, tokens, key=jax.random.key(3), token_mask=pad, sigma=10.0, num_draws=2,
+      **kw))(v)
+  ref = run(variables, chunk_size=None)
+  clean = jnp.argmax(encode(variables, tokens, pad), -1)
+  for out in (run(variables), run(variables, chunk_size=3), run(variables, labels=clean),
+              run(variables, memory_budget_bytes=1)):
+    np.testing.assert_array_equal(out["per_token"], ref["per_token"])
+  padded = run(variables, mask=jnp.arange(4) < 3)
+  np.testing.assert_array_equal(padded["per_example"], ref["per_example"])
+  np.testing.assert_allclose(padded["mean"], np.asarray(ref["per_example"])[:3].mean(),
+                             rtol=1e-6)
+  assert int(padded["count"]) == 2 * int(np.asarray(pad)[:3].sum())
+  with pytest.raises(ValueError, match="key"):
+    ts.text_token_sensitivity(encode, variables, tokens, token_mask=pad, sigma=1.0,
+                              num_draws=2)
 
 
 def test_global_sensitivity_range(roberta):
   model, variables, ids = roberta
   tokens = model.apply(variables, ids, method=model.embed)
-  encode = lambda t, m: model.apply(variables, t, m, method=model.encode)
+  encode = functools.partial(model.apply, method=model.encode)
   mask = text_models.padding_mask(ids)
-  glob = jax.jit(lambda sigma: ts.masked_global_sensitivity(
-      encode, tokens, mask, jax.random.key(1), sigma=sigma, num_draws=8))
-  big, none = glob(50.0), glob(0.0)
+  glob = lambda v, sigma, **kw: jax.jit(lambda v, sigma: ts.text_global_sensitivity(
+      encode, v, tokens, key=jax.random.key(1), token_mask=mask, sigma=sigma,
+      num_draws=8, **kw)["per_example"])(v, sigma)
+  big, none = glob(variables, 50.0), glob(variables, 0.0)
+  # The draws are chunked ('auto', or explicitly) without changing any flip.
+  np.testing.assert_array_equal(glob(variables, 50.0, chunk_size=3), big)
+  np.testing.assert_array_equal(glob(variables, 50.0, chunk_size=None), big)
   assert big.shape == (4,) and (np.asarray(none) == 0).all() and np.asarray(big).max() > 0
 
 
@@ -90,6 +124,7 @@ def smoke_run(tmp_path_factory):
   return config, workdir, studies.run(config, str(workdir))
 
 
+@pytest.mark.slow
 def test_smoke_study_writes_table_plots_and_history(smoke_run):
   config, workdir, out = smoke_run
   rows = {r["run"]: r for r in out["rows"]}
@@ -116,6 +151,7 @@ def test_smoke_study_writes_table_plots_and_history(smoke_run):
   assert curve["count"][0] == config.sensitivity.num_examples  # Every sentence has an end.
 
 
+@pytest.mark.slow
 def test_rerun_resumes_without_training(smoke_run):
   config, workdir, out = smoke_run
   again = studies.run(config, str(workdir))

@@ -1,5 +1,6 @@
 """Tests for xsens/measures/sensitivity.py and xsens/measures/tokens.py."""
 
+import functools
 import math
 import os
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from xsens.measures import boolean
 from xsens.measures import sensitivity as sens
 from xsens.measures import tokens as tokens_lib
 
@@ -22,21 +24,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ----------------------------------------------------------------------------
-# Small token models: tokens [B, T, D] -> logits [B, K].
+# Small token models: apply_fn(variables, tokens [B, T, D]) -> logits [B, K].
 # ----------------------------------------------------------------------------
 
 
-def token0_model(tok):
-  """Reads only token 0: class 1 iff tok[:, 0, 0] > 0."""
+def token0_model(variables, tok):
+  """Reads only token 0: class 1 iff tok[:, 0, 0] > 0 (no variables)."""
+  del variables
   return jnp.stack([jnp.zeros(tok.shape[0]), tok[:, 0, 0]], -1)
 
 
-def linear_model(w, b):
-  """logits = [0, sum_t w_t . x_t + b]."""
-  def f(tok):
-    return jnp.stack(
-        [jnp.zeros(tok.shape[0]), jnp.einsum("btd,td->b", tok, w) + b], -1)
-  return f
+def linear_apply(variables, tok):
+  """logits = [0, sum_t w_t . x_t + b], variables = {"w": [T, D], "b": []}."""
+  w, b = variables["w"], variables["b"]
+  return jnp.stack(
+      [jnp.zeros(tok.shape[0]), jnp.einsum("btd,td->b", tok, w) + b], -1)
 
 
 def mlp_params(key, t, d, hidden=8, classes=4):
@@ -46,12 +48,10 @@ def mlp_params(key, t, d, hidden=8, classes=4):
               w2=jax.random.normal(k3, (hidden, classes)))
 
 
-def mlp_model(params):
+def mlp_apply(params, tok):
   """A nonlinear model that mixes all tokens."""
-  def f(tok):
-    h = jnp.tanh(jnp.einsum("btd,tdh->bh", tok, params["w1"]) + params["b1"])
-    return h @ params["w2"]
-  return f
+  h = jnp.tanh(jnp.einsum("btd,tdh->bh", tok, params["w1"]) + params["b1"])
+  return h @ params["w2"]
 
 
 def random_tokens(seed, b=3, t=5, d=4):
@@ -80,13 +80,18 @@ def test_patchify_round_trip_and_order():
     tokens_lib.patchify(images, 5)
 
 
-def test_image_token_fns_reproduce_predict_fn():
+def test_token_view_reproduces_apply_fn():
   images = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
-  predict_fn = lambda x: x.reshape(x.shape[0], -1)[:, :5] * 2.0
-  to_tokens, from_tokens = tokens_lib.image_token_fns(
-      predict_fn, 4, images.shape[1:])
-  np.testing.assert_array_equal(
-      from_tokens(to_tokens(images)), predict_fn(images))
+  apply_fn = lambda v, x: x.reshape(x.shape[0], -1)[:, :5] * v
+  token_fn, tok = tokens_lib.token_view(apply_fn, images, 4)
+  assert tok.shape == (2, 4, 48)
+  np.testing.assert_array_equal(token_fn(2.0, tok), apply_fn(2.0, images))
+  same_fn, same = tokens_lib.token_view(apply_fn, tok)      # tokens as they are
+  assert same_fn is apply_fn and same is tok
+  with pytest.raises(ValueError, match="patch_size"):
+    tokens_lib.token_view(apply_fn, images)
+  with pytest.raises(ValueError, match="divide"):
+    tokens_lib.token_view(apply_fn, images, 3)
 
 
 # ----------------------------------------------------------------------------
@@ -97,7 +102,7 @@ def test_image_token_fns_reproduce_predict_fn():
 def test_token0_model_is_sensitive_only_at_token0():
   tok = random_tokens(2).at[:, 0, 0].set(jnp.array([0.1, -0.2, 0.05]))
   out = jax.jit(lambda x, k: sens.token_sensitivity(
-      token0_model, x, k, sigma=1.0, num_draws=16))(tok, KEY)
+      token0_model, None, x, key=k, sigma=1.0, num_draws=16))(tok, KEY)
   per_token = np.asarray(out["per_token"])
   assert per_token.shape == (3, 5)
   np.testing.assert_array_equal(per_token[:, 1:], 0.0)
@@ -116,9 +121,9 @@ def test_linear_classifier_matches_closed_form():
   tok = random_tokens(4, b, t, d) * 0.1
   bias = 0.3
   margin = np.asarray(jnp.einsum("btd,td->b", tok, w) + bias)
-  out = jax.jit(lambda x, k: sens.token_sensitivity(
-      linear_model(w, bias), x, k, sigma=sigma, num_draws=draws,
-      chunk_size=4096))(tok, KEY)
+  out = jax.jit(lambda v, x, k: sens.token_sensitivity(
+      linear_apply, v, x, key=k, sigma=sigma, num_draws=draws,
+      chunk_size=4096))(dict(w=w, b=bias), tok, KEY)
   # P[flip at token i] = Phi(-|margin| / (sigma ||w_i||)).
   expected = stats.norm.cdf(-np.abs(margin)[:, None] /
                             (sigma * np.linalg.norm(np.asarray(w), axis=-1)))
@@ -130,15 +135,17 @@ def test_linear_classifier_matches_closed_form():
 
 def test_zero_sigma_and_constant_model_give_zero():
   tok = random_tokens(5)
-  model = mlp_model(mlp_params(jax.random.key(6), 5, 4))
-  const = lambda x: jnp.broadcast_to(jnp.array([1.0, 0.0]), (x.shape[0], 2))
+  params = mlp_params(jax.random.key(6), 5, 4)
+  const = lambda v, x: jnp.broadcast_to(jnp.array([1.0, 0.0]), (x.shape[0], 2))
 
   @jax.jit
-  def run(x, key):
-    return (sens.token_sensitivity(model, x, key, sigma=0.0, num_draws=4),
-            sens.token_sensitivity(const, x, key, sigma=10.0, num_draws=4))
+  def run(v, x, key):
+    return (sens.token_sensitivity(mlp_apply, v, x, key=key, sigma=0.0,
+                                   num_draws=4),
+            sens.token_sensitivity(const, v, x, key=key, sigma=10.0,
+                                   num_draws=4))
 
-  zero_sigma, constant = run(tok, KEY)
+  zero_sigma, constant = run(params, tok, KEY)
   assert float(zero_sigma["mean"]) == 0.0 and int(zero_sigma["flips"]) == 0
   assert float(zero_sigma["stderr"]) == 0.0
   assert float(zero_sigma["stderr_noise"]) == 0.0
@@ -147,24 +154,24 @@ def test_zero_sigma_and_constant_model_give_zero():
 
 def test_masks():
   tok = random_tokens(7, b=3, t=5)
-  model = mlp_model(mlp_params(jax.random.key(8), 5, 4))
+  params = mlp_params(jax.random.key(8), 5, 4)
   token_mask = jnp.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]],
                          bool)
   no_tokens = jnp.array([[1] * 5, [1] * 5, [0] * 5], bool)
   example_mask = jnp.array([True, True, False])
 
   @jax.jit
-  def run(x, key):
-    ts = lambda f, **kw: sens.token_sensitivity(f, x, key, sigma=2.0,
+  def run(v, x, key):
+    ts = lambda f, **kw: sens.token_sensitivity(f, v, x, key=key, sigma=2.0,
                                                 num_draws=8, **kw)
-    return dict(full=ts(model), masked=ts(model, token_mask=token_mask),
+    return dict(full=ts(mlp_apply), masked=ts(mlp_apply, token_mask=token_mask),
                 only0=ts(token0_model, token_mask=jnp.arange(5) > 0),
-                ex=ts(model, example_mask=example_mask),
-                empty=ts(model, token_mask=no_tokens),
-                one_draw=sens.token_sensitivity(model, x, key, sigma=2.0,
-                                                num_draws=1))
+                ex=ts(mlp_apply, mask=example_mask),
+                empty=ts(mlp_apply, token_mask=no_tokens),
+                one_draw=sens.token_sensitivity(mlp_apply, v, x, key=key,
+                                                sigma=2.0, num_draws=1))
 
-  r = run(tok, KEY)
+  r = run(params, tok, KEY)
   full, masked, m = r["full"], r["masked"], np.asarray(token_mask)
   assert float(full["mean"]) > 0.1
   # Same noise per (token, draw): valid tokens keep their values.
@@ -176,9 +183,11 @@ def test_masks():
   assert int(masked["count"]) == 8 * m.sum()
   # Padding tokens of a token-0 reader contribute nothing.
   assert float(r["only0"]["mean"]) == 0.0
-  # A padded example (example_mask False) is left out of mean and count.
+  # A padded example (mask False) is left out of mean and count, but keeps
+  # its per-example value.
   np.testing.assert_allclose(r["ex"]["mean"],
                              np.mean(full["per_example"][:2]), rtol=1e-6)
+  np.testing.assert_array_equal(r["ex"]["per_example"], full["per_example"])
   assert int(r["ex"]["count"]) == 2 * 5 * 8
   # An example with no valid token is dropped as well.
   np.testing.assert_allclose(r["empty"]["mean"], r["ex"]["mean"], rtol=1e-6)
@@ -203,17 +212,18 @@ def test_masks():
 
 def test_vectorised_equals_loop_for_all_chunk_sizes():
   tok = random_tokens(9, b=3, t=5)
-  model = mlp_model(mlp_params(jax.random.key(10), 5, 4))
+  params = mlp_params(jax.random.key(10), 5, 4)
   kw = dict(sigma=1.5, num_draws=4)
-  ref = sens.token_sensitivity_loop(model, tok, KEY, **kw)
+  ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY, **kw)
   assert 0.05 < float(ref["mean"]) < 0.95
+  sizes = (None, 1, 3, 7, "auto")
 
   @jax.jit
-  def run(x, key):
-    return [sens.token_sensitivity(model, x, key, chunk_size=c, **kw)
-            for c in (None, 1, 3, 7)]
+  def run(v, x, key):
+    return [sens.token_sensitivity(mlp_apply, v, x, key=key, chunk_size=c,
+                                   **kw) for c in sizes]
 
-  for chunk_size, out in zip((None, 1, 3, 7), run(tok, KEY)):
+  for chunk_size, out in zip(sizes, run(params, tok, KEY)):
     for name in ("per_token", "per_example", "flips", "count"):
       np.testing.assert_array_equal(out[name], ref[name],
                                     err_msg=f"{name} chunk={chunk_size}")
@@ -221,47 +231,49 @@ def test_vectorised_equals_loop_for_all_chunk_sizes():
       np.testing.assert_allclose(out[name], ref[name], rtol=1e-6)
 
 
-def test_loop_compiles_once_and_accepts_unhashable_models():
+def test_loop_compiles_once_traces_variables_and_accepts_unhashable_models():
   tok = random_tokens(33, b=3, t=4)
   traces = []
 
-  def model(x):
+  def model(variables, x):
     traces.append(x.shape)
-    return token0_model(x)
+    return token0_model(None, x) * variables
 
-  kw = dict(sigma=1.0, num_draws=2)
-  first = sens.token_sensitivity_loop(model, tok, KEY, **kw)
-  second = sens.token_sensitivity_loop(model, tok, KEY, **kw)
+  kw = dict(key=KEY, sigma=1.0, num_draws=2)
+  first = sens.token_sensitivity_loop(model, 1.0, tok, **kw)
+  # New variables of the same structure: traced, so no new compilation.
+  second = sens.token_sensitivity_loop(model, 2.0, tok, **kw)
   assert len(traces) == 2, traces            # Clean labels + one pair step.
   np.testing.assert_array_equal(first["per_token"], second["per_token"])
 
   class Unhashable:
     __hash__ = None
 
-    def __call__(self, x):
-      return token0_model(x)
+    def __call__(self, variables, x):
+      return token0_model(variables, x)
 
-  out = sens.token_sensitivity_loop(Unhashable(), tok, KEY, **kw)
+  out = sens.token_sensitivity_loop(Unhashable(), None, tok, **kw)
   np.testing.assert_array_equal(out["per_token"], first["per_token"])
 
 
 def test_example_chunk_size_does_not_change_results():
   tok = random_tokens(28, b=5, t=4)
-  model = mlp_model(mlp_params(jax.random.key(29), 4, 4))
+  params = mlp_params(jax.random.key(29), 4, 4)
   kw = dict(sigma=1.5, num_draws=3)
-  ref = sens.token_sensitivity_loop(model, tok, KEY, example_chunk_size=2,
-                                    **kw)
+  ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY,
+                                    example_chunk_size=2, **kw)
   assert 0.05 < float(ref["mean"]) < 0.95
   sizes = [(None, 1), (3, 1), (4, 2), (5, None), (1, 7)]  # (pairs, examples)
   for c, e in sizes:
     batches = []
 
-    def counting(x):
+    def counting(v, x):
       batches.append(x.shape[0])
-      return model(x)
+      return mlp_apply(v, x)
 
-    out = jax.jit(lambda x, key: sens.token_sensitivity(
-        counting, x, key, chunk_size=c, example_chunk_size=e, **kw))(tok, KEY)
+    out = jax.jit(lambda v, x, key: sens.token_sensitivity(
+        counting, v, x, key=key, chunk_size=c, example_chunk_size=e, **kw))(
+            params, tok, KEY)
     for name in ("per_token", "per_example", "flips", "count"):
       np.testing.assert_array_equal(out[name], ref[name],
                                     err_msg=f"{name} chunk={c} examples={e}")
@@ -270,31 +282,108 @@ def test_example_chunk_size_does_not_change_results():
     examples = 5 if e is None else -(-5 // -(-5 // e))
     assert max(batches) == examples * min(c or 12, 12), (c, e, batches)
   with pytest.raises(ValueError, match="example_chunk_size"):
-    sens.token_sensitivity(model, tok, KEY, example_chunk_size=0, **kw)
+    sens.token_sensitivity(mlp_apply, params, tok, key=KEY,
+                           example_chunk_size=0, **kw)
+
+
+def test_plan_chunks():
+  mib = 2**20
+  per_input = sens.FORWARD_BYTES_PER_INPUT_BYTE
+  # 1 KiB inputs, a budget of 8 inputs per forward call.
+  plan = lambda **kw: sens.plan_chunks(
+      4, 100, 1024, memory_budget_bytes=8 * 1024 * per_input, **kw)
+  assert plan() == (2, None)                           # 4 examples x 2 copies
+  assert plan(chunk_size=None) == (None, 1)            # 100 copies: 1 example
+  assert plan(chunk_size=3) == (3, 2)
+  assert plan(example_chunk_size=1) == (8, 1)
+  assert plan(example_chunk_size=None) == (2, None)
+  assert plan(chunk_size=5, example_chunk_size=None) == (5, None)  # explicit
+  # The whole batch does not fit: one copy per call, blocks of 8 examples.
+  assert sens.plan_chunks(20, 100, 1024,
+                          memory_budget_bytes=8 * 1024 * per_input) == (1, 8)
+  # Everything fits: all copies in one call (clipped to num_items).
+  assert sens.plan_chunks(4, 10, 1024, memory_budget_bytes=mib * per_input) \
+      == (10, None)
+  # A budget below one input still evaluates one input per call.
+  assert sens.plan_chunks(4, 10, 1024, memory_budget_bytes=1) == (1, 1)
+  for bad in (dict(chunk_size=0), dict(chunk_size="big"),
+              dict(memory_budget_bytes=0), dict(example_chunk_size=-1)):
+    with pytest.raises(ValueError):
+      sens.plan_chunks(4, 10, 1024, **bad)
+
+
+def test_auto_chunks_are_bounded_and_match_explicit():
+  b, t, d, draws = 6, 5, 4, 4
+  tok = random_tokens(40, b, t, d)
+  params = mlp_params(jax.random.key(41), t, d)
+  item = t * d * 4                                    # float32 bytes per copy
+  # Room for 10 inputs per forward call.
+  budget = 10 * item * sens.FORWARD_BYTES_PER_INPUT_BYTE
+  kw = dict(sigma=1.5, num_draws=draws)
+  ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY, **kw)
+  assert 0.05 < float(ref["mean"]) < 0.95
+  for budget_bytes, expect in ((budget, 6), (budget // 4, 2)):
+    batches = []
+
+    def counting(v, x):
+      batches.append(x.shape[0])
+      return mlp_apply(v, x)
+
+    run = jax.jit(lambda v, x, key: [sens.token_sensitivity(
+        counting, v, x, key=key, memory_budget_bytes=budget_bytes,
+        chunk_size=c, example_chunk_size=e, **kw)
+        for c, e in (("auto", "auto"),
+                     sens.plan_chunks(b, t * draws, item,
+                                      memory_budget_bytes=budget_bytes))])
+    auto, explicit = run(params, tok, KEY)
+    # budget: the batch fits, 10 // 6 = 1 copy per call (6 inputs); a quarter
+    # of it: 2 inputs per call, blocks of 2 examples.
+    assert max(batches) == expect, batches
+    assert max(batches) * item * sens.FORWARD_BYTES_PER_INPUT_BYTE <= \
+        budget_bytes
+    for out in (auto, explicit):
+      for name in ("per_token", "flips", "count"):
+        np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
+      np.testing.assert_allclose(out["per_example"], ref["per_example"],
+                                 rtol=1e-6)
+  # The default budget does not cut a small problem: one forward call.
+  assert sens.plan_chunks(b, t * draws, item) == (t * draws, None)
+
+
+def test_key_is_required():
+  tok = random_tokens(42)
+  for fn in (sens.token_sensitivity, sens.token_sensitivity_loop,
+             sens.global_sensitivity, sens.smooth_token_sensitivity):
+    with pytest.raises(ValueError, match="key"):
+      fn(token0_model, None, tok, sigma=1.0, num_draws=2)
+  with pytest.raises(ValueError, match="key"):
+    sens.scattered_pixel_sensitivity(token0_model, None, tok[..., None],
+                                     sigma=1.0, num_draws=2, num_pixels=2)
 
 
 def test_example_chunk_size_in_other_estimators():
   tok = random_tokens(30, b=4, t=5)
   images = jax.random.normal(jax.random.key(31), (3, 4, 4, 1))
-  model = mlp_model(mlp_params(jax.random.key(32), 5, 4))
-  probe = lambda x: jnp.stack([jnp.zeros(x.shape[0]),
-                               x.reshape(x.shape[0], -1).sum(-1)], -1)
+  params = mlp_params(jax.random.key(32), 5, 4)
+  probe = lambda v, x: jnp.stack([jnp.zeros(x.shape[0]),
+                                  x.reshape(x.shape[0], -1).sum(-1)], -1)
 
   @jax.jit
-  def run(x, im, key):
+  def run(v, x, im, key):
     outs = []
     for e in (None, 2):   # 2 blocks of 2: 4 tokens; 3 images + 1 padding.
-      kw = dict(sigma=2.0, num_draws=4, chunk_size=3, example_chunk_size=e)
+      kw = dict(key=key, sigma=2.0, num_draws=4, chunk_size=3,
+                example_chunk_size=e)
       outs.append(dict(
-          glob=sens.global_sensitivity(model, x, key, **kw)["per_example"],
+          glob=sens.global_sensitivity(mlp_apply, v, x, **kw)["per_example"],
           pix=sens.scattered_pixel_sensitivity(
-              probe, im, key, num_pixels=3, **kw)["per_example"],
-          img=sens.image_token_sensitivity(
-              probe, im, key, patch_size=2, **kw)["per_token"],
-          smooth=sens.smooth_token_sensitivity(model, x, key, **kw)))
+              probe, None, im, num_pixels=3, **kw)["per_example"],
+          img=sens.token_sensitivity(
+              probe, None, im, patch_size=2, **kw)["per_token"],
+          smooth=sens.smooth_token_sensitivity(mlp_apply, v, x, **kw)["mean"]))
     return outs
 
-  full, blocked = run(tok, images, KEY)
+  full, blocked = run(params, tok, images, KEY)
   for name in ("glob", "pix", "img"):
     np.testing.assert_array_equal(blocked[name], full[name], err_msg=name)
   np.testing.assert_allclose(blocked["smooth"], full["smooth"], rtol=1e-6)
@@ -303,16 +392,17 @@ def test_example_chunk_size_in_other_estimators():
 
 def test_labels_argument():
   tok = random_tokens(11)
-  model = mlp_model(mlp_params(jax.random.key(12), 5, 4))
+  params = mlp_params(jax.random.key(12), 5, 4)
 
   @jax.jit
-  def run(x, key):
-    clean = jnp.argmax(model(x), -1)
-    ts = lambda **kw: sens.token_sensitivity(model, x, key, num_draws=2, **kw)
+  def run(v, x, key):
+    clean = jnp.argmax(mlp_apply(v, x), -1)
+    ts = lambda **kw: sens.token_sensitivity(mlp_apply, v, x, key=key,
+                                             num_draws=2, **kw)
     return (ts(sigma=1.0), ts(sigma=1.0, labels=clean),
             ts(sigma=0.0, labels=(clean + 1) % 4))
 
-  default, explicit, wrong = run(tok, KEY)
+  default, explicit, wrong = run(params, tok, KEY)
   np.testing.assert_array_equal(default["per_token"], explicit["per_token"])
   assert float(wrong["mean"]) == 1.0
 
@@ -321,16 +411,16 @@ def test_under_jit_and_vmap_over_keys():
   b, t, d, draws = 8, 4, 3, 8
   w = jax.random.normal(jax.random.key(13), (t, d))
   tok = random_tokens(14, b, t, d) * 0.3
-  model = linear_model(w, 0.1)
+  variables = dict(w=w, b=0.1)
 
-  def user_fn(x, key):
-    out = sens.token_sensitivity(model, x, key, sigma=0.5, num_draws=draws,
-                                 chunk_size=5)
+  def user_fn(v, x, key):
+    out = sens.token_sensitivity(linear_apply, v, x, key=key, sigma=0.5,
+                                 num_draws=draws, chunk_size=5)
     return out["mean"] * 100.0, out
 
   keys = jax.random.split(jax.random.key(15), 128)
-  scaled, out = jax.jit(user_fn)(tok, keys[3])
-  many = jax.jit(jax.vmap(lambda k: user_fn(tok, k)[1]))(keys)
+  scaled, out = jax.jit(user_fn)(variables, tok, keys[3])
+  many = jax.jit(jax.vmap(lambda k: user_fn(variables, tok, k)[1]))(keys)
   np.testing.assert_array_equal(many["per_token"][3], out["per_token"])
   np.testing.assert_allclose(scaled, out["mean"] * 100.0, rtol=1e-6)
   # stderr_noise predicts the spread of `mean` over keys (examples fixed).
@@ -344,31 +434,33 @@ def test_image_token_sensitivity_on_cnn():
   class TinyCNN(nn.Module):
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, train=False):
       x = nn.relu(nn.Conv(4, (3, 3))(x))
       return nn.Dense(3)(x.reshape(x.shape[0], -1))
 
   images = jax.random.normal(jax.random.key(16), (2, 8, 8, 3))
   model = TinyCNN()
   variables = model.init(jax.random.key(17), images)
-  predict_fn = lambda x: model.apply(variables, x)
-  to_tokens, from_tokens = tokens_lib.image_token_fns(predict_fn, 4,
-                                                      images.shape[1:])
+  apply_fn = functools.partial(model.apply, train=False)
+  token_fn, tokens = tokens_lib.token_view(apply_fn, images, 4)
 
   @jax.jit
-  def run(x, key):
-    out = sens.image_token_sensitivity(predict_fn, x, key, patch_size=4,
-                                       sigma=2.0, num_draws=4, chunk_size=6)
-    ref = sens.token_sensitivity(from_tokens, to_tokens(x), key, sigma=2.0,
+  def run(v, x, tok, key):
+    out = sens.token_sensitivity(apply_fn, v, x, key=key, patch_size=4,
+                                 sigma=2.0, num_draws=4, chunk_size=6)
+    ref = sens.token_sensitivity(token_fn, v, tok, key=key, sigma=2.0,
                                  num_draws=4)
     return out, ref
 
-  out, ref = run(images, KEY)
+  out, ref = run(variables, images, tokens, KEY)
   assert out["per_patch_map"].shape == (2, 2, 2)
   np.testing.assert_array_equal(out["per_patch_map"].reshape(2, 4),
                                 out["per_token"])
   np.testing.assert_array_equal(out["per_token"], ref["per_token"])
   assert 0.0 < float(out["mean"]) < 1.0
+  loop = sens.token_sensitivity_loop(apply_fn, variables, images, key=KEY,
+                                     patch_size=4, sigma=2.0, num_draws=4)
+  np.testing.assert_array_equal(loop["per_patch_map"], out["per_patch_map"])
 
 
 def test_sharded_batch_matches_unsharded():
@@ -378,18 +470,22 @@ def test_sharded_batch_matches_unsharded():
       from xsens.measures import sensitivity as sens
       assert jax.device_count() == 4
       k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-      w1 = jax.random.normal(k1, (5, 3, 8)); w2 = jax.random.normal(k2, (8, 4))
-      f = lambda t: jnp.tanh(jnp.einsum('btd,tdh->bh', t, w1)) @ w2
+      w = dict(w1=jax.random.normal(k1, (5, 3, 8)),
+               w2=jax.random.normal(k2, (8, 4)))
+      f = lambda v, t: jnp.tanh(jnp.einsum('btd,tdh->bh', t, v['w1'])) @ v['w2']
       tok = jax.random.normal(k3, (8, 5, 3))
+      mask = jnp.arange(8) < 7
       mesh = jax.make_mesh((4,), ('data',))
       sharded = jax.device_put(tok, NamedSharding(mesh, P('data')))
+      sharded_mask = jax.device_put(mask, NamedSharding(mesh, P('data')))
       for e in (None, 4):
-        run = jax.jit(lambda t, k: sens.token_sensitivity(
-            f, t, k, sigma=1.0, num_draws=3, chunk_size=4,
+        run = jax.jit(lambda v, t, m, k: sens.token_sensitivity(
+            f, v, t, key=k, mask=m, sigma=1.0, num_draws=3, chunk_size=4,
             example_chunk_size=e))
-        ref = run(tok, jax.random.key(1))
-        out = run(sharded, jax.random.key(1))
+        ref = run(w, tok, mask, jax.random.key(1))
+        out = run(w, sharded, sharded_mask, jax.random.key(1))
         np.testing.assert_array_equal(out['per_token'], ref['per_token'])
+        np.testing.assert_array_equal(out['mean'], ref['mean'])
         assert out['per_token'].sharding.is_equivalent_to(
             NamedSharding(mesh, P('data')), 2), out['per_token'].sharding
       print('OK')
@@ -410,22 +506,25 @@ def test_sharded_batch_matches_unsharded():
 
 def test_global_sensitivity():
   tok = random_tokens(18)
-  model = mlp_model(mlp_params(jax.random.key(19), 5, 4))
+  params = mlp_params(jax.random.key(19), 5, 4)
 
   @jax.jit
-  def run(x, key):
-    gs = lambda f, **kw: sens.global_sensitivity(f, x, key, **kw)
+  def run(v, x, key):
+    gs = lambda f, **kw: sens.global_sensitivity(f, v, x, key=key, **kw)
     return dict(
-        chunked=gs(model, sigma=2.0, num_draws=16, chunk_size=5),
-        unchunked=gs(model, sigma=2.0, num_draws=16),
-        zero=gs(model, sigma=0.0, num_draws=4),
+        chunked=gs(mlp_apply, sigma=2.0, num_draws=16, chunk_size=5),
+        unchunked=gs(mlp_apply, sigma=2.0, num_draws=16, chunk_size=None),
+        auto=gs(mlp_apply, sigma=2.0, num_draws=16),
+        zero=gs(mlp_apply, sigma=0.0, num_draws=4),
         masked=gs(token0_model, sigma=5.0, num_draws=8,
                   token_mask=jnp.arange(5) > 0))
 
-  r = run(tok, KEY)
+  r = run(params, tok, KEY)
   assert float(r["chunked"]["mean"]) > 0.1
   assert int(r["chunked"]["count"]) == 3 * 16
   np.testing.assert_array_equal(r["chunked"]["per_example"],
+                                r["unchunked"]["per_example"])
+  np.testing.assert_array_equal(r["auto"]["per_example"],
                                 r["unchunked"]["per_example"])
   assert float(r["zero"]["mean"]) == 0.0
   assert float(r["masked"]["mean"]) == 0.0
@@ -455,19 +554,19 @@ def test_scattered_pixel_masks_are_shared_across_batch():
 def test_scattered_pixel_sensitivity():
   images = jnp.zeros((4, 4, 4, 1))
   # Flips iff pixel (0, 0) is perturbed.
-  probe = lambda x: jnp.stack(
-      [jnp.full(x.shape[0], 0.5), 1e4 * jnp.abs(x[:, 0, 0, 0])], -1)
+  probe = lambda v, x: jnp.stack(
+      [jnp.full(x.shape[0], 0.5), v * jnp.abs(x[:, 0, 0, 0])], -1)
 
   @jax.jit
-  def run(x, key):
+  def run(v, x, key):
     sps = lambda **kw: sens.scattered_pixel_sensitivity(
-        probe, x, key, num_pixels=4, **kw)
+        probe, v, x, key=key, num_pixels=4, **kw)
     masks = sens.scattered_pixel_masks(key, num_draws=32, image_shape=x.shape,
                                        num_pixels=4)
     return (sps(sigma=1.0, num_draws=32, chunk_size=5),
             sps(sigma=0.0, num_draws=4), masks)
 
-  out, zero, masks = run(images, KEY)
+  out, zero, masks = run(1e4, images, KEY)
   hit = float(masks[:, 0, 0].mean())
   assert 0.0 < hit < 1.0
   # One mask per draw for the whole batch: every example flips on the same
@@ -492,10 +591,10 @@ def test_smooth_gradient_matches_finite_difference(norm, on, chunk_size):
 
     @jax.jit
     def loss(scale, x):
-      p = dict(params, w2=params["w2"] * scale)
+      v = dict(params, w2=params["w2"] * scale)      # Gradient via variables.
       return sens.smooth_token_sensitivity(
-          mlp_model(p), x, KEY, sigma=0.5, num_draws=3, norm=norm, on=on,
-          chunk_size=chunk_size)
+          mlp_apply, v, x, key=KEY, sigma=0.5, num_draws=3, norm=norm, on=on,
+          chunk_size=chunk_size)["mean"]
 
     value, (g_scale, g_tok) = jax.jit(jax.value_and_grad(loss, (0, 1)))(
         1.3, tok)
@@ -512,41 +611,56 @@ def test_smooth_gradient_matches_finite_difference(norm, on, chunk_size):
 
 def test_smooth_variant_chunking_masking_and_zero():
   tok = random_tokens(24)
-  model = mlp_model(mlp_params(jax.random.key(25), 5, 4))
+  params = mlp_params(jax.random.key(25), 5, 4)
 
   @jax.jit
-  def run(x, key):
-    sts = lambda f, **kw: sens.smooth_token_sensitivity(f, x, key, **kw)
-    return (sts(model, sigma=1.0, num_draws=4),
-            sts(model, sigma=1.0, num_draws=4, chunk_size=7),
-            sts(model, sigma=0.0, num_draws=2),
+  def run(v, x, key):
+    sts = lambda f, **kw: sens.smooth_token_sensitivity(f, v, x, key=key, **kw)
+    return (sts(mlp_apply, sigma=1.0, num_draws=4, chunk_size=None),
+            sts(mlp_apply, sigma=1.0, num_draws=4, chunk_size=7),
+            # One copy per call: the perturbed forward has the clean one's batch
+            # size (B * T * R copies in one call may round differently: ~3e-7).
+            sts(mlp_apply, sigma=0.0, num_draws=2, chunk_size=1),
             sts(token0_model, sigma=1.0, num_draws=2,
                 token_mask=jnp.arange(5) > 0))
 
-  unchunked, chunked, zero, masked = run(tok, KEY)
-  assert float(unchunked) > 0
-  np.testing.assert_allclose(unchunked, chunked, rtol=1e-5)
-  assert float(zero) == 0.0 and float(masked) == 0.0
+  unchunked, chunked, zero, masked = run(params, tok, KEY)
+  assert float(unchunked["mean"]) > 0
+  np.testing.assert_allclose(unchunked["mean"], chunked["mean"], rtol=1e-5)
+  assert float(zero["mean"]) == 0.0 and float(masked["mean"]) == 0.0
+  np.testing.assert_array_equal(masked["per_token"][:, 1:], 0.0)
+  assert unchunked["per_token"].shape == (3, 5)
+  np.testing.assert_allclose(unchunked["per_example"],
+                             unchunked["per_token"].mean(-1), rtol=1e-6)
+  np.testing.assert_allclose(unchunked["mean"],
+                             unchunked["per_example"].mean(), rtol=1e-6)
+  padded = jax.jit(lambda v, x, key: sens.smooth_token_sensitivity(
+      mlp_apply, v, x, key=key, sigma=1.0, num_draws=4, chunk_size=None,
+      mask=jnp.array([1.0, 1.0, 0.0])))(params, tok, KEY)
+  np.testing.assert_allclose(padded["mean"],
+                             unchunked["per_example"][:2].mean(), rtol=1e-6)
   with pytest.raises(ValueError, match="norm"):
-    sens.smooth_token_sensitivity(model, tok, KEY, sigma=1.0, num_draws=2,
-                                  norm="linf")
+    sens.smooth_token_sensitivity(mlp_apply, params, tok, key=KEY, sigma=1.0,
+                                  num_draws=2, norm="linf")
 
 
 # ----------------------------------------------------------------------------
 # Boolean sensitivity.
 # ----------------------------------------------------------------------------
 
-parity = lambda x: jnp.prod(x, -1)
-dictator = lambda x: x[:, 0]
-majority = lambda x: jnp.sign(jnp.sum(x, -1))
+parity = lambda v, x: jnp.prod(x, -1)
+dictator = lambda v, x: x[:, 0]
+majority = lambda v, x: jnp.sign(jnp.sum(x, -1))
 
 
 def test_boolean_exact():
-  bs = jax.jit(sens.boolean_sensitivity, static_argnums=(0, 1),
+  bs = jax.jit(lambda f, n, **kw: sens.boolean_sensitivity(
+      f, None, boolean.all_inputs(n), **kw), static_argnums=(0, 1),
                static_argnames="normalize")
   out = bs(parity, 6)
   assert float(out["mean"]) == 6.0 and float(out["stderr"]) == 0.0
   np.testing.assert_array_equal(out["influence"], np.ones(6))
+  np.testing.assert_array_equal(out["per_example"], np.full(64, 6.0))
   assert int(out["count"]) == 64
   assert float(bs(dictator, 4)["mean"]) == 1.0
   # Majority on n = 5: n * C(n-1, (n-1)/2) / 2^(n-1) = 5 * 6 / 16.
@@ -559,8 +673,10 @@ def test_boolean_sampled():
 
   @jax.jit
   def run(key):
-    return (sens.boolean_sensitivity(majority, 5, key=key, num_samples=4000),
-            sens.boolean_sensitivity(parity, 30, key=key, num_samples=64,
+    return (sens.boolean_sensitivity(majority, None,
+                                     boolean.random_inputs(key, 4000, 5)),
+            sens.boolean_sensitivity(parity, None,
+                                     boolean.random_inputs(key, 64, 30),
                                      normalize=True))
 
   out, par = run(KEY)
@@ -570,11 +686,36 @@ def test_boolean_sampled():
   assert float(par["mean"]) == 1.0 and float(par["stderr"]) == 0.0
 
 
+def test_boolean_logits_labels_and_mask():
+  x = boolean.all_inputs(5)
+  logits = lambda v, x: jnp.stack([-v * jnp.sum(x, -1), v * jnp.sum(x, -1)],
+                                  -1)
+
+  @jax.jit
+  def run(v, x):
+    return (sens.boolean_sensitivity(majority, None, x),
+            sens.boolean_sensitivity(logits, v, x),
+            sens.boolean_sensitivity(majority, None, x,
+                                     labels=majority(None, x)),
+            sens.boolean_sensitivity(majority, None, x,
+                                     mask=jnp.arange(32) < 16))
+
+  ref, from_logits, given, half = run(2.0, x)
+  for out in (from_logits, given):
+    for name in ("per_example", "mean", "influence", "count"):
+      np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
+  s = np.asarray(ref["per_example"])
+  np.testing.assert_allclose(half["mean"], s[:16].mean(), rtol=1e-6)
+  np.testing.assert_allclose(half["stderr"],
+                             s[:16].std(ddof=1) / np.sqrt(16), rtol=1e-5)
+  assert int(half["count"]) == 16
+
+
 def test_boolean_errors():
-  with pytest.raises(ValueError, match="num_samples"):
-    sens.boolean_sensitivity(parity, 21)
-  with pytest.raises(ValueError, match="key"):
-    sens.boolean_sensitivity(parity, 8, num_samples=10)
+  with pytest.raises(ValueError, match="n must"):
+    boolean.all_inputs(21)
+  with pytest.raises(ValueError, match="inputs"):
+    sens.boolean_sensitivity(parity, None, jnp.ones((2, 3, 4)))
 
 
 # ----------------------------------------------------------------------------
@@ -584,23 +725,27 @@ def test_boolean_errors():
 
 def test_sigma_sweep_loop_and_vmap_agree():
   tok = random_tokens(26)
-  model = mlp_model(mlp_params(jax.random.key(27), 5, 4))
+  params = mlp_params(jax.random.key(27), 5, 4)
   sigmas = [0.0, 0.5, 4.0]
 
   @jax.jit
-  def run(x, key):
-    kw = dict(from_tokens=model, tokens=x, key=key, num_draws=4)
-    return (sens.sigma_sweep(sens.token_sensitivity, sigmas, **kw),
-            sens.sigma_sweep(sens.token_sensitivity, sigmas, vectorize=True,
+  def run(v, x, key):
+    kw = dict(key=key, num_draws=4)
+    return (sens.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, v, x,
                              **kw),
-            sens.sigma_sweep(sens.smooth_token_sensitivity, sigmas, **kw))
+            sens.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, v, x,
+                             vectorize=True, **kw),
+            # chunk_size=1: exact 0 at sigma 0 (see the test above).
+            sens.sigma_sweep(sens.smooth_token_sensitivity, sigmas,
+                             apply_fn=mlp_apply, variables=v, inputs=x,
+                             chunk_size=1, **kw))
 
-  loop, vec, smooth = run(tok, KEY)
+  loop, vec, smooth = run(params, tok, KEY)
   assert loop["per_token"].shape == (3, 3, 5)
   np.testing.assert_array_equal(loop["per_token"], vec["per_token"])
   assert float(loop["mean"][0]) == 0.0
   assert float(loop["mean"][2]) > float(loop["mean"][1])
-  assert smooth.shape == (3,) and float(smooth[0]) == 0.0
+  assert smooth["mean"].shape == (3,) and float(smooth["mean"][0]) == 0.0
 
 
 def test_num_draws_for_stderr():

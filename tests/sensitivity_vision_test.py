@@ -22,6 +22,7 @@ def smoke_run(tmp_path_factory):
   return workdir, out
 
 
+@pytest.mark.slow
 def test_smoke_study_writes_table_and_plots(smoke_run):
   workdir, out = smoke_run
   with open(os.path.join(workdir, "results.json")) as f:
@@ -45,6 +46,7 @@ def test_smoke_study_writes_table_and_plots(smoke_run):
     assert os.path.isdir(os.path.join(compare.run_workdir(workdir, run), "checkpoints"))
 
 
+@pytest.mark.slow
 def test_more_noise_flips_more(smoke_run):
   """Averaged over models, sensitivity grows with σ (same draws: common random numbers)."""
   _, out = smoke_run
@@ -53,6 +55,7 @@ def test_more_noise_flips_more(smoke_run):
   assert high > low
 
 
+@pytest.mark.slow
 def test_rerun_resumes_without_training(smoke_run):
   workdir, out = smoke_run
   again = studies.run(sv_cfg.get_config("smoke"), workdir)

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers import REPO
 
 _SCRIPT = textwrap.dedent("""
@@ -41,6 +43,7 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eight_device_training_matches_one_device(tmp_path):
   proc = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path)], cwd=REPO,
                         capture_output=True, text=True, timeout=600)

@@ -1,5 +1,6 @@
 """Tests for xsens/measures/similarity.py."""
 
+import functools
 import itertools
 
 import jax
@@ -161,11 +162,11 @@ def tiny_vit():
 
 def test_layer_features_vit(tiny_vit):
   model, variables, x = tiny_vit
-  feats = sim.layer_features(model, variables, x)
+  feats = sim.layer_features(functools.partial(model.apply, train=False), variables, x)
   assert list(feats) == [f"encoderblock_{i}" for i in range(3)]
   assert all(f.shape == (10, 16) for f in feats.values())
-  cls = sim.layer_features(model, variables, x, pooling="cls")
-  flat = sim.layer_features(model, variables, x, pooling="flatten")
+  cls = sim.layer_features(functools.partial(model.apply, train=False), variables, x, pooling="cls")
+  flat = sim.layer_features(functools.partial(model.apply, train=False), variables, x, pooling="flatten")
   assert flat["encoderblock_0"].shape == (10, 5 * 16)    # CLS + 4 patches.
   tokens = flat["encoderblock_2"].reshape(10, 5, 16)
   np.testing.assert_allclose(cls["encoderblock_2"], tokens[:, 0], rtol=1e-6)
@@ -173,11 +174,11 @@ def test_layer_features_vit(tiny_vit):
                              rtol=1e-5, atol=1e-6)
   m = sim.cka_matrix(list(feats.values()))
   np.testing.assert_allclose(jnp.diag(m), 1.0, rtol=1e-5)
-  other = sim.layer_features(model, variables, x, filter=r"encoder_norm|head")
+  other = sim.layer_features(functools.partial(model.apply, train=False), variables, x, filter=r"encoder_norm|head")
   assert list(other) == ["encoder_norm", "head"]
   assert other["head"].shape == (10, 3)
   with pytest.raises(ValueError, match="pooling"):
-    sim.layer_features(model, variables, x, pooling="max")
+    sim.layer_features(functools.partial(model.apply, train=False), variables, x, pooling="max")
 
 
 def test_layer_features_resnet():
@@ -185,12 +186,12 @@ def test_layer_features_resnet():
                     width_multiplier=1 / 16)
   x = _normal(0, (4, 8, 8, 1))
   variables = jax.jit(lambda k: model.init(k, x, train=False))(jax.random.key(0))
-  feats = sim.layer_features(model, variables, x)
+  feats = sim.layer_features(functools.partial(model.apply, train=False), variables, x)
   want = [f"stage{s}_block{b}" for s in range(1, 5) for b in (1, 2)]
   assert list(feats) == want
   assert [f.shape[1] for f in feats.values()] == [4, 4, 8, 8, 16, 16, 32, 32]
   with pytest.raises(ValueError, match="cls"):
-    sim.layer_features(model, variables, x, pooling="cls")
+    sim.layer_features(functools.partial(model.apply, train=False), variables, x, pooling="cls")
 
 
 def test_linear_probe_separable():

@@ -208,6 +208,7 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.slow
 def test_smoke_study_end_to_end(tmp_path):
   config = syn_config.get_config("smoke")
   out = syn.run(config, str(tmp_path), log=lambda *_: None)

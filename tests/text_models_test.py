@@ -78,6 +78,7 @@ def initialised():
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(SMALL))
 def test_shapes_and_token_interface(initialised, run):
   model, variables = initialised[run]

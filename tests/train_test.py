@@ -31,6 +31,7 @@ def smoke_train(model="vit", **overrides):
   return config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["vit", "cnn", "mlp", "resnet18", "densenet", "convmixer"])
 def test_every_model_trains_and_writes_checkpoint_and_metrics(tmp_path, model):
   result = trainer.train_and_evaluate(smoke_train(model), str(tmp_path))
@@ -89,6 +90,7 @@ _KILL_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bit_equal(tmp_path):
   """Killed (SIGKILL) right after the step-4 checkpoint, rerun: same params as one run."""
   killed, straight = str(tmp_path / "killed"), str(tmp_path / "straight")
@@ -171,6 +173,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path):
   assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_cli_smoke_run_writes_report(tmp_path):
   proc = run_cli("--config=mlcollections_configs/train.py:model=cnn,smoke",
                  f"--workdir={tmp_path}")

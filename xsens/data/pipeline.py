@@ -21,15 +21,17 @@ Preprocessing, in this order (seeded by `load_split(..., seed=)`):
   5. `image_size`: bilinear `jax.image.resize` to (H, W) on the host CPU.
 
 TF-free reading goes through `DatasetBuilder.as_data_source` (ArrayRecord + NumPy decoding).
+
+Text datasets ("text/..." and "glue/...", `is_text`) are validated and loaded by
+`xsens.data.text`, to which `validate_data_config` and `load_split` dispatch. `Split` and the
+split helpers both loaders share live in `xsens.data.splits` (re-exported here).
 """
 
 from collections.abc import Mapping, Sequence
-import dataclasses
 import functools
 import inspect
 import numbers
 import os
-import re
 from typing import Any
 
 import jax
@@ -37,12 +39,20 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from xsens.data import builders
+from xsens.data import splits
 from xsens.data import synthetic
+from xsens.data import text
 from xsens.errors import ConfigError
+
+# Shared with the text datasets; re-exported so callers keep one entry point.
+Split = splits.Split
+ROLES = splits.ROLES
+default_data_dir = splits.default_data_dir
+split_role = splits.split_role
+subset_indices = splits.subset_indices
 
 EMBEDDED = ("mnist5k", "digits")
 NORMALIZE = ("zero_one", "half", "standardize")
-ROLES = ("train", "test")
 SYNTHETIC_PREFIX = "synthetic/"
 TEXT_PREFIXES = ("text/", "glue/")  # Token-id datasets, loaded by xsens.data.text.
 FIELDS = ("name", "data_dir", "train_split", "test_split", "image_key", "label_key", "classes",
@@ -53,35 +63,12 @@ _EMBEDDED_NUM_CLASSES = 10
 _FILE_FORMAT = "array_record"
 _READ_BATCH = 1024
 _RESIZE_CHUNK = 4096
-_SPLIT_NAME = re.compile(r"^\s*([^\[\]+\s]+)\s*(\[.*\])?\s*$")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: array fields do not compare.
-class Split:
-  """One split in host memory after preprocessing."""
-  images: np.ndarray  # [N, H, W, C] float32, preprocessed; text: [N, L] int32 token ids
-  labels: np.ndarray  # [N] int32 in [0, num_classes)
-  num_classes: int
-  vocab_size: int | None = None  # text datasets (xsens.data.text): ids are < vocab_size
-
-  @property
-  def image_shape(self) -> tuple[int, int, int]:
-    """(H, W, C); (L,) for text."""
-    return tuple(self.images.shape[1:])
-
-  def __len__(self) -> int:
-    return len(self.labels)
 
 
 def is_text(data_config) -> bool:
   """True for the text datasets of `xsens.data.text` (names "text/..." and "glue/...")."""
   name = data_config.get("name") if hasattr(data_config, "get") else None
   return isinstance(name, str) and name.startswith(TEXT_PREFIXES)
-
-
-def default_data_dir() -> str:
-  """$TFDS_DATA_DIR if set, else ~/tensorflow_datasets."""
-  return os.environ.get("TFDS_DATA_DIR") or os.path.expanduser("~/tensorflow_datasets")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,32 +131,6 @@ def _is_int(value) -> bool:
 
 def _role_field(role: str) -> str:
   return f"data.{role}_split"
-
-
-def _split_names(spec: str, field: str) -> list[str]:
-  """Base split names of a TFDS split string, e.g. "train[:10%]+test" -> ["train", "test"]."""
-  if not isinstance(spec, str) or not spec.strip():
-    raise ConfigError(field, f"must be a TFDS split string such as 'train' or 'train[:10%]', "
-                      f"got {spec!r}")
-  try:
-    tfds.core.ReadInstruction.from_spec(spec)
-  except (ValueError, TypeError, AssertionError) as e:
-    raise ConfigError(field, f"cannot parse split {spec!r}; use TFDS split syntax such as "
-                      "'train', 'train[:10%]', 'train[100:200]+test'") from e
-  names = []
-  for part in spec.split("+"):
-    match = _SPLIT_NAME.match(part)
-    if not match:
-      raise ConfigError(field, f"cannot parse split {spec!r}")
-    names.append(match.group(1))
-  return names
-
-
-def _check_split_names(spec: str, field: str, available: Sequence[str]) -> None:
-  unknown = [n for n in _split_names(spec, field) if n not in available]
-  if unknown:
-    raise ConfigError(field, f"unknown split {unknown[0]!r} in {spec!r}; allowed: "
-                      f"{', '.join(available)} (with TFDS slicing such as 'train[:10%]')")
 
 
 def _synthetic_kind(name: str) -> str:
@@ -306,7 +267,6 @@ def validate_data_config(data_config) -> None:
   Text datasets (`is_text`) are checked by `xsens.data.text`.
   """
   if is_text(data_config):
-    from xsens.data import text  # pylint: disable=g-import-not-at-top  (text imports us)
     text.validate_text_data_config(data_config)
     return
   _check_common(data_config)
@@ -325,14 +285,14 @@ def validate_data_config(data_config) -> None:
     return
   if name in EMBEDDED:
     for role in ROLES:
-      _check_split_names(data_config[f"{role}_split"], _role_field(role), _EMBEDDED_SPLITS)
+      splits.check_split_names(data_config[f"{role}_split"], _role_field(role), _EMBEDDED_SPLITS)
     for field in ("image_key", "label_key"):
       if data_config[field] != field.split("_")[0]:
         raise ConfigError(f"data.{field}", f"embedded dataset {name!r} has features 'image' and "
                           f"'label', got {data_config[field]!r}")
     _check_classes(data_config, _EMBEDDED_NUM_CLASSES)
     return
-  data_dir = _data_dir(data_config)
+  data_dir = splits.resolve_data_dir(data_config)
   for role in ROLES:
     _, features = _open_tfds(name, data_dir, data_config[f"{role}_split"], _role_field(role))
   num_classes = _check_keys(features, data_config, name)
@@ -343,30 +303,13 @@ def validate_data_config(data_config) -> None:
 # Raw sources.
 
 
-def _data_dir(data_config) -> str:
-  data_dir = data_config["data_dir"]
-  if data_dir is None:
-    return default_data_dir()
-  data_dir = os.fspath(data_dir)
-  return data_dir if "://" in data_dir else os.path.expanduser(data_dir)
-
-
-def _not_found(name: str, data_dir: str) -> ConfigError:
-  return ConfigError(
-      "data.name",
-      f"dataset {name!r} not found in data_dir {data_dir!r} (xsens never downloads); prepare it "
-      "on a machine with internet and TensorFlow: `python -c \"import tensorflow_datasets as "
-      f"tfds; tfds.data_source('{name}', data_dir='{data_dir}')\"` (or `tfds build {name} "
-      f"--data_dir={data_dir} --file_format=array_record`), then copy it here")
-
-
 def _open_tfds(name: str, data_dir: str, split: str, field: str):
   """Opens one split of a prepared TFDS dataset without reading examples.
 
   Returns:
     (random-access source with __len__/__getitem__, FeaturesDict).
   """
-  _split_names(split, field)  # Syntax.
+  splits.split_names(split, field)  # Syntax.
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
@@ -377,13 +320,13 @@ def _open_tfds(name: str, data_dir: str, split: str, field: str):
     raise ConfigError("data.name", f"cannot open TFDS dataset {name!r} in data_dir "
                       f"{data_dir!r}: {type(e).__name__}: {e}") from e
   if builder.is_prepared():
-    _check_split_names(split, field, list(builder.info.splits.keys()))
+    splits.check_split_names(split, field, list(builder.info.splits.keys()))
   try:
     source = builder.as_data_source(split=split)
   except Exception as e:  # pylint: disable=broad-except
     # The order matters: `tfds.testing.mock_data` serves sources of unprepared builders.
     if not builder.is_prepared():
-      raise _not_found(name, data_dir) from e
+      raise splits.not_found(name, data_dir) from e
     file_format = getattr(builder.info.file_format, "value", builder.info.file_format)
     if str(file_format) != _FILE_FORMAT:
       raise ConfigError(
@@ -396,25 +339,11 @@ def _open_tfds(name: str, data_dir: str, split: str, field: str):
 
 def _open_embedded(name: str, data_dir: str, split: str, field: str):
   """Prepares the embedded dataset under data_dir if needed, then opens one split."""
-  _check_split_names(split, field, _EMBEDDED_SPLITS)
+  splits.check_split_names(split, field, _EMBEDDED_SPLITS)
   builder = builders.BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
   if not builder.is_prepared():
     builder.download_and_prepare(file_format=_FILE_FORMAT)
   return builder.as_data_source(split=split), builder.info.features
-
-
-def _get_items(source, indices: list[int]) -> list[dict[str, Any]]:
-  """Batched random access, falling back to one by one.
-
-  TFDS 4.9.10's `tfds.testing.mock_data` mocks `__getitems__` with a wrong signature (TypeError).
-  """
-  getitems = getattr(source, "__getitems__", None)
-  if getitems is not None:
-    try:
-      return list(getitems(indices))
-    except TypeError:
-      pass
-  return [source[i] for i in indices]
 
 
 @functools.lru_cache(maxsize=8)
@@ -435,7 +364,7 @@ def _read_raw(name: str, data_dir: str, split: str, field: str, image_key: str,
   images = np.empty((n,) + shape, dtype=image_feature.np_dtype)
   labels = np.empty((n,), dtype=np.int64)
   for start in range(0, n, _READ_BATCH):
-    examples = _get_items(source, list(range(start, min(n, start + _READ_BATCH))))
+    examples = splits.get_items(source, list(range(start, min(n, start + _READ_BATCH))))
     images[start:start + len(examples)] = np.stack([e[image_key] for e in examples])
     labels[start:start + len(examples)] = [e[label_key] for e in examples]
   if images.ndim == 3:
@@ -461,8 +390,8 @@ def _raw_split(data_config, role: str, seed: int) -> tuple[np.ndarray, np.ndarra
         n, seed, stream=ROLES.index(role), **kwargs)
     return images, labels.astype(np.int64), num_classes, False
   images, labels, num_classes = _read_raw(
-      name, _data_dir(data_config), data_config[f"{role}_split"], _role_field(role),
-      data_config["image_key"], data_config["label_key"])
+      name, splits.resolve_data_dir(data_config), data_config[f"{role}_split"],
+      _role_field(role), data_config["image_key"], data_config["label_key"])
   if num_classes is None:
     num_classes = int(labels.max()) + 1 if len(labels) else 0
   return images, labels, int(num_classes), True
@@ -513,11 +442,6 @@ def class_fraction_indices(labels: np.ndarray, fractions: Mapping[int, float],
     perm = np.random.default_rng([seed, 1, int(c)]).permutation(len(idx))
     keep[idx[perm[n_keep:]]] = False
   return np.flatnonzero(keep)
-
-
-def subset_indices(num_examples: int, num_keep: int, seed: int) -> np.ndarray:
-  """The first `num_keep` of `default_rng([seed, 2]).permutation(num_examples)`, sorted. [M]."""
-  return np.sort(np.random.default_rng([seed, 2]).permutation(num_examples)[:num_keep])
 
 
 def scale_pixels(images: np.ndarray, normalize: str, is_pixels: bool) -> np.ndarray:
@@ -580,21 +504,6 @@ def _selected(data_config, role: str, seed: int) -> tuple[np.ndarray, np.ndarray
   return images[idx], relabel(labels[idx], classes), int(num_out), is_pixels
 
 
-def split_role(data_config, split: str) -> str:
-  """"train" or "test": `split` is `data.train_split`, `data.test_split`, or a role name.
-
-  An exact match with a configured split string wins over a role name.
-  """
-  for role in ROLES:
-    if split == data_config[f"{role}_split"]:
-      return role
-  if split in ROLES:
-    return split
-  raise ValueError(f"split must be data.train_split ({data_config['train_split']!r}), "
-                   f"data.test_split ({data_config['test_split']!r}), 'train' or 'test'; "
-                   f"got {split!r}")
-
-
 def load_split(data_config, split: str, *, seed: int = 0) -> Split:
   """Loads and preprocesses one split (see the module docstring for the steps).
 
@@ -611,7 +520,6 @@ def load_split(data_config, split: str, *, seed: int = 0) -> Split:
     measures evaluate "the first n examples", which must be a random sample.
   """
   if is_text(data_config):
-    from xsens.data import text  # pylint: disable=g-import-not-at-top
     return text.load_text_split(data_config, split, seed=seed)
   validate_data_config(data_config)
   role = split_role(data_config, split)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xsens.measures import boolean
+from xsens import boolean_cube
 
 RULES = ("majority", "parity")
 
@@ -55,8 +55,8 @@ def sparse_token_task(num_examples: int, *, n: int, m: int, k: int, rule: str,
 
 
 def boolean_tokens(n: int, position_scale: float) -> np.ndarray:
-  """Tokens of every x in {±1}^n in `boolean.all_inputs` order: float32 [2^n, n, 1 + n]."""
-  x = np.asarray(boolean.all_inputs(n))
+  """Tokens of every x in {±1}^n in `boolean_cube.all_inputs` order: float32 [2^n, n, 1 + n]."""
+  x = np.asarray(boolean_cube.all_inputs(n))
   pos = np.broadcast_to(position_scale * np.eye(n, dtype=np.float32), (x.shape[0], n, n))
   return np.concatenate([x[:, :, None], pos], axis=-1).astype(np.float32)
 
@@ -68,7 +68,7 @@ def boolean_target(n: int, components) -> tuple[np.ndarray, list[dict]]:
   parsed = []
   for coords, coef in components:
     coords = tuple(int(c) for c in coords)
-    values += float(coef) * np.asarray(boolean.monomial_values(n, coords))
+    values += float(coef) * np.asarray(boolean_cube.monomial_values(n, coords))
     parsed.append({"coords": coords, "degree": len(coords), "coef": float(coef),
-                   "index": boolean.subset_index(n, coords)})
+                   "index": boolean_cube.subset_index(n, coords)})
   return values, parsed

@@ -56,6 +56,7 @@ from PIL import Image
 import tensorflow_datasets as tfds
 
 from xsens.data import pipeline
+from xsens.data import splits as data_splits
 from xsens.errors import ConfigError
 
 CROPS = ("center", "resize")
@@ -154,7 +155,7 @@ def _open(name: str, split: str, data_dir: str, image_key: str, label_key: str,
   """(random-access source with encoded images, num_classes). ConfigErrors name the fields."""
   if not isinstance(name, str) or not name:
     raise ConfigError(field, f"must be a TFDS dataset name, got {name!r}")
-  pipeline._split_names(split, split_field)  # pylint: disable=protected-access
+  data_splits.split_names(split, split_field)
   try:
     builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
@@ -166,7 +167,7 @@ def _open(name: str, split: str, data_dir: str, image_key: str, label_key: str,
   prepared = builder.is_prepared()
   if prepared:
     splits = list(builder.info.splits.keys())
-    pipeline._check_split_names(split, split_field, splits)  # pylint: disable=protected-access
+    data_splits.check_split_names(split, split_field, splits)
   features = builder.info.features
   keys = list(features.keys())
   prefix = field.rsplit(".", 1)[0] + "." if "." in field else ""
@@ -183,7 +184,7 @@ def _open(name: str, split: str, data_dir: str, image_key: str, label_key: str,
     source = builder.as_data_source(split=split, decoders=decoders)
   except Exception as e:  # pylint: disable=broad-except
     if not prepared:
-      not_found = pipeline._not_found(name, data_dir)  # pylint: disable=protected-access
+      not_found = data_splits.not_found(name, data_dir)
       raise ConfigError(field, not_found.message) from e
     file_format = getattr(builder.info.file_format, "value", builder.info.file_format)
     if str(file_format) != "array_record":
@@ -256,7 +257,7 @@ class Stream:
     positions = [int(p) for p in positions]
     if not positions:
       return (np.zeros((0, *self.image_shape), np.uint8), np.zeros((0,), np.int32))
-    examples = pipeline._get_items(self.source, positions)  # pylint: disable=protected-access
+    examples = data_splits.get_items(self.source, positions)
     mapper = pool.map if pool is not None else map
     out = list(mapper(self._prepare, examples))
     return (np.stack([o[0] for o in out]), np.asarray([o[1] for o in out], np.int32))

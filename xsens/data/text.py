@@ -33,7 +33,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
-from xsens.data import pipeline
+from xsens.data import splits
 from xsens.data.config import optional
 from xsens.errors import ConfigError
 
@@ -296,7 +296,7 @@ def validate_text_data_config(dc) -> None:
                       f"{dc['test_split']!r}")
   if name == SYNTHETIC:
     cfg = _synthetic_config(dc)
-    for role in pipeline.ROLES:
+    for role in splits.ROLES:
       if dc[f"{role}_split"] not in SYNTHETIC_SPLITS:
         raise ConfigError(f"data.{role}_split", f"{dc[f'{role}_split']!r} is not a split of "
                           f"{SYNTHETIC!r}; allowed: {', '.join(SYNTHETIC_SPLITS)}")
@@ -306,10 +306,10 @@ def validate_text_data_config(dc) -> None:
                         f"sentences of up to {cfg['max_clauses']} clauses ({need} tokens); "
                         f"use max_length >= {need} or fewer data.synthetic.max_clauses")
     return
-  data_dir = pipeline._data_dir(dc)  # pylint: disable=protected-access
-  for role in pipeline.ROLES:
+  data_dir = splits.resolve_data_dir(dc)
+  for role in splits.ROLES:
     field = f"data.{role}_split"
-    if "test" in pipeline._split_names(dc[f"{role}_split"], field):  # pylint: disable=protected-access
+    if "test" in splits.split_names(dc[f"{role}_split"], field):
       raise ConfigError(field, "GLUE test labels are hidden (-1); use 'validation', or "
                         "disjoint slices of 'train' for both splits (train_split="
                         "'train[:90%]', test_split='train[90%:]')")
@@ -342,12 +342,12 @@ def open_glue(name: str, data_dir: str, split: str, field: str):
   Reads the prepared directory with `tfds.builder_from_directory`: TFDS's own `glue`
   builder module imports TensorFlow, which xsens does not need to read ArrayRecord files.
   """
-  pipeline._split_names(split, field)  # pylint: disable=protected-access
+  splits.split_names(split, field)
   path = _prepared_dir(name, data_dir)
   if path is None:
-    raise pipeline._not_found(name, data_dir)  # pylint: disable=protected-access
+    raise splits.not_found(name, data_dir)
   builder = tfds.builder_from_directory(os.fspath(path))
-  pipeline._check_split_names(split, field, list(builder.info.splits.keys()))  # pylint: disable=protected-access
+  splits.check_split_names(split, field, list(builder.info.splits.keys()))
   try:
     source = builder.as_data_source(split=split)
   except Exception as e:  # pylint: disable=broad-except
@@ -366,7 +366,7 @@ def _read_glue(name: str, data_dir: str, split: str) -> tuple[tuple, tuple, np.n
   first, second, labels = [], [], []
   n = len(source)
   for start in range(0, n, _READ_BATCH):
-    for e in pipeline._get_items(source, list(range(start, min(n, start + _READ_BATCH)))):  # pylint: disable=protected-access
+    for e in splits.get_items(source, list(range(start, min(n, start + _READ_BATCH)))):
       first.append(_as_str(e[key_a]))
       second.append(_as_str(e[key_b]))
       labels.append(int(e["label"]))
@@ -382,7 +382,7 @@ def _as_str(value) -> str:
 def glue_tokenizer(dc):
   """The (cached) BPE tokenizer of a GLUE config, trained on both sentences of its
   training split."""
-  name, data_dir = dc["name"], pipeline._data_dir(dc)  # pylint: disable=protected-access
+  name, data_dir = dc["name"], splits.resolve_data_dir(dc)
 
   def texts():
     first, second, _ = _read_glue(name, data_dir, dc["train_split"])
@@ -398,12 +398,12 @@ def _raw_ids(dc, role: str, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
   if name == SYNTHETIC:
     cfg = _synthetic_config(dc)
     n = cfg["num_train"] if role == "train" else cfg["num_test"]
-    ids, labels = synthetic_language(n, seed, stream=pipeline.ROLES.index(role),
+    ids, labels = synthetic_language(n, seed, stream=splits.ROLES.index(role),
                                      max_clauses=cfg["max_clauses"],
                                      max_length=int(dc["max_length"]))
     return ids, labels, SYNTHETIC_VOCAB
   tok = glue_tokenizer(dc)
-  first, second, labels = _read_glue(name, pipeline._data_dir(dc), dc[f"{role}_split"])  # pylint: disable=protected-access
+  first, second, labels = _read_glue(name, splits.resolve_data_dir(dc), dc[f"{role}_split"])
   if len(labels) and labels.min() < 0:
     raise ConfigError(f"data.{role}_split", f"{dc[f'{role}_split']!r} of {name!r} has "
                       "hidden labels (-1); use 'validation'")
@@ -411,21 +411,21 @@ def _raw_ids(dc, role: str, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
   return ids, labels.astype(np.int32), tok.get_vocab_size()
 
 
-def load_text_split(dc, split: str, *, seed: int = 0) -> pipeline.Split:
+def load_text_split(dc, split: str, *, seed: int = 0) -> splits.Split:
   """Loads one split of a text dataset as `Split(images=ids [N, L] int32, labels,
   num_classes=2, vocab_size)`, in a random order fixed by `seed` and the role (as
   `pipeline.load_split`); `num_train` keeps a seeded random subset of the training split."""
   validate_text_data_config(dc)
-  role = pipeline.split_role(dc, split)
+  role = splits.split_role(dc, split)
   ids, labels, vocab = _raw_ids(dc, role, seed)
   if role == "train" and dc["num_train"] is not None:
     if dc["num_train"] > len(labels):
       raise ConfigError("data.num_train", f"asks for {dc['num_train']} examples but the "
                         f"train split has {len(labels)}; allowed: 1..{len(labels)}")
-    keep = pipeline.subset_indices(len(labels), int(dc["num_train"]), seed)
+    keep = splits.subset_indices(len(labels), int(dc["num_train"]), seed)
     ids, labels = ids[keep], labels[keep]
-  order = np.random.default_rng([seed, pipeline.ROLES.index(role), len(labels)]).permutation(
+  order = np.random.default_rng([seed, splits.ROLES.index(role), len(labels)]).permutation(
       len(labels))
-  return pipeline.Split(images=np.ascontiguousarray(ids[order], dtype=np.int32),
+  return splits.Split(images=np.ascontiguousarray(ids[order], dtype=np.int32),
                         labels=np.asarray(labels, np.int32)[order], num_classes=2,
                         vocab_size=int(vocab))

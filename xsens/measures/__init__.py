@@ -1,0 +1,58 @@
+"""Measures: pure functions in one calling convention, re-exported here.
+
+Every measure that takes a model takes it one way,
+
+  measure(apply_fn, variables, inputs, *, labels=None, key=None, mask=None, **options)
+      -> dict of arrays
+
+with `apply_fn(variables, inputs) -> logits [B, K]` in eval mode (e.g. a finished run's
+`TrainResult.apply_fn`, one stable object per run), `mask` [B] marking real examples of a
+padded batch, and `key` a PRNG key. Nothing here jits over a closure that captures weights:
+callers jit (`jax.jit(measure, static_argnums=0)` or a closure of their own) and may `vmap`
+(e.g. over σ) or differentiate (the smooth sensitivity). Text models take the padding mask
+as a third argument, `apply_fn(variables, embeddings, token_mask)`. Model-free statistics
+(CKA on features, Fourier coefficients, mCE tables) take arrays.
+
+Which corruptions run inside `jit`: `JAX_CORRUPTIONS` (noises, blurs, brightness,
+contrast, pixelate, via `corrupt_jax`); the rest (`HOST_ONLY`) run on the host in NumPy.
+"""
+
+from xsens.measures.adversarial import (accuracy, adversarial_accuracy, fgsm, pgd,
+                                        perturbation_structure, transfer_attack)
+from xsens.measures.attention_similarity import (attention_maps, batch_head_similarity,
+                                                 head_similarity)
+from xsens.measures.boolean import (degree_spectrum, fourier_average_sensitivity,
+                                    fourier_coefficients, fourier_spectrum)
+from xsens.measures.churn import prediction_churn
+from xsens.measures.corruption_eval import corruption_accuracy, mce, relative_mce
+from xsens.measures.corruptions import HOST_ONLY, JAX_CORRUPTIONS, corrupt, corrupt_jax
+from xsens.measures.perturbations import (layer_removal_accuracy, sharpness,
+                                          weight_noise_accuracy)
+from xsens.measures.sensitivity import (boolean_sensitivity, global_sensitivity,
+                                        scattered_pixel_sensitivity, sigma_sweep,
+                                        smooth_token_sensitivity, token_sensitivity,
+                                        token_sensitivity_loop)
+from xsens.measures.similarity import (cka_matrix, layer_features, linear_cka,
+                                       linear_probe_accuracy, minibatch_cka)
+from xsens.measures.subgroups import subgroup_accuracy
+from xsens.measures.text_sensitivity import text_global_sensitivity, text_token_sensitivity
+
+__all__ = [
+    # Sensitivity (Transformers Learn Low Sensitivity Functions).
+    "token_sensitivity", "token_sensitivity_loop", "global_sensitivity",
+    "scattered_pixel_sensitivity", "smooth_token_sensitivity", "boolean_sensitivity",
+    "text_token_sensitivity", "text_global_sensitivity", "sigma_sweep",
+    # Boolean Fourier analysis.
+    "fourier_spectrum", "fourier_coefficients", "degree_spectrum",
+    "fourier_average_sensitivity",
+    # Robustness: accuracy, attacks, corruptions, perturbations of the weights.
+    "accuracy", "fgsm", "pgd", "adversarial_accuracy", "transfer_attack",
+    "perturbation_structure", "corruption_accuracy", "corrupt", "corrupt_jax",
+    "JAX_CORRUPTIONS", "HOST_ONLY", "mce", "relative_mce", "layer_removal_accuracy",
+    "weight_noise_accuracy", "sharpness",
+    # Representations.
+    "layer_features", "linear_cka", "cka_matrix", "minibatch_cka", "linear_probe_accuracy",
+    "attention_maps", "head_similarity", "batch_head_similarity",
+    # Reproducibility and subgroups.
+    "prediction_churn", "subgroup_accuracy",
+]

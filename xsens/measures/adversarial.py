@@ -22,20 +22,23 @@ are lower-frequency and patch-aligned, ResNet ones high-frequency):
   - `frequency_share` / `radial_power_spectrum`: the 2-D Fourier power of the
     perturbation, per channel, as a function of radial frequency.
 
-Conventions. `predict_fn` maps images [B, H, W, C] (float, in the model's
-normalised space) to logits [B, K], e.g.
-`lambda x: model.apply(variables, x, train=False)` (`TrainResult.predict_fn`).
-Labels are int [B]. The attacks are `jax.jit`-compiled with `predict_fn`,
-`norm`, `num_steps` and `random_start` static; `epsilon`, `step_size`,
-`clip_min` and `clip_max` are traced, so a sweep over epsilon compiles once
-per (predict_fn, shape). Static callables are keyed by identity: build
-`predict_fn` once and reuse it. A closure over concrete variables embeds them
-in the compiled program as constants; that is fine at research scale and the
-functions also trace inside a caller's own `jax.jit` (where the variables are
-tracers). Everything here is pure: no globals, no I/O, randomness only from
-`key`. The perturbation-structure functions are jitted too (patch_size and
-num_bins static) and differentiable almost everywhere (|.| and the
-zero-perturbation guards have kinks).
+Conventions (the measures calling convention of `xsens.measures`). A model enters as
+`apply_fn, variables`: `apply_fn(variables, inputs [B, H, W, C]) -> logits [B, K]` in eval
+mode (e.g. `TrainResult.apply_fn`, `functools.partial(model.apply, train=False)`), inputs
+float in the model's normalised space. Every attack / accuracy is
+`f(apply_fn, variables, inputs, *, labels, key=None, mask=None, **options) -> dict` of
+arrays; labels are int [B] and `mask` an optional [B] example mask (0 for padding rows).
+Nothing here is jitted internally over the weights: callers jit, with `apply_fn` static
+(hashable and stable: build it once per model, as `TrainResult.apply_fn` is) and the
+variables traced, e.g.
+`jax.jit(adversarial.fgsm, static_argnums=0, static_argnames="norm")`; `epsilon`,
+`step_size`, `clip_min` and `clip_max` may be traced, so a sweep over epsilon compiles
+once per (apply_fn, shape); `num_steps`, `norm` and `random_start` must be static.
+Everything is pure: no globals, no I/O, randomness only from `key`. The
+perturbation-structure functions take a perturbation array (no model), are jitted
+(patch_size and num_bins static) and differentiable almost everywhere (|.| and the
+zero-perturbation guards have kinks); `perturbation_structure` bundles them as a masked
+dict.
 
 Constraints. Every attack returns `adv` with ||adv - images|| <= epsilon in
 the chosen norm (up to float rounding, ~1 ulp) and, when given,
@@ -53,7 +56,7 @@ import jax.numpy as jnp
 import optax
 
 Array = jax.Array
-PredictFn = Callable[[Array], Array]
+ApplyFn = Callable[[Any, Array], Array]
 
 NORMS = ("linf", "l2")
 
@@ -108,14 +111,14 @@ def _clip_pixels(x: Array, clip_min: Any, clip_max: Any) -> Array:
   return jnp.clip(x, clip_min, clip_max)
 
 
-def _loss_grad(predict_fn: PredictFn, images: Array, labels: Array) -> Array:
+def _loss_grad(apply_fn: ApplyFn, variables, images: Array, labels: Array) -> Array:
   """Gradient of the summed cross-entropy w.r.t. the images, [B, ...].
 
   The sum (not the mean) keeps each example's gradient independent of the
   batch size; both attacks only use its sign or per-example direction.
   """
   def loss(x):
-    logits = predict_fn(x).astype(jnp.float32)
+    logits = apply_fn(variables, x).astype(jnp.float32)
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
   return jax.grad(loss)(images)
 
@@ -132,10 +135,16 @@ def _finish(images: Array, delta: Array, epsilon: Any, norm: str,
 # ----------------------------------------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("predict_fn", "norm"))
-def fgsm(predict_fn: PredictFn, images: Array, labels: Array, *,
+def _check_labels(labels: Optional[Array]) -> Array:
+  if labels is None:
+    raise ValueError("the attacks need labels=int [B] (the true classes).")
+  return labels
+
+
+def fgsm(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
          epsilon: Any, norm: str = "linf", clip_min: Any = None,
-         clip_max: Any = None) -> Array:
+         clip_max: Any = None, key: Optional[Array] = None,
+         mask: Optional[Array] = None) -> dict[str, Array]:
   """Fast gradient (sign) method, one untargeted step (Goodfellow et al. 2015).
 
   L-inf: adv = x + epsilon * sign(g); L2: adv = x + epsilon * g / ||g||
@@ -143,22 +152,27 @@ def fgsm(predict_fn: PredictFn, images: Array, labels: Array, *,
   of `labels` w.r.t. x. Then clipped to [clip_min, clip_max] if given.
 
   Args:
-    predict_fn: images [B, H, W, C] -> logits [B, K].
-    images: [B, ...] clean inputs (inside the pixel range if one is given).
+    apply_fn: (variables, inputs [B, H, W, C]) -> logits [B, K], eval mode.
+    variables: the model's variables.
+    inputs: [B, ...] clean inputs (inside the pixel range if one is given).
     labels: int [B] true labels.
     epsilon: scalar perturbation budget in the chosen norm.
-    norm: "linf" or "l2".
+    norm: "linf" or "l2" (static).
     clip_min: optional lower bound of the (normalised) pixel range.
     clip_max: optional upper bound of the (normalised) pixel range.
+    key: unused (FGSM is deterministic); accepted for the common convention.
+    mask: unused: every example is attacked on its own (the summed loss keeps
+      the rows independent), so padding rows do not affect the others.
 
   Returns:
-    adv_images: same shape and dtype as images.
+    {"adv_inputs": same shape and dtype as inputs}.
   """
+  del key, mask
   _check_norm(norm)
-  _check_images(images)
-  grad = _loss_grad(predict_fn, images, labels)
+  _check_images(inputs)
+  grad = _loss_grad(apply_fn, variables, inputs, _check_labels(labels))
   delta = epsilon * _ascent_direction(grad, norm)
-  return _finish(images, delta, epsilon, norm, clip_min, clip_max)
+  return {"adv_inputs": _finish(inputs, delta, epsilon, norm, clip_min, clip_max)}
 
 
 def _random_start(key: Array, images: Array, epsilon: Any,
@@ -175,13 +189,11 @@ def _random_start(key: Array, images: Array, epsilon: Any,
   return direction * radius * epsilon
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("predict_fn", "num_steps", "norm", "random_start"))
-def pgd(predict_fn: PredictFn, images: Array, labels: Array, key: Array, *,
-        epsilon: Any, num_steps: int, step_size: Any, norm: str = "linf",
-        random_start: bool = True, clip_min: Any = None,
-        clip_max: Any = None) -> Array:
+def pgd(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
+        key: Optional[Array] = None, epsilon: Any, num_steps: int,
+        step_size: Any, norm: str = "linf", random_start: bool = True,
+        clip_min: Any = None, clip_max: Any = None,
+        mask: Optional[Array] = None) -> dict[str, Array]:
   """Projected gradient ascent on the cross-entropy (Madry et al. 2018).
 
   x_0 = clip(x + u), u ~ Uniform(epsilon-ball) if random_start else x;
@@ -191,41 +203,46 @@ def pgd(predict_fn: PredictFn, images: Array, labels: Array, key: Array, *,
   rescale to norm epsilon when outside) and clip the optional pixel clip.
   Runs under `lax.fori_loop`, so the step is traced once. The last iterate
   is returned (not the best one seen). Bhojanapalli et al. 2021 use 10 steps
-  of size epsilon / 4 (a default not confirmed from the paper, see
-  /work/shared/specs/google_papers.md section E).
+  of size epsilon / 4 (a default not confirmed from the paper).
 
   Args:
-    predict_fn: images [B, H, W, C] -> logits [B, K].
-    images: [B, ...] clean inputs (inside the pixel range if one is given).
+    apply_fn: (variables, inputs [B, H, W, C]) -> logits [B, K], eval mode.
+    variables: the model's variables.
+    inputs: [B, ...] clean inputs (inside the pixel range if one is given).
     labels: int [B] true labels.
-    key: PRNG key for the random start (unused if random_start=False).
+    key: PRNG key for the random start (needed if random_start).
     epsilon: scalar budget.
     num_steps: static number of gradient steps (>= 0).
     step_size: scalar step length in the chosen norm.
-    norm: "linf" or "l2".
-    random_start: start from a uniform point of the ball.
+    norm: "linf" or "l2" (static).
+    random_start: start from a uniform point of the ball (static).
     clip_min: optional lower bound of the (normalised) pixel range.
     clip_max: optional upper bound of the (normalised) pixel range.
+    mask: unused (rows are attacked independently, see `fgsm`).
 
   Returns:
-    adv_images: same shape and dtype as images.
+    {"adv_inputs": same shape and dtype as inputs}.
   """
+  del mask
   _check_norm(norm)
-  _check_images(images)
+  _check_images(inputs)
+  labels = _check_labels(labels)
   if not isinstance(num_steps, int) or num_steps < 0:
     raise ValueError(f"num_steps must be a Python int >= 0, got {num_steps!r}.")
   if random_start:
-    start = _random_start(key, images, epsilon, norm)
+    if key is None:
+      raise ValueError("pgd with random_start=True needs key= (a PRNG key).")
+    start = _random_start(key, inputs, epsilon, norm)
   else:
-    start = jnp.zeros_like(images)
-  x0 = _finish(images, start, epsilon, norm, clip_min, clip_max)
+    start = jnp.zeros_like(inputs)
+  x0 = _finish(inputs, start, epsilon, norm, clip_min, clip_max)
 
   def step(_, x):
-    grad = _loss_grad(predict_fn, x, labels)
-    delta = x + step_size * _ascent_direction(grad, norm) - images
-    return _finish(images, delta, epsilon, norm, clip_min, clip_max)
+    grad = _loss_grad(apply_fn, variables, x, labels)
+    delta = x + step_size * _ascent_direction(grad, norm) - inputs
+    return _finish(inputs, delta, epsilon, norm, clip_min, clip_max)
 
-  return jax.lax.fori_loop(0, num_steps, step, x0)
+  return {"adv_inputs": jax.lax.fori_loop(0, num_steps, step, x0)}
 
 
 # ----------------------------------------------------------------------------
@@ -233,8 +250,8 @@ def pgd(predict_fn: PredictFn, images: Array, labels: Array, key: Array, *,
 # ----------------------------------------------------------------------------
 
 
-def _correct(predict_fn: PredictFn, images: Array, labels: Array) -> Array:
-  return jnp.argmax(predict_fn(images), axis=-1) == labels
+def _correct(apply_fn: ApplyFn, variables, images: Array, labels: Array) -> Array:
+  return jnp.argmax(apply_fn(variables, images), axis=-1) == labels
 
 
 def _weighted_mean(x: Array, example_mask: Optional[Array]) -> Array:
@@ -245,49 +262,73 @@ def _weighted_mean(x: Array, example_mask: Optional[Array]) -> Array:
   return jnp.sum(w * x) / jnp.maximum(w.sum(), 1.0)
 
 
-@functools.partial(jax.jit, static_argnames=("predict_fn",))
-def adversarial_accuracy(predict_fn: PredictFn, images: Array, labels: Array,
-                         adv_images: Array,
-                         example_mask: Optional[Array] = None
-                         ) -> dict[str, Array]:
+def _count(labels: Array, mask: Optional[Array]) -> Array:
+  return (jnp.float32(labels.shape[0]) if mask is None else
+          jnp.asarray(mask).astype(jnp.float32).sum())
+
+
+def accuracy(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
+             mask: Optional[Array] = None) -> dict[str, Array]:
+  """Top-1 accuracy of one model on one (padded) batch.
+
+  Args:
+    apply_fn: (variables, inputs) -> logits [B, K], eval mode.
+    variables: the model's variables.
+    inputs: [B, ...].
+    labels: int [B].
+    mask: optional [B] weights (0 for padding examples).
+
+  Returns:
+    {"accuracy": masked mean, "correct": bool [B] (pool padded batches as
+    sum(correct * mask) / sum(count)), "count": number of weighted examples}.
+  """
+  correct = _correct(apply_fn, variables, inputs, _check_labels(labels))
+  return dict(accuracy=_weighted_mean(correct, mask), correct=correct,
+              count=_count(labels, mask))
+
+
+def adversarial_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
+                         labels: Array, adv_inputs: Array,
+                         mask: Optional[Array] = None) -> dict[str, Array]:
   """Clean and adversarial top-1 accuracy of one model.
 
   Args:
-    predict_fn: images -> logits [B, K].
-    images: [B, ...] clean inputs.
+    apply_fn: (variables, inputs) -> logits [B, K], eval mode.
+    variables: the model's variables.
+    inputs: [B, ...] clean inputs.
     labels: int [B].
-    adv_images: [B, ...] perturbed inputs (e.g. from `pgd`).
-    example_mask: optional [B] weights (0 for padding examples).
+    adv_inputs: [B, ...] perturbed inputs (e.g. `pgd(...)["adv_inputs"]`).
+    mask: optional [B] weights (0 for padding examples).
 
   Returns:
     dict with clean_acc, adv_acc (scalars, weighted means), clean_correct and
     adv_correct (bool [B], to pool padded batches as sum / count), and
     count (the number of weighted examples).
   """
-  clean = _correct(predict_fn, images, labels)
-  adv = _correct(predict_fn, adv_images, labels)
-  count = (jnp.float32(labels.shape[0]) if example_mask is None else
-           jnp.asarray(example_mask).astype(jnp.float32).sum())
-  return dict(clean_acc=_weighted_mean(clean, example_mask),
-              adv_acc=_weighted_mean(adv, example_mask),
-              clean_correct=clean, adv_correct=adv, count=count)
+  labels = _check_labels(labels)
+  clean = _correct(apply_fn, variables, inputs, labels)
+  adv = _correct(apply_fn, variables, adv_inputs, labels)
+  return dict(clean_acc=_weighted_mean(clean, mask),
+              adv_acc=_weighted_mean(adv, mask),
+              clean_correct=clean, adv_correct=adv, count=_count(labels, mask))
 
 
-def transfer_attack(source_predict_fn: PredictFn,
-                    target_predict_fn: PredictFn, images: Array,
-                    labels: Array, key: Array, *,
-                    example_mask: Optional[Array] = None,
-                    **pgd_kwargs) -> dict[str, Array]:
+def transfer_attack(apply_fn: ApplyFn, variables, inputs: Array, *,
+                    labels: Array, key: Array, target_apply_fn: ApplyFn,
+                    target_variables, mask: Optional[Array] = None,
+                    **pgd_options) -> dict[str, Array]:
   """Black-box transfer: PGD on the source model, scored on the target.
 
   Args:
-    source_predict_fn: images -> logits of the model that is attacked.
-    target_predict_fn: images -> logits of the model that is evaluated.
-    images: [B, ...] clean inputs.
+    apply_fn: the source model (the one attacked), see `pgd`.
+    variables: the source's variables.
+    inputs: [B, ...] clean inputs.
     labels: int [B].
     key: PRNG key for PGD's random start.
-    example_mask: optional [B] weights (0 for padding examples).
-    **pgd_kwargs: keyword arguments of `pgd` (epsilon, num_steps, step_size,
+    target_apply_fn: the target model (the one evaluated), static like apply_fn.
+    target_variables: the target's variables.
+    mask: optional [B] weights (0 for padding examples).
+    **pgd_options: keyword arguments of `pgd` (epsilon, num_steps, step_size,
       norm, random_start, clip_min, clip_max).
 
   Returns:
@@ -296,16 +337,17 @@ def transfer_attack(source_predict_fn: PredictFn,
       source_acc_clean: clean accuracy of the source;
       target_acc_clean: clean accuracy of the target;
       target_acc_adv: accuracy of the target on the source's examples;
-      adv_images: [B, ...] the source's adversarial examples.
+      adv_inputs: [B, ...] the source's adversarial examples.
   """
-  adv = pgd(source_predict_fn, images, labels, key, **pgd_kwargs)
-  src = adversarial_accuracy(source_predict_fn, images, labels, adv,
-                             example_mask)
-  tgt = adversarial_accuracy(target_predict_fn, images, labels, adv,
-                             example_mask)
+  adv = pgd(apply_fn, variables, inputs, labels=labels, key=key,
+            **pgd_options)["adv_inputs"]
+  src = adversarial_accuracy(apply_fn, variables, inputs, labels=labels,
+                             adv_inputs=adv, mask=mask)
+  tgt = adversarial_accuracy(target_apply_fn, target_variables, inputs,
+                             labels=labels, adv_inputs=adv, mask=mask)
   return dict(source_acc=src["adv_acc"], source_acc_clean=src["clean_acc"],
               target_acc_clean=tgt["clean_acc"],
-              target_acc_adv=tgt["adv_acc"], adv_images=adv)
+              target_acc_adv=tgt["adv_acc"], adv_inputs=adv)
 
 
 # ----------------------------------------------------------------------------
@@ -493,3 +535,27 @@ def radial_power_spectrum(delta: Array, num_bins: int = 16
   spectrum = _safe_div(sums, counts[None, :])
   centers = (jnp.arange(num_bins) + 0.5) * edge / num_bins
   return centers, spectrum
+
+
+
+def perturbation_structure(delta: Array, *, patch_size: int, cutoff: Any,
+                           mask: Optional[Array] = None) -> dict[str, Array]:
+  """The structure measures of one batch of perturbations, masked sums and counts.
+
+  Args:
+    delta: [B, H, W, C] perturbations (adv - inputs).
+    patch_size: p >= 2 dividing H and W (static).
+    cutoff: radial cutoff of `frequency_share` (fraction of Nyquist).
+    mask: optional [B] weights (0 for padding rows).
+
+  Returns:
+    {"patch_energy": [H/p, W/p], "low_freq_share": scalar, "patch_alignment":
+    scalar, each summed over the (weighted) rows (divide by "count" for the mean
+    over examples), and "count"}.
+  """
+  w = (jnp.ones((delta.shape[0],), jnp.float32) if mask is None else
+       jnp.asarray(mask).astype(jnp.float32))
+  return {"patch_energy": jnp.einsum("b,bij->ij", w, patch_energy(delta, patch_size)),
+          "low_freq_share": jnp.sum(w * frequency_share(delta, cutoff)),
+          "patch_alignment": jnp.sum(w * patch_alignment(delta, patch_size)),
+          "count": w.sum()}

@@ -12,6 +12,14 @@ averaged over inputs; layer ℓ vs ℓ' is the mean over heads h of ℓ of
 max_{h'} sim(A_ℓ^h, A_ℓ'^{h'}) (so it is not symmetric in ℓ, ℓ' and the diagonal
 is 1), and per head the k-th best match in the previous layer.
 
+Calling convention (that of `xsens.measures`): the model enters as `apply_fn, variables`
+with `apply_fn` a flax apply in eval mode that forwards the keyword `mutable` (e.g.
+`TrainResult.apply_fn` = `functools.partial(model.apply, train=False)`), since the maps
+are read from the `intermediates` collection; `batch_head_similarity(apply_fn, variables,
+inputs, *, mask=None)` is the per-batch measure (a dict of masked sums; callers jit it
+with `apply_fn` static and loop over batches). The other functions take maps or
+similarity arrays.
+
 Works for any model that sows `attention_weights` [B, H, T, T] into the
 `intermediates` collection (xsens ViT and ReuseViT do), trained or freshly
 initialised. Layers are ordered by the number in their module path
@@ -20,7 +28,6 @@ initialised. Layers are ordered by the number in their module path
 
 from __future__ import annotations
 
-import functools
 import re
 
 import jax
@@ -28,19 +35,20 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def attention_maps(model, variables, images) -> list[jax.Array]:
+def attention_maps(apply_fn, variables, inputs) -> list[jax.Array]:
   """Per-layer attention maps of one batch, in layer order.
 
   Args:
-    model: a flax module whose `apply(variables, x, train=False,
-      mutable=['intermediates'])` sows `attention_weights`.
+    apply_fn: a flax apply in eval mode forwarding `mutable`, e.g.
+      `functools.partial(model.apply, train=False)` of a model that sows
+      `attention_weights`.
     variables: its variables.
-    images: [B, ...] inputs.
+    inputs: [B, ...] inputs.
 
   Returns:
     A list of [B, H, T, T] arrays, one per (non-skipped) attention layer.
   """
-  _, state = model.apply(variables, images, train=False, mutable=["intermediates"])
+  _, state = apply_fn(variables, inputs, mutable=["intermediates"])
   found = []
   for path, leaf in jax.tree_util.tree_flatten_with_path(state["intermediates"])[0]:
     keys = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
@@ -81,41 +89,62 @@ def head_similarity(maps: jax.Array) -> jax.Array:
   return rows.transpose(0, 2, 1, 3)   # [L, L, H, H] -> [L, H, L, H]
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _batch_similarity(variables, images, mask, *, model):
-  maps = jnp.stack(attention_maps(model, variables, images))   # [L, B, H, T, T]
+def batch_head_similarity(apply_fn, variables, inputs, *, mask=None
+                          ) -> dict[str, jax.Array]:
+  """`head_similarity` of one (padded) batch as a masked sum, to pool over batches.
+
+  Args:
+    apply_fn: see `attention_maps`; every layer must have the same head count.
+    variables: its variables (trained or random-init).
+    inputs: [B, ...] inputs.
+    mask: optional [B] weights (0 for padding rows).
+
+  Returns:
+    {"head_similarity": [L, H, L, H] masked mean over the batch,
+     "count": the weighted number of examples}; over batches,
+    sum_b head_similarity_b * count_b / sum_b count_b is the dataset mean.
+  """
+  maps = jnp.stack(attention_maps(apply_fn, variables, inputs))   # [L, B, H, T, T]
   maps = maps.astype(jnp.float32)
+  if mask is None:
+    mask = jnp.ones((maps.shape[1],), jnp.float32)
   w = mask / jnp.maximum(mask.sum(), 1.0)
 
   def one_pair(a, b):
     s = similarity(a[:, :, None], b[:, None, :])   # [B, H, H]
     return jnp.einsum("b,bhk->hk", w, s)
   rows = jax.vmap(lambda a: jax.vmap(lambda b: one_pair(a, b))(maps))(maps)
-  return rows.transpose(0, 2, 1, 3), mask.sum()
+  return {"head_similarity": rows.transpose(0, 2, 1, 3), "count": mask.sum()}
 
 
-def collect_head_similarity(model, variables, images: np.ndarray, *,
+_batch_head_similarity = jax.jit(batch_head_similarity, static_argnums=0)
+
+
+def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
                             batch_size: int = 100) -> np.ndarray:
-  """`head_similarity` averaged over a dataset, batch by batch.
+  """`batch_head_similarity` pooled over a dataset held on the host (a host loop).
+
+  Jits the per-batch measure with `apply_fn` static (one compile per apply_fn and batch
+  shape; the variables are traced, so trained and random-init weights share it).
 
   Args:
-    model: see `attention_maps`; every layer must have the same head count.
+    apply_fn: see `attention_maps`; every layer must have the same head count.
     variables: its variables (trained or random-init).
-    images: [N, ...] inputs.
+    inputs: [N, ...] inputs.
     batch_size: examples per forward pass (the last batch is padded and masked).
 
   Returns:
     [L, H, L, H] float64 mean similarities over the N inputs.
   """
-  n = len(images)
+  n = len(inputs)
   total, count = 0.0, 0.0
   for start in range(0, n, batch_size):
     idx = np.arange(start, start + batch_size)
     mask = (idx < n).astype(np.float32)
-    x = jnp.asarray(images[np.minimum(idx, n - 1)])
-    s, c = _batch_similarity(variables, x, jnp.asarray(mask), model=model)
-    total = total + np.asarray(s, np.float64) * float(c)
-    count += float(c)
+    x = jnp.asarray(inputs[np.minimum(idx, n - 1)])
+    out = _batch_head_similarity(apply_fn, variables, x, mask=jnp.asarray(mask))
+    total = total + np.asarray(out["head_similarity"], np.float64) * float(out["count"])
+    count += float(out["count"])
   return total / count
 
 
@@ -128,7 +157,7 @@ def adjacent_kth_best(head_sim: np.ndarray) -> np.ndarray:
   """Per head, its sorted similarities to the previous layer's heads.
 
   Args:
-    head_sim: [L, H, L, H] from `collect_head_similarity`.
+    head_sim: [L, H, L, H] mean similarities (`batch_head_similarity`, pooled).
 
   Returns:
     [L - 1, H, H]: entry (ℓ - 1, h, k) is the (k+1)-th best sim of head h of

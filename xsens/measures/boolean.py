@@ -5,9 +5,10 @@ fhat(S) = E_x f(x) chi_S(x), x uniform (O'Donnell, "Analysis of Boolean Function
 2014, ch. 1). Used by the sensitivity paper's theory ("Larger eigenvalues for
 lower-order monomials indicate that simpler features are learned faster … Proposition
 2.1 also implies a weak form of low sensitivity bias", Vasudeva et al., ICLR 2025,
-arXiv 2403.06925, authors' rebuttal; spec §1, §6).
+arXiv 2403.06925, authors' rebuttal).
 
-Indexing (the same as `xsens.measures.sensitivity.boolean_sensitivity`): input number
+Indexing (`all_inputs`, the points `xsens.measures.sensitivity.boolean_sensitivity`
+enumerates for the exact average sensitivity): input number
 idx in [0, 2^n) has bit b_i = (idx >> (n - 1 - i)) & 1 for coordinate i (coordinate 0 is
 the most significant bit) and x_i = 1 - 2 b_i. A subset S is indexed by the integer
 with the same bit layout, so chi_S(x_idx) = (-1)^popcount(idx & S) and the coefficient
@@ -16,6 +17,7 @@ vector is the Sylvester–Hadamard transform of the value vector divided by 2^n.
   coeffs = fourier_coefficients(values)        # values [..., 2^n] in input order
   w = degree_spectrum(coeffs)                  # W^k = sum_{|S|=k} fhat(S)^2, [..., n + 1]
   fourier_average_sensitivity(coeffs)          # sum_S |S| fhat(S)^2
+  fourier_spectrum(apply_fn, variables, n)     # coeffs of a model, one call on all_inputs(n)
 
 Every function is pure; n is static (read from the last axis), sizes up to
 `MAX_BITS` = 20 (2^20 values).
@@ -23,14 +25,20 @@ Every function is pure; n is static (read from the last axis), sizes up to
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import boolean_cube
+
 Array = jax.Array
-MAX_BITS = 20
+# The cube's points and monomials, shared with xsens.data.sparse_tokens.
+MAX_BITS = boolean_cube.MAX_BITS
+all_inputs = boolean_cube.all_inputs
+monomial_values = boolean_cube.monomial_values
+subset_index = boolean_cube.subset_index
 
 
 def _num_bits(size: int) -> int:
@@ -42,14 +50,11 @@ def _num_bits(size: int) -> int:
   return n
 
 
-def all_inputs(n: int, dtype=jnp.float32) -> Array:
-  """Every point of {±1}^n in index order: [2^n, n], row idx has x_i = 1 - 2 bit_i(idx)."""
-  if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_BITS:
-    raise ValueError(f"n must be an int in [1, {MAX_BITS}], got {n!r}.")
-  idx = jnp.arange(2**n, dtype=jnp.int32)
-  shifts = jnp.arange(n - 1, -1, -1, dtype=jnp.int32)
-  bits = (idx[:, None] >> shifts[None, :]) & 1
-  return (1 - 2 * bits).astype(dtype)
+def random_inputs(key: Array, num_samples: int, n: int, dtype=jnp.float32) -> Array:
+  """num_samples uniform points of {±1}^n: [num_samples, n] (Rademacher draws of key)."""
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ValueError(f"n must be a positive int, got {n!r}.")
+  return jax.random.rademacher(key, (num_samples, n), dtype=dtype)
 
 
 def walsh_hadamard(values: Array) -> Array:
@@ -79,12 +84,15 @@ def fourier_coefficients(values: Array) -> Array:
   return walsh_hadamard(values) / values.shape[-1]
 
 
-def fourier_spectrum(f: Callable[[Array], Array], n: int, dtype=jnp.float32) -> Array:
-  """fhat [2^n] (or [2^n, ...] -> moved to [..., 2^n]) of f: inputs [2^n, n] -> [2^n(, ...)].
+def fourier_spectrum(apply_fn: Callable[[Any, Array], Array], variables: Any, n: int, *,
+                     dtype=jnp.float32) -> Array:
+  """fhat [2^n] of apply_fn(variables, .): inputs [2^n, n] -> values [2^n] (or [2^n, K]).
 
-  One call of f on all 2^n points; a multi-output f ([2^n, K]) gives [K, 2^n].
+  One call on all 2^n points (`all_inputs`), in the measures' calling convention
+  (`variables` may be None for a plain function); a multi-output model ([2^n, K], e.g.
+  logits) gives [K, 2^n].
   """
-  values = jnp.asarray(f(all_inputs(n, dtype)))
+  values = jnp.asarray(apply_fn(variables, all_inputs(n, dtype)))
   if values.ndim > 1:
     values = jnp.moveaxis(values, 0, -1)
   return fourier_coefficients(values)
@@ -94,16 +102,6 @@ def subset_sizes(n: int) -> np.ndarray:
   """|S| for every subset index S in [0, 2^n): int32 [2^n] (numpy, static)."""
   idx = np.arange(2**n, dtype=np.int64)
   return sum((idx >> j) & 1 for j in range(n)).astype(np.int32) if n else np.zeros(1, np.int32)
-
-
-def subset_index(n: int, coords: Iterable[int]) -> int:
-  """The index of the subset S = coords (0-based coordinates) in the coefficient vector."""
-  out = 0
-  for i in coords:
-    if not 0 <= int(i) < n:
-      raise ValueError(f"coordinate {i} is outside [0, {n}).")
-    out |= 1 << (n - 1 - int(i))
-  return out
 
 
 def degree_spectrum(coeffs: Array) -> Array:
@@ -131,11 +129,3 @@ def fourier_average_sensitivity(coeffs: Array, *, normalize: bool = False) -> Ar
   total = jnp.square(coeffs) @ sizes
   return total / n if normalize else total
 
-
-def monomial_values(n: int, coords: Iterable[int], dtype=jnp.float32) -> Array:
-  """chi_S on all_inputs(n): [2^n] of ±1 (S = coords; the empty set gives ones)."""
-  x = all_inputs(n, dtype)
-  out = jnp.ones((2**n,), dtype)
-  for i in coords:
-    out = out * x[:, int(i)]
-  return out

@@ -75,3 +75,31 @@ def pairwise_churn(logits: list) -> np.ndarray:
     for j in range(i + 1, r):
       out[i, j] = out[j, i] = float(churn(logits[i], logits[j]))
   return out
+
+
+def prediction_churn(apply_fn, variables, inputs: Array, *, labels: Array | None = None,
+                     key: Array | None = None, mask: Array | None = None,
+                     peer_apply_fn=None, peer_variables=None,
+                     edges=DEFAULT_EDGES) -> dict:
+  """Churn between a model and its peer on one batch, in the one measure convention.
+
+  `apply_fn(variables, inputs)` and `peer_apply_fn(peer_variables, inputs)` (default: the
+  same `apply_fn`) give logits [B, K]; `mask` [B] marks real examples. Returns {"churn"
+  (masked mean), "per_example" [B] disagreement, "confidence" [B], "by_confidence" [E-1]
+  (NaN for an empty bin), "bin_count" [E-1], "count"}. `labels` and `key` are unused.
+  """
+  del labels, key
+  peer_apply_fn = apply_fn if peer_apply_fn is None else peer_apply_fn
+  z1, z2 = apply_fn(variables, inputs), peer_apply_fn(peer_variables, inputs)
+  m = jnp.ones(z1.shape[:1], jnp.float32) if mask is None else mask.astype(jnp.float32)
+  d = disagreement(z1, z2)
+  conf = confidence(z1, z2)
+  edges = jnp.asarray(edges, jnp.float32)
+  b = jnp.clip(jnp.searchsorted(edges, conf, side="right") - 1, 0, edges.shape[0] - 2)
+  onehot = jax.nn.one_hot(b, edges.shape[0] - 1, dtype=jnp.float32) * m[:, None]
+  count = onehot.sum(0)
+  return {"churn": jnp.sum(d * m) / jnp.maximum(jnp.sum(m), 1.0), "per_example": d,
+          "confidence": conf,
+          "by_confidence": jnp.where(count > 0, (onehot.T @ d) / jnp.maximum(count, 1.0),
+                                     jnp.nan),
+          "bin_count": count, "count": jnp.sum(m)}

@@ -3,36 +3,39 @@
 Reference: D. Hendrycks and T. Dietterich, "Benchmarking Neural Network Robustness to
 Common Corruptions and Perturbations", ICLR 2019, arXiv 1903.12261.
 
-  * `corruption_accuracy(predict_fn, images, labels, normalize=...)` corrupts a split held
-    in the model's input space (xsens `Split.images`, normalised by `data.normalize`) with
-    `xsens.measures.corruptions` and returns {(name, severity): accuracy}.
+  * `corruption_accuracy(apply_fn, variables, inputs, *, labels, name, severity, key, mask,
+    normalize, stats)`: accuracy of one (padded) batch held in the model's input space under
+    one corruption of `corruptions.JAX_CORRUPTIONS`, corrupted on the device, so it composes
+    inside a caller's `jax.jit` (the measures convention of `xsens.measures`: `apply_fn
+    (variables, inputs) -> logits` in eval mode, a dict of arrays back, nothing jitted here).
+    The `corruptions.HOST_ONLY` corruptions run on the host: `corrupt_normalized` corrupts
+    model-space images with the NumPy versions, and a study loops over the split
+    (`xsens.studies.robustness_common.corruption_accuracy`).
   * Aggregates: `per_corruption` (mean over severities), `per_category`,
     `mean_corruption_accuracy` (mCA), `errors` (1 - accuracy).
   * Corruption error of model f on corruption c relative to a baseline b (e.g. AlexNet for
     ImageNet-C): CE_c = sum_s E(f, c, s) / sum_s E(b, c, s); mCE = mean_c CE_c (`mce`).
     Relative: sum_s (E(f, c, s) - E_clean(f)) / sum_s (E(b, c, s) - E_clean(b)), averaged
     over c (`relative_mce`); `mce_table` for several models against a named baseline.
-  * `load_cifar10_corrupted(data_config, name, severity)` reads the pre-computed TFDS
-    `cifar10_corrupted/<name>_<severity>` (test split) through `xsens.data.pipeline`.
+  The pre-computed CIFAR-10-C is read by `xsens.data.corrupted.load_cifar10_corrupted`.
 
 Corruptions are applied in [0, 1] pixel space: `to_unit_range` undoes `data.normalize`,
 `from_unit_range` redoes it.
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-import copy
+from collections.abc import Iterable, Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from xsens.data import pipeline
 from xsens.measures import corruptions
 
 Key = tuple[str, int]  # (corruption name, severity)
 
 CORRUPT_CHUNK = 1000  # Images corrupted per call; chunk k uses seed (seed, k).
 
-# xsens / Hendrycks corruption names -> TFDS `cifar10_corrupted` config names.
-TFDS_NAMES = {"glass_blur": "frosted_glass_blur", "elastic_transform": "elastic"}
+NORMALIZE = ("zero_one", "half", "standardize")  # The `data.normalize` modes.
 
 
 # ------------------------------------------------------------------------------------------------
@@ -40,8 +43,8 @@ TFDS_NAMES = {"glass_blur": "frosted_glass_blur", "elastic_transform": "elastic"
 
 
 def _stats(normalize: str, stats) -> tuple[np.ndarray, np.ndarray] | None:
-  if normalize not in pipeline.NORMALIZE:
-    raise ValueError(f"normalize must be one of {', '.join(pipeline.NORMALIZE)}, "
+  if normalize not in NORMALIZE:
+    raise ValueError(f"normalize must be one of {', '.join(NORMALIZE)}, "
                      f"got {normalize!r}")
   if normalize != "standardize":
     return None
@@ -89,7 +92,8 @@ def from_unit_range(images01: np.ndarray, normalize: str, stats=None) -> np.ndar
 # Evaluation.
 
 
-def _check_names(names: Iterable[str]) -> list[str]:
+def check_names(names: Iterable[str]) -> list[str]:
+  """Validates corruption names; returns them as a list."""
   names = list(names)
   unknown = [n for n in names if n not in corruptions.CORRUPTIONS]
   if unknown:
@@ -98,40 +102,21 @@ def _check_names(names: Iterable[str]) -> list[str]:
   return names
 
 
-def _check_severities(severities: Iterable[int]) -> list[int]:
+def check_severities(severities: Iterable[int]) -> list[int]:
+  """Validates severities (1..5, at least one); returns them as ints."""
   severities = list(severities)
   if not severities or any(s not in corruptions.SEVERITIES for s in severities):
     raise ValueError(f"severities must be in 1..5, got {severities}")
   return [int(s) for s in severities]
 
 
-def predict_labels(predict_fn: Callable, images: np.ndarray, batch_size: int) -> np.ndarray:
-  """argmax of `predict_fn` over fixed-size batches (the last one padded, so a jitted
-  predict_fn compiles once). [N, H, W, C] -> [N] int."""
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be positive, got {batch_size}")
-  n = len(images)
-  out = np.empty((n,), np.int64)
-  for start in range(0, n, batch_size):
-    idx = np.minimum(np.arange(start, start + batch_size), n - 1)
-    logits = np.asarray(predict_fn(images[idx]))
-    take = min(batch_size, n - start)
-    out[start:start + take] = logits[:take].argmax(-1)
-  return out
-
-
-def accuracy(predict_fn: Callable, images: np.ndarray, labels: np.ndarray,
-             batch_size: int = 256) -> float:
-  """Top-1 accuracy on uncorrupted images (model space), e.g. the clean error of relative mCE."""
-  return float(np.mean(predict_labels(predict_fn, images, batch_size) == np.asarray(labels)))
-
-
 def corrupt_normalized(images: np.ndarray, name: str, severity: int, *, normalize: str,
                        stats=None, seed: int = 0) -> np.ndarray:
   """Corrupts images held in model space: to [0, 1] (clipped), `corrupt`, back to model space.
 
-  Chunk k of `CORRUPT_CHUNK` images is corrupted with seed (seed, k), so the result does not
-  depend on any batch size. [N, H, W, C] -> [N, H, W, C] float32.
+  Host NumPy (every corruption). Chunk k of `CORRUPT_CHUNK` images is corrupted with seed
+  (seed, k), so the result does not depend on any batch size.
+  [N, H, W, C] -> [N, H, W, C] float32.
   """
   x01 = np.clip(to_unit_range(images, normalize, stats), 0, 1)
   out = np.empty_like(x01)
@@ -141,42 +126,55 @@ def corrupt_normalized(images: np.ndarray, name: str, severity: int, *, normaliz
   return from_unit_range(out, normalize, stats)
 
 
-def corruption_accuracy(predict_fn: Callable, images: np.ndarray, labels: np.ndarray, *,
-                        normalize: str, stats=None,
-                        names: Sequence[str] = corruptions.NAMES,
-                        severities: Sequence[int] = corruptions.SEVERITIES, seed: int = 0,
-                        batch_size: int = 256) -> dict[Key, float]:
-  """Top-1 accuracy of `predict_fn` on every (corruption, severity) of a split.
+def corrupt_normalized_jax(inputs, name: str, severity: int, *, normalize: str, stats=None,
+                           key=None):
+  """`corrupt_normalized` on the device for `corruptions.JAX_CORRUPTIONS` (jittable; name,
+  severity and normalize static). [B, H, W, C] -> [B, H, W, C] float32."""
+  _stats(normalize, None if stats is None else (np.zeros(1), np.ones(1)))  # Validates.
+  s = None if stats is None else tuple(jnp.asarray(v, jnp.float32) for v in stats)
+  x = jnp.asarray(inputs, jnp.float32)
+  if normalize == "half":
+    x = (x + 1) / 2
+  elif normalize == "standardize":
+    x = x * s[1] + s[0]
+  out = corruptions.corrupt_jax(jnp.clip(x, 0, 1), name, severity, key)
+  if normalize == "half":
+    return (out - jnp.float32(0.5)) / jnp.float32(0.5)
+  if normalize == "standardize":
+    return (out - s[0]) / s[1]
+  return out
+
+
+def corruption_accuracy(apply_fn, variables, inputs, *, labels, name: str, severity: int,
+                        key=None, mask=None, normalize: str = "zero_one",
+                        stats=None) -> dict[str, jax.Array]:
+  """Top-1 accuracy of one (padded) batch under one corruption, corrupted on the device.
 
   Args:
-    predict_fn: `images [B, H, W, C] (model space) -> logits [B, K]`, e.g.
-      `TrainResult.predict_fn()` (optionally jitted).
-    images: [N, H, W, C] in model space (a `Split.images`), C in {1, 3}.
-    labels: [N] int.
-    normalize: how `images` were normalised ("zero_one" | "half" | "standardize").
+    apply_fn: (variables, inputs) -> logits [B, K] in eval mode, e.g.
+      `TrainResult.apply_fn`.
+    variables: the model's variables.
+    inputs: [B, H, W, C] clean inputs in model space (normalised by `normalize`).
+    labels: int [B].
+    name: a corruption of `corruptions.JAX_CORRUPTIONS` (static; `HOST_ONLY` ones raise:
+      corrupt them on the host with `corrupt_normalized`).
+    severity: 1..5 (static).
+    key: PRNG key for the noises.
+    mask: optional [B] weights (0 for padding rows).
+    normalize: how `inputs` were normalised ("zero_one" | "half" | "standardize"; static).
     stats: (mean [C], std [C]) for "standardize".
-    names: corruptions to run (default all 15).
-    severities: subset of 1..5.
-    seed: corruption seed (see `corrupt_normalized`).
-    batch_size: prediction batch size.
 
   Returns:
-    {(name, severity): accuracy in [0, 1]}.
+    {"accuracy": masked mean, "correct": bool [B], "count": weighted examples}.
   """
-  names = _check_names(names)
-  severities = _check_severities(severities)
-  labels = np.asarray(labels)
-  if len(labels) != len(images) or len(labels) == 0:
-    raise ValueError(f"need as many labels as images (> 0), got {len(labels)} and "
-                     f"{len(images)}")
-  out = {}
-  for name in names:
-    for severity in severities:
-      x = corrupt_normalized(images, name, severity, normalize=normalize, stats=stats,
-                             seed=seed)
-      pred = predict_labels(predict_fn, x, batch_size)
-      out[(name, severity)] = float(np.mean(pred == labels))
-  return out
+  x = corrupt_normalized_jax(inputs, name, severity, normalize=normalize, stats=stats,
+                             key=key)
+  correct = jnp.argmax(apply_fn(variables, x), -1) == labels
+  w = (jnp.ones(correct.shape, jnp.float32) if mask is None else
+       jnp.asarray(mask).astype(jnp.float32))
+  count = w.sum()
+  return {"accuracy": jnp.sum(w * correct) / jnp.maximum(count, 1.0), "correct": correct,
+          "count": count}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -305,63 +303,3 @@ def summarize(accuracies: Mapping[Key, float], clean_accuracy: float | None = No
   if clean_accuracy is not None:
     out["clean"] = float(clean_accuracy)
   return out
-
-
-# ------------------------------------------------------------------------------------------------
-# The pre-computed CIFAR-10-C (TFDS `cifar10_corrupted`).
-
-
-def tfds_name(name: str, severity: int) -> str:
-  """TFDS name of a CIFAR-10-C set: ("glass_blur", 3) -> "cifar10_corrupted/frosted_glass_blur_3".
-
-  Accepts the xsens names (`corruptions.NAMES`) and the TFDS spellings.
-  """
-  if severity not in corruptions.SEVERITIES:
-    raise ValueError(f"severity must be in 1..5, got {severity!r}")
-  return f"cifar10_corrupted/{TFDS_NAMES.get(name, name)}_{int(severity)}"
-
-
-def load_cifar10_corrupted(data_config, name: str, severity: int, *, split: str = "test",
-                           stats=None, seed: int = 0) -> pipeline.Split:
-  """Loads one CIFAR-10-C corruption from `data.data_dir`, preprocessed like `data_config`.
-
-  The dataset (TFDS `cifar10_corrupted/<name>_<severity>`) holds only a "test" split, and
-  `xsens.data.pipeline.load_split` wants two different splits, so the copy of `data_config`
-  used here reads `split` as its test split and `test[:1]` as a (never returned) train split;
-  train-only fields (`num_train`, `class_fractions`) are dropped. `classes` applies.
-  Images are read in [0, 1] and then normalised with `data_config.normalize`; for
-  "standardize" the statistics are `stats` if given, else those of the clean train split of
-  `data_config` (so clean and corrupted images share one normalisation). `image_size`
-  resizes last, as in `load_split`.
-
-  Args:
-    data_config: the `data` ConfigDict of the clean dataset (e.g. name "cifar10").
-    name: corruption (xsens or TFDS spelling).
-    severity: 1..5.
-    split: TFDS split string of the corrupted dataset.
-    stats: (mean [C], std [C]) for "standardize".
-    seed: passed to `load_split`.
-
-  Returns:
-    The corrupted split in model space.
-  """
-  normalize = data_config["normalize"]
-  if normalize == "standardize" and stats is None:
-    clean = copy.deepcopy(data_config)
-    clean.normalize = "zero_one"
-    clean.image_size = None
-    stats = pipeline.channel_stats(pipeline.load_split(clean, "train", seed=seed).images)
-  cfg = copy.deepcopy(data_config)
-  cfg.name = tfds_name(name, severity)
-  cfg.test_split = split
-  cfg.train_split = "test[:1]" if split != "test[:1]" else "test[:2]"
-  cfg.num_train = None
-  cfg.class_fractions = None
-  cfg.normalize = "zero_one"
-  cfg.image_size = None
-  raw = pipeline.load_split(cfg, "test", seed=seed)
-  x = from_unit_range(raw.images, normalize, stats)
-  if data_config["image_size"] is not None:
-    x = pipeline.resize(x, data_config["image_size"])
-  return pipeline.Split(images=np.ascontiguousarray(x, np.float32), labels=raw.labels,
-                        num_classes=raw.num_classes)

@@ -13,30 +13,40 @@ References:
     clean and the perturbed model run in eval mode (`train=False`): dropout is
     off and BatchNorm uses, and never updates, its running statistics.
 
-Models enter as xsens flax modules (`xsens.models.ViT`, `xsens.models.ResNet18`,
-`xsens.models.BiTResNet`)
-whose static `skip` field removes residual branches while the same variables
-apply. `perturb_weights` and `sharpness` are pure and jittable; the accuracy
-drivers (`accuracy`, `layer_removal_accuracy`, `weight_noise_accuracy`) loop
-over fixed-size, masked batches on the host (one compile per model variant)
-and return Python floats.
+Calling convention (that of `xsens.measures`): every measure is
+`f(apply_fn, variables, inputs, *, labels=..., key=..., mask=None, **options) -> dict` of
+arrays, with `apply_fn(variables, inputs) -> logits [B, K]` in eval mode (e.g.
+`TrainResult.apply_fn` = `functools.partial(model.apply, train=False)`) and `mask` an
+optional [B] example mask (0 for padding rows; accuracies come back as masked means plus
+per-example `correct` values and the weighted `count`, so padded batches pool as
+sum(correct * mask) / sum(count)). Nothing is jitted here: callers jit, with `apply_fn`
+(and `model`, `layers`, `num_draws`, ...) static and the variables traced.
+
+Layer removal needs the module itself, since a variant is a different module
+(`model.clone(skip=...)`) applied to the same variables: `layer_removal_accuracy` takes it
+as the `model=` option (xsens `ViT`, `ResNet18`, `BiTResNet`, whose static `skip` field
+removes residual branches), and scores every variant of one batch in one program.
+Weight noise and sharpness only need `apply_fn`: they perturb `variables["params"]`.
+Loops over the batches of a dataset belong to the caller (a study or evaluator).
 """
 
+import functools
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.models import bit as bit_lib
-from xsens.models import resnet as resnet_lib
-from xsens.models import vit as vit_lib
+from xsens.measures.adversarial import accuracy
 
 Array = jax.Array
+ApplyFn = Callable[[Any, Array], Array]
 Layer = tuple[int, str]
-PARTS = vit_lib.SKIP_PARTS
+# Residual branches a model may drop: a whole block, or only a transformer block's
+# attention / MLP sub-layer.
+PARTS = ("block", "attention", "mlp")
 
 
 def _check_positive_int(name: str, value: Any) -> None:
@@ -64,81 +74,31 @@ def _path_name(path) -> str:
 
 
 # ----------------------------------------------------------------------------
-# Accuracy over a dataset (host loop, fixed-size masked batches).
-# ----------------------------------------------------------------------------
-
-
-def _correct_fn(model: nn.Module) -> Callable[..., Array]:
-  """jit (variables, x [b,...], y [b], mask [b]) -> number of correct examples."""
-
-  @jax.jit
-  def correct(variables, x, y, mask):
-    logits = model.apply(variables, x, train=False)
-    hit = (jnp.argmax(logits, axis=-1) == y) & mask
-    return hit.sum()
-
-  return correct
-
-
-def _batches(images, labels, batch_size: int) -> Iterable[tuple[Any, ...]]:
-  """Yields (x, y, mask) of exactly batch_size rows; the last one zero-padded."""
-  n = len(images)
-  for start in range(0, n, batch_size):
-    x = np.asarray(images[start:start + batch_size])
-    y = np.asarray(labels[start:start + batch_size])
-    m = len(x)
-    mask = np.arange(batch_size) < m
-    if m < batch_size:
-      x = np.concatenate([x, np.zeros((batch_size - m, *x.shape[1:]), x.dtype)])
-      y = np.concatenate([y, np.zeros((batch_size - m,), y.dtype)])
-    yield x, y, mask
-
-
-def _accuracy_with(correct: Callable[..., Array], variables, images, labels,
-                   batch_size: int) -> float:
-  if len(images) != len(labels) or not len(images):
-    raise ValueError(f"need as many labels as images (at least one); got "
-                     f"{len(images)} images and {len(labels)} labels.")
-  total = 0
-  for x, y, mask in _batches(images, labels, batch_size):
-    total += int(correct(variables, x, y, mask))
-  return total / len(images)
-
-
-def accuracy(model: nn.Module, variables, images, labels, *,
-             batch_size: int = 256) -> float:
-  """Top-1 accuracy of `model.apply(variables, x, train=False)`.
-
-  Args:
-    model: a flax module mapping [B, H, W, C] to logits [B, K].
-    variables: its variables ({"params", maybe "batch_stats"}).
-    images: [N, H, W, C] array (NumPy or JAX).
-    labels: [N] int class ids.
-    batch_size: rows per forward pass; the last batch is padded and masked, so
-      every pass has the same shape (one compile).
-
-  Returns:
-    Fraction of the N examples whose argmax logit equals the label.
-  """
-  _check_positive_int("batch_size", batch_size)
-  return _accuracy_with(_correct_fn(model), variables, images, labels, batch_size)
-
-
-# ----------------------------------------------------------------------------
 # Layer removal.
 # ----------------------------------------------------------------------------
+
+
+def _removal_method(model: nn.Module, method: str) -> Callable[..., Any]:
+  """`model.<method>` of the layer-removal protocol, or a ValueError naming the model."""
+  fn = getattr(model, method, None)
+  if fn is None:
+    raise ValueError(f"layer removal needs a model with `removable_layers` and "
+                     f"`remove_layers` methods (e.g. xsens ViT, ResNet18, BiTResNet), not "
+                     f"{type(model).__name__}.")
+  return fn
 
 
 def removable_layers(model: nn.Module,
                      parts: Sequence[str] = PARTS) -> tuple[Layer, ...]:
   """The (layer, part) pairs of `model` that `remove_layers` can drop.
 
+  The model says which through its `removable_layers(parts)` method (see the
+  registry entry's `removable_layers`): a ViT every encoder block with any of
+  PARTS; a ResNet18 (BasicBlocks) or BiTResNet (units, flat index) the blocks
+  with an identity shortcut, 'block' only (their other parts are ignored).
+
   Args:
-    model: `ViT` (every encoder block, any of PARTS) or `ResNet18` (blocks with
-      an identity shortcut, see `xsens.models.resnet.identity_blocks`; a
-      BasicBlock has no separate attention / MLP, so only the 'block' entry of
-      `parts` applies to it) or `BiTResNet` (units with an identity shortcut,
-      `xsens.models.bit.identity_units`, flat unit index; 'block' only).
+    model: a flax module with the layer-removal methods.
     parts: subset of ('block', 'attention', 'mlp').
 
   Returns:
@@ -146,100 +106,79 @@ def removable_layers(model: nn.Module,
 
   Raises:
     ValueError: for an unknown part, parts none of which the model has, or a
-      model other than ViT / ResNet18 / BiTResNet.
+      model without the layer-removal methods.
   """
   for part in parts:
     if part not in PARTS:
       raise ValueError(f"unknown part {part!r}; allowed: {', '.join(PARTS)}")
-  if isinstance(model, vit_lib.ViT):
-    return tuple((i, p) for i in range(model.depth) for p in parts)
-  if isinstance(model, resnet_lib.ResNet18):
-    if "block" not in parts:
-      raise ValueError(f"ResNet18 blocks have no {', '.join(map(repr, parts))} "
-                       f"sub-layer; only 'block' can be removed.")
-    return tuple((i, "block") for i in resnet_lib.identity_blocks())
-  if isinstance(model, bit_lib.BiTResNet):
-    if "block" not in parts:
-      raise ValueError(f"BiT units have no {', '.join(map(repr, parts))} sub-layer; "
-                       f"only 'block' (a whole unit) can be removed.")
-    return tuple((i, "block") for i in bit_lib.identity_units(model.block_units))
-  raise ValueError(f"layer removal supports ViT, ResNet18 and BiTResNet, not "
-                   f"{type(model).__name__}.")
+  return tuple(_removal_method(model, "removable_layers")(tuple(parts)))
 
 
 def remove_layers(model: nn.Module, layers: Sequence[Layer]) -> nn.Module:
   """A copy of `model` with the residual branches `layers` dropped.
 
-  The copy applies to the same variables. For a ViT, (i, 'block') makes
-  encoder block i the identity, (i, 'attention') keeps only its MLP branch
-  x + MLP(LN(x)), (i, 'mlp') keeps only x + MHSA(LN(x)). For a ResNet18,
-  (i, 'block') makes BasicBlock i (flat index) the identity; blocks with a
-  projection shortcut are refused with a ConfigError.
+  The copy applies to the same variables; any existing `skip` is replaced. For
+  a ViT, (i, 'block') makes encoder block i the identity, (i, 'attention')
+  keeps only its MLP branch x + MLP(LN(x)), (i, 'mlp') keeps only
+  x + MHSA(LN(x)). For a ResNet18 / BiTResNet, (i, 'block') makes BasicBlock /
+  unit i (flat index) the identity; one with a projection shortcut is refused
+  with a ConfigError.
 
   Args:
-    model: `ViT`, `ResNet18` or `BiTResNet` (any existing `skip` is replaced;
-      BiT: (i, 'block') makes unit i, flat index, the identity).
+    model: a flax module with the layer-removal methods (`removable_layers`).
     layers: (layer, part) pairs.
 
   Returns:
-    `model.clone(skip=...)`.
+    The model's `remove_layers(layers)`: `model.clone(skip=...)`.
   """
   layers = tuple((int(i), str(p)) for i, p in layers)
-  if isinstance(model, vit_lib.ViT):
-    vit_lib.skipped_parts(layers, model.depth)  # Validates.
-    return model.clone(skip=layers)
-  if isinstance(model, resnet_lib.ResNet18):
-    bad = [p for _, p in layers if p != "block"]
-    if bad:
-      raise ValueError(f"ResNet18 blocks have no {bad[0]!r} sub-layer; only "
-                       f"'block' can be removed.")
-    skip = tuple(i for i, _ in layers)
-    resnet_lib.check_skip(skip)
-    return model.clone(skip=skip)
-  if isinstance(model, bit_lib.BiTResNet):
-    bad = [p for _, p in layers if p != "block"]
-    if bad:
-      raise ValueError(f"BiT units have no {bad[0]!r} sub-layer; only 'block' can be "
-                       f"removed.")
-    skip = tuple(i for i, _ in layers)
-    bit_lib.check_skip(skip, model.block_units)
-    return model.clone(skip=skip)
-  raise ValueError(f"layer removal supports ViT, ResNet18 and BiTResNet, not "
-                   f"{type(model).__name__}.")
+  return _removal_method(model, "remove_layers")(layers)
 
 
-def layer_removal_accuracy(model: nn.Module, variables, images, labels, *,
-                           parts: Sequence[str] = PARTS,
+def _stack_accuracies(results: Sequence[dict[str, Array]]) -> tuple[Array, Array]:
+  """[accuracy dicts] -> (accuracies [L], correct [L, B])."""
+  return (jnp.stack([r["accuracy"] for r in results]),
+          jnp.stack([r["correct"] for r in results]))
+
+
+def layer_removal_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
+                           labels: Array, model: nn.Module,
                            layers: Optional[Sequence[Layer]] = None,
-                           batch_size: int = 256) -> dict[str, Any]:
-  """Accuracy with one residual branch removed at a time (no retraining).
+                           parts: Sequence[str] = PARTS,
+                           mask: Optional[Array] = None) -> dict[str, Array]:
+  """Accuracy with one residual branch removed at a time (no retraining), one batch.
 
   Args:
-    model: `ViT` or `ResNet18` (see `removable_layers`).
+    apply_fn: the intact model, (variables, inputs) -> logits [B, K], eval mode.
     variables: the trained variables; the same ones apply to every variant.
-    images: [N, H, W, C].
-    labels: [N] int.
-    parts: which branches to remove, used when `layers` is None (ResNet18:
-      only 'block' applies, see `removable_layers`).
-    layers: explicit (layer, part) pairs; default `removable_layers(model,
+    inputs: [B, H, W, C].
+    labels: int [B].
+    model: the module behind apply_fn, `ViT`, `ResNet18` or `BiTResNet` (see
+      `removable_layers`); variant (i, part) is `remove_layers(model, [(i, part)])`
+      applied with train=False. Static.
+    layers: explicit (layer, part) pairs (static); default `removable_layers(model,
       parts)`.
-    batch_size: rows per forward pass.
+    parts: which branches to remove, used when `layers` is None (ResNet18 / BiT:
+      only 'block' applies, see `removable_layers`).
+    mask: optional [B] weights (0 for padding rows).
 
   Returns:
-    {"baseline": accuracy of the intact model,
-     "accuracy": {(layer, part): accuracy with that one branch removed}}.
+    {"baseline": masked accuracy of the intact model, "baseline_correct": bool [B],
+     "accuracy": [L] masked accuracy with branch layers[l] removed (in the order of
+     `layers`), "correct": bool [L, B], "count": weighted examples}.
   """
-  _check_positive_int("batch_size", batch_size)
   if layers is None:
     layers = removable_layers(model, parts)
-  base = model.clone(skip=())
-  out = {"baseline": accuracy(base, variables, images, labels,
-                              batch_size=batch_size), "accuracy": {}}
-  for layer in layers:
-    variant = remove_layers(base, [layer])
-    out["accuracy"][tuple(layer)] = accuracy(variant, variables, images, labels,
-                                            batch_size=batch_size)
-  return out
+  base_model = model.clone(skip=())
+  base = accuracy(apply_fn, variables, inputs, labels=labels, mask=mask)
+  variants = [accuracy(functools.partial(remove_layers(base_model, [layer]).apply,
+                                         train=False),
+                       variables, inputs, labels=labels, mask=mask)
+              for layer in layers]
+  acc, correct = (_stack_accuracies(variants) if variants else
+                  (jnp.zeros((0,)), jnp.zeros((0, inputs.shape[0]), bool)))
+  return {"baseline": base["accuracy"], "baseline_correct": base["correct"],
+          "accuracy": acc, "correct": correct, "count": base["count"]}
 
 
 # ----------------------------------------------------------------------------
@@ -307,35 +246,36 @@ def weight_layers(params) -> tuple[str, ...]:
                       jax.tree_util.tree_flatten_with_path(sub)[0]))
 
 
-def weight_noise_accuracy(model: nn.Module, variables, images, labels,
-                          key: Array, *, relative_scale: float,
+def weight_noise_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
+                          labels: Array, key: Array, relative_scale: Any,
                           num_draws: int = 3,
                           layers: Optional[Sequence[str]] = None,
-                          batch_size: int = 256) -> dict[str, Any]:
-  """Accuracy with norm-scaled noise on the kernels of one layer at a time.
+                          mask: Optional[Array] = None) -> dict[str, Array]:
+  """Accuracy with norm-scaled noise on the kernels of one layer at a time, one batch.
 
   Draw r of layer L perturbs `variables["params"]` with `perturb_weights(...,
-  fold_in(key, r), relative_scale, layer_filter=kernels under L/)`.
+  fold_in(key, r), relative_scale, layer_filter=kernels under L/)`; the draws do not
+  depend on the inputs, so every batch of a dataset sees the same noisy models.
 
   Args:
-    model: a flax module; applied as `model.apply(variables, x, train=False)`.
+    apply_fn: (variables, inputs) -> logits [B, K], eval mode.
     variables: {"params", ...}; only "params" are perturbed.
-    images: [N, H, W, C].
-    labels: [N] int.
+    inputs: [B, H, W, C].
+    labels: int [B].
     key: PRNG key.
     relative_scale: noise norm relative to each kernel's norm (see
       `perturb_weights`).
-    num_draws: noise draws per layer.
-    layers: top-level parameter names; default `weight_layers(params)`.
-    batch_size: rows per forward pass.
+    num_draws: noise draws per layer (static).
+    layers: top-level parameter names (static); default `weight_layers(params)`.
+    mask: optional [B] weights (0 for padding rows).
 
   Returns:
-    {"baseline": accuracy without noise,
-     "per_layer": {layer: mean accuracy over the draws},
-     "per_layer_draws": {layer: (accuracy of draw 0, ..., draw R-1)}}.
+    {"baseline": masked accuracy without noise, "baseline_correct": bool [B],
+     "per_layer_draws": [L, R] masked accuracy of each draw (layers in the order of
+     `layers`), "per_layer": [L] mean over the draws, "correct": bool [L, R, B],
+     "count": weighted examples}.
   """
   _check_positive_int("num_draws", num_draws)
-  _check_positive_int("batch_size", batch_size)
   _check_nonnegative("relative_scale", relative_scale)
   params = variables["params"]
   layers = weight_layers(params) if layers is None else tuple(layers)
@@ -343,9 +283,9 @@ def weight_noise_accuracy(model: nn.Module, variables, images, labels,
   if unknown:
     raise ValueError(f"unknown layer {unknown[0]!r}; params hold "
                      f"{', '.join(params)}.")
-  correct = _correct_fn(model)
-  run = lambda v: _accuracy_with(correct, v, images, labels, batch_size)
-  out = {"baseline": run(variables), "per_layer": {}, "per_layer_draws": {}}
+  run = lambda v: accuracy(apply_fn, v, inputs, labels=labels, mask=mask)
+  base = run(variables)
+  accs, correct = [], []
   for name in layers:
     in_layer = lambda path, name=name: (path.startswith(name + "/")
                                         and is_kernel(path))
@@ -355,9 +295,15 @@ def weight_noise_accuracy(model: nn.Module, variables, images, labels,
                               relative_scale=relative_scale,
                               layer_filter=in_layer)
       draws.append(run({**variables, "params": noisy}))
-    out["per_layer_draws"][name] = tuple(draws)
-    out["per_layer"][name] = float(np.mean(draws))
-  return out
+    a, c = _stack_accuracies(draws)
+    accs.append(a)
+    correct.append(c)
+  b = inputs.shape[0]
+  draws = jnp.stack(accs) if accs else jnp.zeros((0, num_draws))
+  return {"baseline": base["accuracy"], "baseline_correct": base["correct"],
+          "per_layer_draws": draws, "per_layer": draws.mean(axis=-1),
+          "correct": jnp.stack(correct) if correct else jnp.zeros((0, num_draws, b), bool),
+          "count": base["count"]}
 
 
 # ----------------------------------------------------------------------------
@@ -386,9 +332,10 @@ def add_gaussian(params, key: Array, sigma):
   return jax.tree.unflatten(treedef, leaves)
 
 
-def sharpness(apply_fn: Callable[..., Array], variables, images: Array,
-              key: Array, *, sigma=0.05, num_draws: int = 5,
-              draw_chunk_size: Optional[int] = None) -> dict[str, Array]:
+def sharpness(apply_fn: ApplyFn, variables, inputs: Array, *, key: Array,
+              sigma=0.05, num_draws: int = 5,
+              draw_chunk_size: Optional[int] = None,
+              mask: Optional[Array] = None) -> dict[str, Array]:
   """Logit and label change under absolute Gaussian noise on all parameters.
 
   For draws r = 1..R, theta'_r = theta + delta_r with delta_r ~ N(0, sigma^2)
@@ -399,23 +346,23 @@ def sharpness(apply_fn: Callable[..., Array], variables, images: Array,
     sharpness_l1   = mean_{r, x} || f_theta(x) - f_theta'_r(x) ||_1,
     sharpness_flip = mean_{r, x} 1[argmax f_theta(x) != argmax f_theta'_r(x)].
 
-  Both models are evaluated as `apply_fn(variables, images, train=False)`
-  (eval mode: no dropout, BatchNorm on running averages and not updated),
-  fixing defect 3 of the official code. Draw r uses fold_in(key, r) (then
-  `add_gaussian`), so results do not depend on `draw_chunk_size`. The draws
-  are vmapped, draw_chunk_size at a time (`lax.map`), so memory grows with
-  that many copies of the parameters and activations. Pure and jittable
-  (`sigma` may be traced).
+  Both models are evaluated with `apply_fn` in eval mode (no dropout, BatchNorm on
+  running averages and not updated), fixing defect 3 of the official code. Draw r uses
+  fold_in(key, r) (then `add_gaussian`), so results do not depend on
+  `draw_chunk_size`. The draws are vmapped, draw_chunk_size at a time (`lax.map`), so
+  memory grows with that many copies of the parameters and activations. Pure and
+  jittable (`sigma` may be traced).
 
   Args:
-    apply_fn: e.g. `model.apply`; called as apply_fn(variables, x,
-      train=False) -> logits [B, K].
+    apply_fn: (variables, inputs) -> logits [B, K] in eval mode, e.g.
+      `TrainResult.apply_fn`.
     variables: {"params", ...}.
-    images: [B, ...] inputs.
+    inputs: [B, ...] inputs.
     key: PRNG key.
     sigma: noise standard deviation (absolute; the official default 0.05).
     num_draws: R, a static Python int.
     draw_chunk_size: draws evaluated together; None: all R at once.
+    mask: optional [B] weights (0 for padding rows): the means over x are masked.
 
   Returns:
     float32 scalars: {"sharpness_l1", "sharpness_flip", and their Monte-Carlo
@@ -427,15 +374,20 @@ def sharpness(apply_fn: Callable[..., Array], variables, images: Array,
     _check_positive_int("draw_chunk_size", draw_chunk_size)
   _check_nonnegative("sigma", sigma)
   variables = dict(variables)
-  clean = apply_fn(variables, images, train=False)
+  clean = apply_fn(variables, inputs)
   clean_label = jnp.argmax(clean, axis=-1)
+  if mask is None:
+    mean = lambda v: v.mean()
+  else:
+    w = jnp.asarray(mask).astype(jnp.float32)
+    mean = lambda v: jnp.sum(w * v) / jnp.maximum(w.sum(), 1.0)
 
   def one_draw(r):
     noisy = add_gaussian(variables["params"], jax.random.fold_in(key, r), sigma)
-    logits = apply_fn({**variables, "params": noisy}, images, train=False)
+    logits = apply_fn({**variables, "params": noisy}, inputs)
     l1 = jnp.abs(logits - clean).sum(axis=-1).astype(jnp.float32)
     flip = (jnp.argmax(logits, axis=-1) != clean_label).astype(jnp.float32)
-    return l1.mean(), flip.mean()
+    return mean(l1), mean(flip)
 
   draws = jnp.arange(num_draws)
   if draw_chunk_size is None or draw_chunk_size >= num_draws:

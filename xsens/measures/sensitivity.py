@@ -2,24 +2,49 @@
 
 Reference: Vasudeva et al., "Transformers Learn Low Sensitivity Functions:
 Investigations and Implications", ICLR 2025, arXiv 2403.06925; official code
-github.com/estija/sensitivity. See /work/shared/specs/sensitivity.md for what is
-(and is not) known about the paper's definitions.
+github.com/estija/sensitivity.
 
-Main metric (spec §1), for tokens X = (x_1..x_T), x_i in R^D and the argmax
-label y(X) = argmax_k f_k(X):
+Main metric, for tokens X = (x_1..x_T), x_i in R^D and the argmax label
+y(X) = argmax_k f_k(X):
 
   S_sigma(f) = E_X (1/T) sum_i Pr_eps[ y(X^(i,eps)) != y(X) ],
   X^(i,eps): x_i <- x_i + eps,  eps ~ N(0, sigma^2 I_D).
 
-Every function here is pure: no globals, no I/O, no Python-side randomness.
-Sizes (`num_draws`, `chunk_size`, `example_chunk_size`, ...) are static Python
-ints; `sigma` may be a traced scalar. Models enter only as functions
-(`from_tokens`, `predict_fn`, see `xsens.measures.tokens`), so the measures
-compose with `jax.jit`, `jax.vmap` (e.g. over keys) and, for
-`smooth_token_sensitivity`, `jax.grad`. Batches may be sharded over devices on
-axis 0: perturbed copies are laid out [B, c, ...] and merged batch-major into
-[B * c, ...] (example blocks are strided), so a batch sharding stays a batch
-sharding under GSPMD; nothing calls back to the host.
+Calling convention (that of every measure in `xsens.measures`):
+
+  measure(apply_fn, variables, inputs, *, labels=None, key=None, mask=None,
+          **options) -> dict[str, Array]
+
+- apply_fn(variables, inputs [B', ...]) -> logits [B', K] in eval mode (e.g.
+  `TrainResult.apply_fn` or `functools.partial(model.apply, train=False)`),
+  any batch size B'; the measures call it on stacks of perturbed copies.
+- inputs: token embeddings [B, T, D] (token axis 1), or images [B, H, W, C]
+  with `patch_size=p`, whose tokens are the p x p patches
+  (`xsens.measures.tokens`). Text models, whose forward also takes the padding
+  mask, go through `xsens.measures.text_sensitivity`.
+- labels [B]: the reference labels; default the clean argmax.
+- key: PRNG key (required by the random estimators).
+- mask [B]: example mask (bool or weights; 0 for padding rows), so a padded,
+  sharded batch can be measured: `mean`, `stderr`, `flips` and `count` leave
+  masked examples out, per-example values are returned for every row.
+- token_mask [B, T] or [T]: tokens that count (False: padding; still
+  evaluated, never counted).
+
+Every function is pure: no globals, no I/O, no Python-side randomness, no
+internal jit (callers jit, with apply_fn static and the variables traced).
+Sizes (`num_draws`, `chunk_size`, ...) are static Python values; `sigma` may
+be traced, so a sigma sweep is `jax.vmap` over sigma (`sigma_sweep`).
+`smooth_token_sensitivity` is differentiable in the inputs and the variables.
+Batches may be sharded over devices on axis 0: perturbed copies are laid out
+[B, c, ...] and merged batch-major into [B * c, ...] (example blocks are
+strided), so a batch sharding stays a batch sharding under GSPMD.
+
+Chunking and memory. An estimator makes N perturbed copies of each example
+(N = T * R token-draw pairs, or R draws). `chunk_size` copies per example go
+through one forward call (None: all N at once); `example_chunk_size` cuts the
+batch into strided blocks of at most that many examples (None: the whole
+batch); chunks and blocks run in sequence under `lax.map`. The default "auto"
+picks both from `memory_budget_bytes` (default 256 MiB) with `plan_chunks`.
 
 Noise scheme (all token-wise estimators): the (token t, draw r) pair has index
 q = t * num_draws + r and noise `normal(fold_in(key, q), [B, D])`. Results are
@@ -28,7 +53,7 @@ Python loop over (t, r) with the same keys (`token_sensitivity_loop`).
 
 Returned dictionaries (hard estimators) hold:
   per_example [B]: flip frequency of each example (0 where fully masked);
-  mean: weighted mean of per_example over examples (`example_mask`);
+  mean: weighted mean of per_example over examples (`mask`);
   stderr: Monte-Carlo standard error of `mean` as an estimate of the
     population sensitivity (examples and noise both random), see `_summarize`;
   stderr_noise: standard error from the noise draws alone, given the examples;
@@ -36,13 +61,13 @@ Returned dictionaries (hard estimators) hold:
     valid units, draws), to pool batches as sum(flips) / sum(count) like the
     (sum, count) accumulators of big_vision evaluators. Note flips / count
     weights examples by their number of valid tokens (the official language
-    code's `mean_sensitivity`, spec §2.3 (a)), whereas `mean` is the mean of
-    per-example means (spec §2.3 (b)); they agree when no token is masked.
+    code's `mean_sensitivity`), whereas `mean` is the mean of per-example
+    means; they agree when no token is masked.
 """
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -50,9 +75,16 @@ import jax.numpy as jnp
 from xsens.measures import tokens as tokens_lib
 
 Array = jax.Array
-TokenFn = Callable[[Array], Array]
+ApplyFn = Callable[[Any, Array], Array]
+ChunkSize = Union[int, None, str]
 
-MAX_EXACT_BOOLEAN_BITS = 20
+AUTO = "auto"
+# Default budget for the memory of one forward call of the estimators.
+DEFAULT_MEMORY_BUDGET_BYTES = 256 * 2**20
+# Bytes a forward pass is assumed to hold per byte of its input when "auto"
+# sizes the chunks: measured 65-110 for a small ViT (28x28x1, patch 4, width
+# 128, 6 layers, float32; docs/benchmarks.md memory table), rounded up.
+FORWARD_BYTES_PER_INPUT_BYTE = 128
 
 
 # ----------------------------------------------------------------------------
@@ -65,9 +97,12 @@ def _check_positive_int(name: str, value: Any) -> None:
     raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
 
 
-def _check_chunk_size(chunk_size: Optional[int],
+def _check_chunk_size(chunk_size: ChunkSize,
                       name: str = "chunk_size") -> None:
-  if chunk_size is not None:
+  if chunk_size is not None and chunk_size != AUTO:
+    if isinstance(chunk_size, str):
+      raise ValueError(f"{name} must be 'auto', None or a positive int, got "
+                       f"{chunk_size!r}.")
     _check_positive_int(name, chunk_size)
 
 
@@ -78,10 +113,80 @@ def _check_sigma(sigma: Any) -> None:
                      f"{sigma}.")
 
 
-def _check_tokens(tokens: Array) -> None:
-  if tokens.ndim != 3:
-    raise ValueError(
-        f"tokens must be [B, T, D], got shape {tuple(tokens.shape)}.")
+def _check_key(key: Optional[Array], name: str) -> None:
+  if key is None:
+    raise ValueError(f"{name} draws random noise and needs key= (a PRNG key).")
+
+
+def plan_chunks(
+    batch: int,
+    num_items: int,
+    item_bytes: int,
+    *,
+    chunk_size: ChunkSize = AUTO,
+    example_chunk_size: ChunkSize = AUTO,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+) -> tuple[Optional[int], Optional[int]]:
+  """Resolves 'auto' chunk sizes so that one forward call fits a memory budget.
+
+  A forward call sees e * c perturbed inputs (e examples, c copies of each)
+  and is assumed to need e * c * item_bytes * FORWARD_BYTES_PER_INPUT_BYTE
+  bytes. With capacity = memory_budget_bytes // (item_bytes *
+  FORWARD_BYTES_PER_INPUT_BYTE) inputs per call (at least 1):
+  - both 'auto': the whole batch (e = None) and c = capacity // batch copies
+    (clipped to [1, num_items]) when the batch fits, else c = 1 and
+    e = capacity examples;
+  - chunk_size 'auto' only: c = capacity // e (clipped to [1, num_items]);
+  - example_chunk_size 'auto' only: the whole batch if batch * c fits, else
+    e = max(1, capacity // c).
+  Explicit values (positive ints, or None = all) are returned unchanged. The
+  estimate covers the model's activations only as far as the factor does;
+  vmapping an estimator (e.g. over sigma) multiplies its memory.
+
+  Args:
+    batch: B, examples in the batch.
+    num_items: N, perturbed copies per example (T * R pairs, or R draws).
+    item_bytes: bytes of one perturbed example input (e.g. T * D * itemsize).
+    chunk_size: copies per example per forward call: 'auto', None or an int.
+    example_chunk_size: examples per forward call: 'auto', None or an int.
+    memory_budget_bytes: the budget of one forward call (default 256 MiB).
+
+  Returns:
+    (chunk_size, example_chunk_size), each a positive int or None.
+  """
+  _check_chunk_size(chunk_size)
+  _check_chunk_size(example_chunk_size, "example_chunk_size")
+  _check_positive_int("memory_budget_bytes", memory_budget_bytes)
+  _check_positive_int("batch", batch)
+  _check_positive_int("num_items", num_items)
+  capacity = max(1, memory_budget_bytes //
+                 max(1, item_bytes * FORWARD_BYTES_PER_INPUT_BYTE))
+  clip = lambda c: max(1, min(num_items, c))
+  if chunk_size == AUTO and example_chunk_size == AUTO:
+    if batch <= capacity:
+      return clip(capacity // batch), None
+    return 1, capacity
+  if chunk_size == AUTO:
+    e = batch if example_chunk_size is None else min(example_chunk_size, batch)
+    return clip(capacity // e), example_chunk_size
+  if example_chunk_size == AUTO:
+    c = num_items if chunk_size is None else min(chunk_size, num_items)
+    return chunk_size, (None if batch * c <= capacity else
+                        max(1, capacity // c))
+  return chunk_size, example_chunk_size
+
+
+def _plan(batch: int, num_items: int, per_example_shape: Sequence[int],
+          dtype: Any, chunk_size: ChunkSize, example_chunk_size: ChunkSize,
+          memory_budget_bytes: int) -> tuple[Optional[int], Optional[int]]:
+  item_bytes = math.prod(per_example_shape) * jnp.dtype(dtype).itemsize
+  return plan_chunks(batch, num_items, item_bytes, chunk_size=chunk_size,
+                     example_chunk_size=example_chunk_size,
+                     memory_budget_bytes=memory_budget_bytes)
+
+
+def _bind(apply_fn: ApplyFn, variables: Any) -> Callable[[Array], Array]:
+  return lambda x: apply_fn(variables, x)
 
 
 def _noise_dtype(x: Array) -> Any:
@@ -290,192 +395,270 @@ def _token_result(flips_bp: Array, unit_mask: Array, num_draws: int,
 # ----------------------------------------------------------------------------
 
 
-def token_sensitivity(
-    from_tokens: TokenFn,
-    tokens: Array,
-    key: Array,
-    *,
-    sigma: Any,
-    num_draws: int,
-    token_mask: Optional[Array] = None,
-    example_mask: Optional[Array] = None,
-    labels: Optional[Array] = None,
-    chunk_size: Optional[int] = None,
-    example_chunk_size: Optional[int] = None,
-) -> dict[str, Array]:
-  """Token-wise Gaussian sensitivity (arXiv 2403.06925 Fig. 1; spec §1, §2.1).
-
-  For every token t and draw r: x_t <- x_t + eps, eps ~ N(0, sigma^2 I_D), and
-  a flip is argmax from_tokens(X^(t,eps)) != labels. The T * R (token, draw)
-  pairs are vectorised: a chunk of c pairs is c perturbed copies of the batch,
-  [B, c, T, D] -> [B * c, T, D], one from_tokens call. Peak memory is that of
-  one forward pass on chunk_size * B examples (T * R * B when chunk_size is
-  None); chunks run in sequence under `lax.map`. With example_chunk_size = e,
-  each chunk is further cut into blocks of at most e examples, so every
-  forward sees at most e * chunk_size inputs. Results do not depend on either
-  size. Speed does: on CPU a small ViT runs fastest at forward batches of
-  about 64 (docs/benchmarks.md); accelerators prefer larger ones.
-
-  Args:
-    from_tokens: tokens [B', T, D] -> logits [B', K], any batch size B'.
-    tokens: [B, T, D], may be sharded on axis 0.
-    key: PRNG key; pair (t, r) uses fold_in(key, t * num_draws + r).
-    sigma: noise standard deviation (float or traced scalar).
-    num_draws: R, draws per token (static).
-    token_mask: [B, T] or [T] bool; False marks padding, which is still
-      evaluated but counts nowhere.
-    example_mask: [B] bool or weights, for padded batches.
-    labels: [B] int labels to compare with; default the clean argmax.
-    chunk_size: (token, draw) pairs per forward call; None = all T * R.
-    example_chunk_size: examples per forward call; None = all B. The batch
-      is split into ceil(B / example_chunk_size) strided blocks, so a batch
-      sharding stays a batch sharding.
-
-  Returns:
-    dict: per_token [B, T] flip probabilities (0 where masked), per_example
-    [B] (mean over valid tokens), mean, stderr, stderr_noise, flips, count
-    (see the module docstring and `_summarize` for the formulas).
-  """
-  _check_tokens(tokens)
-  _check_positive_int("num_draws", num_draws)
-  _check_chunk_size(chunk_size)
-  _check_chunk_size(example_chunk_size, "example_chunk_size")
-  _check_sigma(sigma)
+def _token_flips(fn: Callable[[Array], Array], tokens: Array, key: Array,
+                 labels: Optional[Array], *, sigma: Any, num_draws: int,
+                 chunk_size: Optional[int],
+                 example_chunk_size: Optional[int]) -> Array:
+  """Flips [B, T * R] of fn (tokens -> logits); pair q = t * R + r."""
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
-  y = _clean_labels(from_tokens, tokens, labels, example_chunk_size)
+  y = _clean_labels(fn, tokens, labels, example_chunk_size)
 
   def chunk_flips(ids):                            # ids [c] -> flips [B, c]
     noise = jnp.swapaxes(_pair_noise(key, ids, (b, d), dtype), 0, 1)
     delta = _token_delta(noise, ids // num_draws, t, sigma, dtype)
-    logits = _forward_copies(from_tokens, tokens[:, None] + delta,
-                             example_chunk_size)
+    logits = _forward_copies(fn, tokens[:, None] + delta, example_chunk_size)
     return jnp.argmax(logits, axis=-1) != y[:, None]
 
-  flips = _map_chunks(chunk_flips, t * num_draws, chunk_size)
-  return _token_result(flips, _unit_mask(token_mask, b, t), num_draws,
-                       example_mask)
+  return _map_chunks(chunk_flips, t * num_draws, chunk_size)
+
+
+def _with_patch_map(out: dict[str, Array], inputs: Array,
+                    patch_size: Optional[int]) -> dict[str, Array]:
+  if patch_size is not None:
+    grid = tokens_lib.patch_grid(inputs.shape, patch_size)
+    out["per_patch_map"] = out["per_token"].reshape(inputs.shape[0], *grid)
+  return out
+
+
+def token_sensitivity(
+    apply_fn: ApplyFn,
+    variables: Any,
+    inputs: Array,
+    *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    sigma: Any,
+    num_draws: int,
+    patch_size: Optional[int] = None,
+    token_mask: Optional[Array] = None,
+    chunk_size: ChunkSize = AUTO,
+    example_chunk_size: ChunkSize = AUTO,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+) -> dict[str, Array]:
+  """Token-wise Gaussian sensitivity (arXiv 2403.06925 Fig. 1 and §4).
+
+  For every token t and draw r: x_t <- x_t + eps, eps ~ N(0, sigma^2 I_D), and
+  a flip is argmax apply_fn(variables, X^(t,eps)) != labels. The T * R
+  (token, draw) pairs are vectorised: a chunk of c pairs is c perturbed copies
+  of the batch, [B, c, T, D] -> [B * c, T, D], one forward call; with
+  example_chunk_size = e each call sees at most e * c inputs (see the module
+  docstring). Results do not depend on either size. Speed does: on CPU a
+  small ViT runs fastest at forward batches of about 64
+  (docs/benchmarks.md); accelerators prefer larger ones.
+
+  For images (patch_size = p) the tokens are the p x p patches of the
+  normalised images; any classifier (ViT, CNN, MLP) is measured the same way.
+
+  Args:
+    apply_fn: (variables, inputs [B', ...]) -> logits [B', K].
+    variables: the model's variables (traced; any pytree).
+    inputs: tokens [B, T, D], or images [B, H, W, C] with patch_size; may be
+      sharded on axis 0.
+    labels: [B] int labels to compare with; default the clean argmax.
+    key: PRNG key; pair (t, r) uses fold_in(key, t * num_draws + r).
+    mask: [B] example mask (bool or weights), for padded batches.
+    sigma: noise standard deviation (float or traced scalar).
+    num_draws: R, draws per token (static).
+    patch_size: p for images (must divide H and W); None for tokens.
+    token_mask: [B, T] or [T] bool; False marks padding, which is still
+      evaluated but counts nowhere.
+    chunk_size: (token, draw) pairs per forward call: 'auto', None (all
+      T * R) or an int.
+    example_chunk_size: examples per forward call: 'auto', None (all B) or an
+      int; the batch is split into ceil(B / example_chunk_size) strided
+      blocks, so a batch sharding stays a batch sharding.
+    memory_budget_bytes: budget of one forward call for the 'auto' sizes
+      (`plan_chunks`).
+
+  Returns:
+    dict: per_token [B, T] flip probabilities (0 where masked), per_example
+    [B] (mean over valid tokens), mean, stderr, stderr_noise, flips, count
+    (see the module docstring and `_summarize`), and for images per_patch_map
+    [B, H/p, W/p].
+  """
+  _check_key(key, "token_sensitivity")
+  _check_positive_int("num_draws", num_draws)
+  _check_sigma(sigma)
+  token_fn, tokens = tokens_lib.token_view(apply_fn, inputs, patch_size)
+  b, t, d = tokens.shape
+  c, e = _plan(b, t * num_draws, (t, d), _noise_dtype(tokens), chunk_size,
+               example_chunk_size, memory_budget_bytes)
+  flips = _token_flips(_bind(token_fn, variables), tokens, key, labels,
+                       sigma=sigma, num_draws=num_draws, chunk_size=c,
+                       example_chunk_size=e)
+  out = _token_result(flips, _unit_mask(token_mask, b, t), num_draws, mask)
+  return _with_patch_map(out, inputs, patch_size)
 
 
 def token_sensitivity_loop(
-    from_tokens: TokenFn,
-    tokens: Array,
-    key: Array,
+    apply_fn: ApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
     sigma: Any,
     num_draws: int,
+    patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
-    example_mask: Optional[Array] = None,
-    labels: Optional[Array] = None,
-    chunk_size: Optional[int] = None,
-    example_chunk_size: Optional[int] = None,
+    chunk_size: ChunkSize = AUTO,
+    example_chunk_size: ChunkSize = AUTO,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
 ) -> dict[str, Array]:
   """Reference `token_sensitivity`: a Python loop of jitted batch forwards.
 
   Same arguments, keys and result; one [B, T, D] forward per (token, draw)
   pair. For tests and benchmarks only (not jittable as a whole; T * R
-  dispatches). `chunk_size` and `example_chunk_size` are accepted for
-  signature parity and ignored.
+  dispatches). The sizes (`chunk_size`, `example_chunk_size`,
+  `memory_budget_bytes`) are accepted for signature parity and ignored. The
+  per-pair step is jitted once per (apply_fn, patch_size, image shape,
+  num_draws) at module level, with the variables as an argument (an
+  unhashable apply_fn is jitted per call).
   """
-  del chunk_size, example_chunk_size
-  _check_tokens(tokens)
+  del chunk_size, example_chunk_size, memory_budget_bytes
+  _check_key(key, "token_sensitivity_loop")
   _check_positive_int("num_draws", num_draws)
   _check_sigma(sigma)
+  _, tokens = tokens_lib.token_view(apply_fn, inputs, patch_size)
+  image_shape = None if patch_size is None else tuple(inputs.shape[1:])
   b, t, _ = tokens.shape
+  static = (apply_fn, patch_size, image_shape)
   try:
-    hash(from_tokens)
-    clean_fn = functools.partial(_loop_clean_labels, from_tokens)
-    pair_fn = functools.partial(_loop_pair_flips, from_tokens, num_draws)
+    hash(static)
+    clean_fn = functools.partial(_loop_clean_labels, *static)
+    pair_fn = functools.partial(_loop_pair_flips, *static, num_draws)
   except TypeError:                                # Unhashable: jit per call.
     clean_fn = jax.jit(functools.partial(_loop_clean_labels.__wrapped__,
-                                         from_tokens))
+                                         *static))
     pair_fn = jax.jit(functools.partial(_loop_pair_flips.__wrapped__,
-                                        from_tokens, num_draws))
-  y = jnp.asarray(labels) if labels is not None else clean_fn(tokens)
-  flips = [pair_fn(tokens, key, y, sigma, jnp.int32(tok * num_draws + r))
+                                        *static, num_draws))
+  y = jnp.asarray(labels) if labels is not None else clean_fn(variables,
+                                                               tokens)
+  flips = [pair_fn(variables, tokens, key, y, sigma,
+                   jnp.int32(tok * num_draws + r))
            for tok in range(t) for r in range(num_draws)]
-  return _token_result(jnp.stack(flips, axis=1), _unit_mask(token_mask, b, t),
-                       num_draws, example_mask)
+  out = _token_result(jnp.stack(flips, axis=1), _unit_mask(token_mask, b, t),
+                      num_draws, mask)
+  return _with_patch_map(out, inputs, patch_size)
 
 
-# Module-level so that repeated loop calls with the same from_tokens object
-# reuse one compilation (from_tokens and num_draws are static).
-@functools.partial(jax.jit, static_argnums=0)
-def _loop_clean_labels(from_tokens: TokenFn, x: Array) -> Array:
-  return jnp.argmax(from_tokens(x), axis=-1)
+def _loop_logits(apply_fn: ApplyFn, patch_size: Optional[int],
+                 image_shape: Optional[tuple[int, ...]], variables: Any,
+                 tokens: Array) -> Array:
+  if patch_size is not None:
+    tokens = tokens_lib.unpatchify(tokens, patch_size, image_shape)
+  return apply_fn(variables, tokens)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _loop_pair_flips(from_tokens: TokenFn, num_draws: int, x: Array,
-                     key: Array, y: Array, sigma: Any, q: Array) -> Array:
+# Module-level so that repeated loop calls with the same apply_fn object reuse
+# one compilation (apply_fn, patch_size, image_shape, num_draws are static;
+# the variables are traced, never captured).
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _loop_clean_labels(apply_fn: ApplyFn, patch_size: Optional[int],
+                       image_shape: Optional[tuple[int, ...]], variables: Any,
+                       x: Array) -> Array:
+  return jnp.argmax(_loop_logits(apply_fn, patch_size, image_shape, variables,
+                                 x), axis=-1)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _loop_pair_flips(apply_fn: ApplyFn, patch_size: Optional[int],
+                     image_shape: Optional[tuple[int, ...]], num_draws: int,
+                     variables: Any, x: Array, key: Array, y: Array,
+                     sigma: Any, q: Array) -> Array:
   """Flips [B] of the single (token, draw) pair q."""
   b, t, d = x.shape
   dtype = _noise_dtype(x)
   noise = jax.random.normal(jax.random.fold_in(key, q), (b, d), dtype)
   scaled = (sigma * noise).astype(dtype)
   onehot = jax.nn.one_hot(q // num_draws, t, dtype=dtype)
-  logits = from_tokens(x + onehot[None, :, None] * scaled[:, None, :])
+  logits = _loop_logits(apply_fn, patch_size, image_shape, variables,
+                        x + onehot[None, :, None] * scaled[:, None, :])
   return jnp.argmax(logits, axis=-1) != y
 
 
+def _global_flips(fn: Callable[[Array], Array], tokens: Array, key: Array,
+                  labels: Optional[Array], unit_mask: Array, *, sigma: Any,
+                  num_draws: int, chunk_size: Optional[int],
+                  example_chunk_size: Optional[int]) -> Array:
+  """Flips [B, R] with noise on every token where unit_mask [B, T] is True."""
+  b, t, d = tokens.shape
+  dtype = _noise_dtype(tokens)
+  y = _clean_labels(fn, tokens, labels, example_chunk_size)
+
+  def chunk_flips(ids):                            # ids [c] -> flips [B, c]
+    noise = jnp.swapaxes(_pair_noise(key, ids, (b, t, d), dtype), 0, 1)
+    delta = (sigma * noise).astype(dtype) * unit_mask[:, None, :, None].astype(
+        dtype)
+    logits = _forward_copies(fn, tokens[:, None] + delta, example_chunk_size)
+    return jnp.argmax(logits, axis=-1) != y[:, None]
+
+  return _map_chunks(chunk_flips, num_draws, chunk_size)
+
+
+def _draw_result(flips: Array, unit_mask: Array, num_draws: int,
+                 example_mask: Optional[Array]) -> dict[str, Array]:
+  """flips [B, R] of one unit per example -> per_example, mean, ... dict."""
+  counts = flips.sum(-1, dtype=jnp.int32)[:, None]
+  out = _summarize(counts, unit_mask, num_draws, example_mask)
+  del out["per_unit"]
+  return out
+
+
 def global_sensitivity(
-    from_tokens: TokenFn,
-    tokens: Array,
-    key: Array,
+    apply_fn: ApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
     sigma: Any,
     num_draws: int,
+    patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
-    example_mask: Optional[Array] = None,
-    labels: Optional[Array] = None,
-    chunk_size: Optional[int] = None,
-    example_chunk_size: Optional[int] = None,
+    chunk_size: ChunkSize = AUTO,
+    example_chunk_size: ChunkSize = AUTO,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
 ) -> dict[str, Array]:
   """Global Gaussian sensitivity: all valid tokens noised at once (App. A.2).
 
   Pr_E[argmax f(X + E) != y] with E_t ~ N(0, sigma^2 I_D) on every unmasked
-  token (the official code's `sentence_embedding_label_sensitivity`, spec §1).
-  Draw r uses noise normal(fold_in(key, r), [B, T, D]).
+  token (the official code's `sentence_embedding_label_sensitivity`). Draw r
+  uses noise normal(fold_in(key, r), [B, T, D]) (in token layout for images).
 
   Args:
-    from_tokens, tokens, key, sigma, labels: as in `token_sensitivity`.
+    apply_fn, variables, inputs, labels, mask, sigma, patch_size,
+      example_chunk_size, memory_budget_bytes: as in `token_sensitivity`.
+    key: PRNG key.
     num_draws: R draws per example.
     token_mask: [B, T] or [T] bool; masked tokens receive no noise.
-    example_mask: [B] bool or weights.
-    chunk_size: draws per forward call; None = all R.
-    example_chunk_size: as in `token_sensitivity`.
+    chunk_size: draws per forward call: 'auto', None (all R) or an int.
 
   Returns:
     dict: per_example [B] flip frequency, mean, stderr, stderr_noise, flips,
     count (R trials per valid example).
   """
-  _check_tokens(tokens)
+  _check_key(key, "global_sensitivity")
   _check_positive_int("num_draws", num_draws)
-  _check_chunk_size(chunk_size)
-  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
+  token_fn, tokens = tokens_lib.token_view(apply_fn, inputs, patch_size)
   b, t, d = tokens.shape
-  dtype = _noise_dtype(tokens)
-  mask = _unit_mask(token_mask, b, t)
-  y = _clean_labels(from_tokens, tokens, labels, example_chunk_size)
-
-  def chunk_flips(ids):                            # ids [c] -> flips [B, c]
-    noise = jnp.swapaxes(_pair_noise(key, ids, (b, t, d), dtype), 0, 1)
-    delta = (sigma * noise).astype(dtype) * mask[:, None, :, None].astype(dtype)
-    logits = _forward_copies(from_tokens, tokens[:, None] + delta,
-                             example_chunk_size)
-    return jnp.argmax(logits, axis=-1) != y[:, None]
-
-  flips = _map_chunks(chunk_flips, num_draws, chunk_size)        # [B, R]
-  counts = flips.sum(-1, dtype=jnp.int32)[:, None]
-  out = _summarize(counts, jnp.any(mask, -1, keepdims=True), num_draws,
-                   example_mask)
-  del out["per_unit"]
-  return out
+  c, e = _plan(b, num_draws, (t, d), _noise_dtype(tokens), chunk_size,
+               example_chunk_size, memory_budget_bytes)
+  unit_mask = _unit_mask(token_mask, b, t)
+  flips = _global_flips(_bind(token_fn, variables), tokens, key, labels,
+                        unit_mask, sigma=sigma, num_draws=num_draws,
+                        chunk_size=c, example_chunk_size=e)
+  return _draw_result(flips, jnp.any(unit_mask, -1, keepdims=True), num_draws,
+                      mask)
 
 
 # ----------------------------------------------------------------------------
-# Scattered-pixel sensitivity (the official code's mode, spec §2.2).
+# Scattered-pixel sensitivity (the official code's mode).
 # ----------------------------------------------------------------------------
 
 
@@ -541,19 +724,21 @@ def scattered_pixel_perturb(images: Array, key: Array, draws: Array, *,
 
 
 def scattered_pixel_sensitivity(
-    predict_fn: TokenFn,
-    images: Array,
-    key: Array,
+    apply_fn: ApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
     sigma: Any,
     num_draws: int,
     num_pixels: int,
-    example_mask: Optional[Array] = None,
-    labels: Optional[Array] = None,
-    chunk_size: Optional[int] = None,
-    example_chunk_size: Optional[int] = None,
+    chunk_size: ChunkSize = AUTO,
+    example_chunk_size: ChunkSize = AUTO,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
 ) -> dict[str, Array]:
-  """Scattered-pixel sensitivity, the official code's estimator (spec §2.2).
+  """Scattered-pixel sensitivity, the official code's estimator.
 
   Per draw r: sample num_pixels rows in [0, H) and num_pixels columns in
   [0, W) uniformly with replacement, mask the paired positions (all
@@ -562,42 +747,39 @@ def scattered_pixel_sensitivity(
   deviation), R 5 (`--num_reps`), num_pixels = patch_size^2 = 16.
 
   Args:
-    predict_fn: images [B', H, W, C] -> logits [B', K].
-    images: [B, H, W, C], already normalised.
+    apply_fn, variables, labels, mask, sigma, example_chunk_size,
+      memory_budget_bytes: as in `token_sensitivity`.
+    inputs: images [B, H, W, C], already normalised.
     key: PRNG key; see `scattered_pixel_perturb` / `scattered_pixel_masks`.
-    sigma: noise standard deviation.
     num_draws: R.
     num_pixels: indices drawn per mask (about num_pixels unique positions).
-    example_mask: [B] bool or weights.
-    labels: [B] int; default the clean argmax.
-    chunk_size: draws per forward call; None = all R.
-    example_chunk_size: as in `token_sensitivity`.
+    chunk_size: draws per forward call: 'auto', None (all R) or an int.
 
   Returns:
     dict: per_example [B], mean, stderr, stderr_noise, flips, count.
   """
-  if images.ndim != 4:
+  if inputs.ndim != 4:
     raise ValueError(
-        f"images must be [B, H, W, C], got shape {tuple(images.shape)}.")
+        f"inputs must be images [B, H, W, C], got shape "
+        f"{tuple(inputs.shape)}.")
+  _check_key(key, "scattered_pixel_sensitivity")
   _check_positive_int("num_draws", num_draws)
   _check_positive_int("num_pixels", num_pixels)
-  _check_chunk_size(chunk_size)
-  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
-  b = images.shape[0]
-  y = _clean_labels(predict_fn, images, labels, example_chunk_size)
+  b = inputs.shape[0]
+  c, e = _plan(b, num_draws, inputs.shape[1:], _noise_dtype(inputs),
+               chunk_size, example_chunk_size, memory_budget_bytes)
+  fn = _bind(apply_fn, variables)
+  y = _clean_labels(fn, inputs, labels, e)
 
   def chunk_flips(ids):
-    copies = scattered_pixel_perturb(images, key, ids, sigma=sigma,
+    copies = scattered_pixel_perturb(inputs, key, ids, sigma=sigma,
                                      num_pixels=num_pixels)
-    logits = _forward_copies(predict_fn, copies, example_chunk_size)
+    logits = _forward_copies(fn, copies, e)
     return jnp.argmax(logits, axis=-1) != y[:, None]
 
-  flips = _map_chunks(chunk_flips, num_draws, chunk_size)        # [B, R]
-  counts = flips.sum(-1, dtype=jnp.int32)[:, None]
-  out = _summarize(counts, jnp.ones((b, 1), bool), num_draws, example_mask)
-  del out["per_unit"]
-  return out
+  flips = _map_chunks(chunk_flips, num_draws, c)                 # [B, R]
+  return _draw_result(flips, jnp.ones((b, 1), bool), num_draws, mask)
 
 
 # ----------------------------------------------------------------------------
@@ -617,56 +799,68 @@ def _output_distance(diff: Array, norm: str) -> Array:
 
 
 def smooth_token_sensitivity(
-    from_tokens: TokenFn,
-    tokens: Array,
-    key: Array,
+    apply_fn: ApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
     sigma: Any,
     num_draws: int,
     norm: str = "l2",
     on: str = "logits",
+    patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
-    example_mask: Optional[Array] = None,
-    chunk_size: Optional[int] = None,
-    example_chunk_size: Optional[int] = None,
-) -> Array:
+    chunk_size: ChunkSize = AUTO,
+    example_chunk_size: ChunkSize = AUTO,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+) -> dict[str, Array]:
   """Differentiable token-wise sensitivity E ||g(X^(t,eps)) - g(X)||.
 
-  g is from_tokens (on='logits') or its softmax (on='probs'). The distance is
-  over classes: 'l1' = sum |.|, 'l2' = Euclidean norm (gradient 0 where the
-  difference is exactly 0), 'sq_l2' = squared Euclidean norm (sq_l2 / K is
-  the MSE the official regulariser uses, spec §3). Averaged over draws, valid
-  tokens and (weighted) examples, with the noise of `token_sensitivity`.
-  Gradients flow to tokens and to anything from_tokens closes over, through
-  both the clean and the perturbed branch (no stop-gradient, as in the
-  official `--reg` code). With chunking, each chunk is rematerialised
-  (`jax.checkpoint`) so backward memory is bounded by one chunk too.
+  g is apply_fn(variables, .) (on='logits') or its softmax (on='probs'). The
+  distance is over classes: 'l1' = sum |.|, 'l2' = Euclidean norm (gradient 0
+  where the difference is exactly 0), 'sq_l2' = squared Euclidean norm
+  (sq_l2 / K is the MSE the official regulariser uses). Averaged over draws,
+  valid tokens and (weighted) examples, with the noise of `token_sensitivity`.
+  Gradients flow to the inputs and the variables, through both the clean and
+  the perturbed branch (no stop-gradient, as in the official `--reg` code).
+  With chunking, each chunk is rematerialised (`jax.checkpoint`) so backward
+  memory is bounded by one chunk too.
 
   Args:
-    from_tokens, tokens, key, sigma, num_draws, token_mask, example_mask,
-      chunk_size, example_chunk_size: as in `token_sensitivity` (the
-      example blocks bound forward memory; backward memory is bounded by
-      chunk_size only).
+    apply_fn, variables, inputs, mask, key, sigma, num_draws, patch_size,
+      token_mask, chunk_size, example_chunk_size, memory_budget_bytes: as in
+      `token_sensitivity` (the example blocks bound forward memory; backward
+      memory is bounded by chunk_size only).
+    labels: unused (the distance has no reference label); accepted so every
+      measure takes the same arguments.
     norm: 'l1', 'l2' or 'sq_l2'.
     on: 'logits' or 'probs'.
 
   Returns:
-    scalar mean distance.
+    dict: per_token [B, T] mean distance over draws (0 where masked),
+    per_example [B] (mean over valid tokens), mean (weighted over examples),
+    and for images per_patch_map [B, H/p, W/p].
   """
+  del labels
   if norm not in ("l1", "l2", "sq_l2"):
     raise ValueError(f"norm must be 'l1', 'l2' or 'sq_l2', got {norm!r}.")
   if on not in ("logits", "probs"):
     raise ValueError(f"on must be 'logits' or 'probs', got {on!r}.")
-  _check_tokens(tokens)
+  _check_key(key, "smooth_token_sensitivity")
   _check_positive_int("num_draws", num_draws)
-  _check_chunk_size(chunk_size)
-  _check_chunk_size(example_chunk_size, "example_chunk_size")
   _check_sigma(sigma)
+  token_fn, tokens = tokens_lib.token_view(apply_fn, inputs, patch_size)
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
+  num_pairs = t * num_draws
+  chunk_size, example_chunk_size = _plan(
+      b, num_pairs, (t, d), dtype, chunk_size, example_chunk_size,
+      memory_budget_bytes)
 
   def g(x):
-    out = from_tokens(x)
+    out = token_fn(variables, x)
     return jax.nn.softmax(out, -1) if on == "probs" else out
 
   clean = _forward_copies(g, tokens[:, None],
@@ -679,7 +873,6 @@ def smooth_token_sensitivity(
                           example_chunk_size)                    # [B, c, K]
     return _output_distance(out - clean[:, None], norm)
 
-  num_pairs = t * num_draws
   if chunk_size is not None and chunk_size < num_pairs:
     chunk_dist = jax.checkpoint(chunk_dist)
   dist = _map_chunks(chunk_dist, num_pairs, chunk_size)
@@ -688,59 +881,16 @@ def smooth_token_sensitivity(
   m = _unit_mask(token_mask, b, t).astype(per_token.dtype)
   n_units = m.sum(-1)
   per_example = jnp.sum(per_token * m, -1) / jnp.maximum(n_units, 1.0)
-  w = jnp.ones_like(per_example) if example_mask is None else (
-      jnp.asarray(example_mask).astype(per_example.dtype))
+  w = jnp.ones_like(per_example) if mask is None else (
+      jnp.asarray(mask).astype(per_example.dtype))
   w = w * (n_units > 0)
-  return jnp.sum(w * per_example) / jnp.maximum(jnp.sum(w), 1e-12)
+  mean = jnp.sum(w * per_example) / jnp.maximum(jnp.sum(w), 1e-12)
+  out = dict(per_token=per_token * m, per_example=per_example, mean=mean)
+  return _with_patch_map(out, inputs, patch_size)
 
 
 # ----------------------------------------------------------------------------
-# Images: patch tokens.
-# ----------------------------------------------------------------------------
-
-
-def image_token_sensitivity(
-    predict_fn: TokenFn,
-    images: Array,
-    key: Array,
-    *,
-    patch_size: int,
-    sigma: Any,
-    num_draws: int,
-    chunk_size: Optional[int] = None,
-    labels: Optional[Array] = None,
-    example_mask: Optional[Array] = None,
-    example_chunk_size: Optional[int] = None,
-) -> dict[str, Array]:
-  """Patch-wise sensitivity of an image classifier (spec §2.1, paper mode).
-
-  Tokens are grid-aligned p x p pixel patches of the normalised images
-  (`xsens.measures.tokens.patchify`); works for any predict_fn (ViT, CNN,
-  MLP).
-
-  Args:
-    predict_fn: images [B', H, W, C] -> logits [B', K].
-    images: [B, H, W, C].
-    key, sigma, num_draws, chunk_size, labels, example_mask,
-      example_chunk_size: as in `token_sensitivity`.
-    patch_size: p; must divide H and W (CIFAR code default 4, T = 64).
-
-  Returns:
-    token_sensitivity's dict plus per_patch_map [B, H/p, W/p].
-  """
-  to_tokens, from_tokens = tokens_lib.image_token_fns(
-      predict_fn, patch_size, images.shape[1:])
-  out = token_sensitivity(
-      from_tokens, to_tokens(images), key, sigma=sigma, num_draws=num_draws,
-      labels=labels, example_mask=example_mask, chunk_size=chunk_size,
-      example_chunk_size=example_chunk_size)
-  grid = tokens_lib.patch_grid(images.shape, patch_size)
-  out["per_patch_map"] = out["per_token"].reshape(images.shape[0], *grid)
-  return out
-
-
-# ----------------------------------------------------------------------------
-# Boolean sensitivity (spec §1).
+# Boolean sensitivity.
 # ----------------------------------------------------------------------------
 
 
@@ -750,77 +900,87 @@ def _differs(a: Array, b: Array) -> Array:
   return jnp.any(ne, axis=tuple(range(1, ne.ndim))) if ne.ndim > 1 else ne
 
 
+def _boolean_labels(out: Array) -> Array:
+  """Function values [M] as they are; logits [M, K] -> argmax [M]."""
+  return jnp.argmax(out, axis=-1) if out.ndim == 2 else out
+
+
 def boolean_sensitivity(
-    f: Callable[[Array], Array],
-    n: int,
+    apply_fn: ApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
     key: Optional[Array] = None,
-    num_samples: Optional[int] = None,
+    mask: Optional[Array] = None,
     normalize: bool = False,
-    dtype: Any = jnp.float32,
 ) -> dict[str, Array]:
-  """Average sensitivity as(f) = E_x sum_i 1[f(x) != f(x^{+i})], x ~ U{±1}^n.
+  """Average sensitivity as(f) = E_x sum_i 1[f(x) != f(x^{+i})] at given points.
 
   as(f) = sum_i Inf_i(f) = sum_S |S| fhat(S)^2 (O'Donnell, "Analysis of
-  Boolean Functions", 2014, §2.3). Exact when num_samples is None: one call
-  of f on all 2^n inputs, neighbours looked up by index XOR. Otherwise a
-  Monte-Carlo mean over num_samples uniform x (one call of f on the
-  num_samples * (n + 1) inputs x and x^{+i}).
+  Boolean Functions", 2014, §2.3). s(f, x) = #{i: f(x) != f(x^{+i})} is
+  counted at each row x of inputs (one call of apply_fn on the B * (n + 1)
+  points x and x^{+i}); `mean` averages it over the rows. The exact as(f) is
+  the mean over `xsens.measures.boolean.all_inputs(n)` (n <= 20); a
+  Monte-Carlo estimate the mean over `boolean.random_inputs(key, M, n)`.
 
   Args:
-    f: inputs [M, n] of ±1 (dtype `dtype`) -> labels [M] (or [M, ...],
-      compared elementwise).
-    n: number of bits (static).
-    key: PRNG key; required when num_samples is given.
-    num_samples: None for exact enumeration (n <= 20), else M.
-    normalize: divide mean and stderr by n (the mean influence, in [0, 1]);
-      whether the paper normalises is not known.
-    dtype: dtype of the ±1 inputs.
+    apply_fn: (variables, x [M, n] of ±1) -> function values [M] (compared
+      exactly, e.g. ±1 labels) or logits [M, K] (compared by argmax).
+    variables: passed to apply_fn (any pytree, e.g. None for a plain f).
+    inputs: [B, n] points of {±1}^n (any float dtype).
+    labels: [B] reference values f(x); default apply_fn's value on inputs.
+    key: unused (the points are the caller's); accepted so every measure
+      takes the same arguments.
+    mask: [B] example mask (bool or weights).
+    normalize: divide per_example, mean and stderr by n (the mean influence,
+      in [0, 1]); whether the paper normalises is not known.
 
   Returns:
-    dict: mean (as(f), or as(f) / n), stderr (0 when exact; sample std of
-    s(f, x) / sqrt(M) otherwise), influence [n] (Pr_x[f(x) != f(x^{+i})],
-    never normalised), count (inputs evaluated as x).
+    dict: per_example [B] s(f, x) (or s / n); mean; stderr (std of
+    per_example over valid rows / sqrt(N), ddof 1, as for a uniform sample;
+    when inputs enumerate the cube the mean is exact and this is only their
+    spread); influence [n] (the weighted share of rows where flipping bit i
+    changes f: Pr_x[f(x) != f(x^{+i})] at uniform points, never normalised);
+    count (int32 number of valid rows).
   """
-  _check_positive_int("n", n)
-  if num_samples is None:
-    if n > MAX_EXACT_BOOLEAN_BITS:
-      raise ValueError(
-          f"Exact Boolean sensitivity enumerates 2^n inputs; n={n} > "
-          f"{MAX_EXACT_BOOLEAN_BITS} is too large. Pass num_samples (and key) "
-          f"for a Monte-Carlo estimate.")
-    idx = jnp.arange(2**n, dtype=jnp.int32)
-    shifts = jnp.arange(n - 1, -1, -1, dtype=jnp.int32)          # bit i: MSB
-    bits = (idx[:, None] >> shifts[None, :]) & 1
-    fx = f((1 - 2 * bits).astype(dtype))
-    neighbours = idx[:, None] ^ (1 << shifts)[None, :]           # [2^n, n]
-    diff = jax.vmap(lambda j: _differs(fx, fx[j]), in_axes=1, out_axes=1)(
-        neighbours)                                              # [2^n, n]
-    influence = diff.mean(0, dtype=jnp.float32)
-    mean = influence.sum()
-    stderr = jnp.zeros((), jnp.float32)
-    count = 2**n
+  del key
+  if inputs.ndim != 2:
+    raise ValueError(
+        f"inputs must be points [B, n] of {{±1}}^n, got shape "
+        f"{tuple(inputs.shape)}.")
+  b, n = inputs.shape
+  flip = 1 - 2 * jnp.eye(n, dtype=inputs.dtype)                  # [n, n]
+  x_flip = (inputs[:, None, :] * flip[None]).reshape(b * n, n)
+  if labels is None:
+    out = _boolean_labels(apply_fn(variables,
+                                   jnp.concatenate([inputs, x_flip], 0)))
+    fx, f_flip = out[:b], out[b:]
   else:
-    _check_positive_int("num_samples", num_samples)
-    if key is None:
-      raise ValueError("boolean_sensitivity needs a key when num_samples is "
-                       "given.")
-    x = jax.random.rademacher(key, (num_samples, n), dtype=dtype)
-    flip = 1 - 2 * jnp.eye(n, dtype=dtype)                       # [n, n]
-    x_flip = (x[:, None, :] * flip[None]).reshape(num_samples * n, n)
-    out = f(jnp.concatenate([x, x_flip], 0))
-    fx, f_flip = out[:num_samples], out[num_samples:]
-    f_flip = f_flip.reshape(num_samples, n, *f_flip.shape[1:])
-    diff = jax.vmap(_differs, in_axes=(None, 1), out_axes=1)(fx, f_flip)
-    s = diff.sum(-1, dtype=jnp.float32)                          # [M]
-    influence = diff.mean(0, dtype=jnp.float32)
+    fx, f_flip = jnp.asarray(labels), _boolean_labels(apply_fn(variables,
+                                                               x_flip))
+  f_flip = f_flip.reshape(b, n, *f_flip.shape[1:])
+  diff = jax.vmap(_differs, in_axes=(None, 1), out_axes=1)(fx, f_flip)
+  s = diff.sum(-1, dtype=jnp.float32)                            # [B]
+  if mask is None:
     mean = s.mean()
-    ddof = 1 if num_samples > 1 else 0
-    stderr = jnp.std(s, ddof=ddof) / math.sqrt(num_samples)
-    count = num_samples
+    influence = diff.mean(0, dtype=jnp.float32)
+    stderr = jnp.std(s, ddof=1 if b > 1 else 0) / math.sqrt(b)
+    count = jnp.asarray(b, jnp.int32)
+  else:
+    w = jnp.asarray(mask).astype(jnp.float32)
+    total = jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny)
+    mean = jnp.sum(w * s) / total
+    influence = jnp.sum(w[:, None] * diff, 0) / total
+    valid = w > 0
+    wn = w / total
+    n_f = valid.sum().astype(jnp.float32)
+    stderr = jnp.sqrt(n_f / jnp.maximum(n_f - 1.0, 1.0) * jnp.sum(
+        jnp.where(valid, wn**2 * (s - mean)**2, 0.0)))
+    count = valid.sum(dtype=jnp.int32)
   scale = 1.0 / n if normalize else 1.0
-  return dict(mean=mean * scale, stderr=stderr * scale, influence=influence,
-              count=jnp.asarray(count, jnp.int32))
+  return dict(per_example=s * scale, mean=mean * scale, stderr=stderr * scale,
+              influence=influence, count=count)
 
 
 # ----------------------------------------------------------------------------
@@ -828,9 +988,9 @@ def boolean_sensitivity(
 # ----------------------------------------------------------------------------
 
 
-def sigma_sweep(fn: Callable[..., Any], sigmas: Iterable[float], *,
-                vectorize: bool = False, **kwargs) -> Any:
-  """Evaluates fn(sigma=s, **kwargs) for each s and stacks the results.
+def sigma_sweep(fn: Callable[..., Any], sigmas: Iterable[float], *args: Any,
+                vectorize: bool = False, **kwargs: Any) -> Any:
+  """Evaluates fn(*args, sigma=s, **kwargs) for each s and stacks the results.
 
   The same key (kwargs['key']) is reused for every sigma: common random
   numbers, so the curve is smooth in sigma and differences between sigmas
@@ -839,18 +999,20 @@ def sigma_sweep(fn: Callable[..., Any], sigmas: Iterable[float], *,
   Args:
     fn: an estimator of this module (or anything taking `sigma=`).
     sigmas: S noise scales.
+    *args: fn's positional arguments (apply_fn, variables, inputs).
     vectorize: False runs a Python loop (S forward passes in sequence, memory
       of one); True vmaps over a traced sigma array (one program, S times the
-      memory; the model is then batched by vmap rather than reshaped).
-    **kwargs: the other arguments of fn (functions and ints stay static).
+      memory, which the 'auto' chunk sizes do not see; the model is then
+      batched by vmap rather than reshaped).
+    **kwargs: fn's other keyword arguments (functions and ints stay static).
 
   Returns:
     fn's output pytree with a leading [S] axis on every leaf.
   """
   if vectorize:
-    return jax.vmap(lambda s: fn(sigma=s, **kwargs))(
+    return jax.vmap(lambda s: fn(*args, sigma=s, **kwargs))(
         jnp.asarray(list(sigmas), jnp.float32))
-  results = [fn(sigma=s, **kwargs) for s in sigmas]
+  results = [fn(*args, sigma=s, **kwargs) for s in sigmas]
   return jax.tree.map(lambda *xs: jnp.stack(xs), *results)
 
 

@@ -24,9 +24,16 @@
 - Layer correlation and per-layer probes follow Bhojanapalli et al.,
   "Understanding Robustness of Transformers for Image Classification",
   ICCV 2021, arXiv 2103.14586 ("activations from later layers are highly
-  correlated with each other"); the exact measure of that paper is not known
-  (see /work/shared/specs/google_papers.md section E), linear CKA between
-  every pair of layers is our default.
+  correlated with each other"); the exact measure of that paper is not known,
+  linear CKA between every pair of layers is our default.
+
+Calling convention (that of `xsens.measures`): the one function that runs a model,
+`layer_features(apply_fn, variables, inputs, *, filter, pooling)`, needs the model's
+internals, so its `apply_fn` must be a flax apply in eval mode that forwards the
+keywords `capture_intermediates` and `mutable` (e.g. `TrainResult.apply_fn` =
+`functools.partial(model.apply, train=False)`); it returns a dict of per-layer arrays
+and is not jitted internally (callers jit, `apply_fn`, `filter` and `pooling` static).
+The CKA and probe functions take feature arrays, not models.
 
 Everything here is pure and jittable (shapes and `pooling` / `filter` are
 static); CKA is differentiable. Computation is in float32 with HIGHEST matmul
@@ -328,17 +335,15 @@ def _layer_filter(pattern: Union[str, Callable[[nn.Module, str], bool]]
   return keep
 
 
-@functools.partial(jax.jit, static_argnames=("model", "filter", "pooling"))
-def layer_features(model: nn.Module, variables: Mapping[str, Any],
-                   images: Array, *,
+def layer_features(apply_fn: Callable[..., Any], variables: Mapping[str, Any],
+                   inputs: Array, *,
                    filter: Union[str, Callable[[nn.Module, str], bool]] = (  # pylint: disable=redefined-builtin
                        DEFAULT_LAYER_PATTERN),
                    pooling: str = "mean") -> dict[str, Array]:
   """Per-layer activations of a flax model, flattened to [n, features].
 
-  Runs `model.apply(variables, images, train=False)` once with flax's
-  `capture_intermediates` and keeps the `__call__` outputs of the submodules
-  selected by `filter`.
+  Runs `apply_fn(variables, inputs)` once with flax's `capture_intermediates` and
+  keeps the `__call__` outputs of the submodules selected by `filter`.
 
   Pooling (static):
     - "mean": token outputs [n, T, D] -> mean over tokens (CLS included);
@@ -350,29 +355,32 @@ def layer_features(model: nn.Module, variables: Mapping[str, Any],
       memory grows with the spatial size).
   Outputs that are already [n, d] are kept as they are. For CKA on ViTs
   offer both "cls" and "mean" (Bhojanapalli et al. 2021 do not say which they
-  used).
+  used). Rows are independent: padding rows come back as rows (drop them).
 
   Args:
-    model: a flax.linen module (hashable, static), e.g. from `get_model`.
+    apply_fn: a flax apply in eval mode, e.g. `functools.partial(model.apply,
+      train=False)`; called as apply_fn(variables, inputs,
+      capture_intermediates=..., mutable=["intermediates"]).
     variables: its variables ({"params": ..., "batch_stats": ...}).
-    images: [n, H, W, C] inputs; batch over n outside for large n (features
+    inputs: [n, H, W, C] inputs; batch over n outside for large n (features
       of different batches concatenate along axis 0).
     filter: a regex matched (fullmatch) against the module path joined by "/"
       (default `DEFAULT_LAYER_PATTERN`: ViT `encoderblock_i`, ResNet
       `stageS_blockB`, MLP `hidden_i`, ...), or a callable
       (module, method_name) -> bool as flax's `capture_intermediates` takes
-      (static and keyed by identity: define it once, not as a fresh lambda
-      per call, or every call recompiles).
+      (static under the caller's jit and keyed by identity: define it once, not
+      as a fresh lambda per call, or every call recompiles).
     pooling: "mean", "cls" or "flatten".
 
   Returns:
-    dict {module path: [n, features] float32} in forward (call) order.
+    dict {module path: [n, features] float32} in forward (call) order (a caller's
+    jit returns dict keys sorted as strings).
   """
   if pooling not in POOLINGS:
     raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}.")
-  _, state = model.apply(variables, images, train=False,
-                         capture_intermediates=_layer_filter(filter),
-                         mutable=["intermediates"])
+  _, state = apply_fn(variables, inputs,
+                      capture_intermediates=_layer_filter(filter),
+                      mutable=["intermediates"])
   flat = flax.traverse_util.flatten_dict(
       flax.core.unfreeze(state["intermediates"]))
   out = {}

@@ -121,3 +121,29 @@ def subgroup_report(logits, labels, num_classes: int, head: np.ndarray, *,
       "tail_accuracy": float(group_mean(acc, ~np.asarray(head))),
       "per_class": [float(a) for a in np.asarray(acc)],
   }
+
+
+def subgroup_accuracy(apply_fn, variables, inputs: Array, *, labels: Array,
+                      key: Array | None = None, mask: Array | None = None,
+                      num_classes: int) -> dict:
+  """Per-class (subgroup) accuracy and margin on one batch, in the one measure convention.
+
+  `apply_fn(variables, inputs) -> logits [B, K]`; `mask` [B] marks real examples. Returns
+  masked sums that add up over batches — "correct_per_class" [K], "margin_sum_per_class"
+  [K], "count_per_class" [K] — and this batch's "accuracy", "per_class_accuracy" [K] (NaN
+  for an absent class), "count". `key` is unused. (The worst class is a statistic of the
+  whole split: take it from the summed per-class counts, not from one batch.)
+  """
+  del key
+  logits = apply_fn(variables, inputs)
+  m = jnp.ones(labels.shape, jnp.float32) if mask is None else mask.astype(jnp.float32)
+  onehot = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32) * m[:, None]
+  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
+  counts = onehot.sum(0)
+  correct_per_class = onehot.T @ correct
+  per_class = jnp.where(counts > 0, correct_per_class / jnp.maximum(counts, 1.0), jnp.nan)
+  return {"correct_per_class": correct_per_class,
+          "margin_sum_per_class": onehot.T @ probability_margin(logits, labels),
+          "count_per_class": counts,
+          "accuracy": jnp.sum(correct * m) / jnp.maximum(jnp.sum(m), 1.0),
+          "per_class_accuracy": per_class, "count": jnp.sum(m)}

@@ -1,25 +1,35 @@
 """Token-wise and global Gaussian sensitivity of text models, and the paper's aggregates.
 
-"Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925) §5; spec
-/work/shared/specs/sensitivity.md §2.3. Noise goes on the token embeddings right after the
-embedding LayerNorm (`embed` of `xsens.models.text`), one position at a time, with R draws
-per position; every position whose `measure_mask` is set is perturbed (the official code
-perturbs every position with attention_mask = 1, specials included).
+"Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925) §5. Noise goes
+on the token embeddings right after the embedding LayerNorm (`embed` of
+`xsens.models.text`), one position at a time, with R draws per position; every position
+whose `measure_mask` is set is perturbed (the official code perturbs every position with
+attention_mask = 1, specials included).
 
-Text models need the padding mask in their forward pass (`encode(tokens, mask)`), which
-the generic estimators of `xsens.measures.sensitivity` do not carry. These wrappers run
-them under `jax.vmap` over examples, each example closing over its own mask, so the
-estimator, its noise scheme and its chunking are reused unchanged. Example b draws its
+Calling convention: that of `xsens.measures.sensitivity`,
+
+  measure(apply_fn, variables, inputs, *, labels=None, key=None, mask=None, token_mask,
+          **options) -> dict[str, Array]
+
+with inputs = the embeddings [B, T, D] and apply_fn = the model's from-embeddings method
+bound with `method=`, which for text models also takes the padding mask:
+apply_fn(variables, embeddings [B', T, D], token_mask [B', T] bool) -> logits [B', K],
+e.g. `functools.partial(model.apply, method=model.encode)`. `token_mask` [B, T] (or [T]) is
+that padding mask; `mask` [B] the example mask of a padded batch.
+
+The generic estimators of `xsens.measures.sensitivity` do not pass a mask to the model, so
+these wrappers run them under `jax.vmap` over examples, each example binding its own mask;
+the estimator, its noise scheme and its chunking are reused unchanged. Example b draws its
 noise from fold_in(key, example_ids[b]) (then the (token, draw) scheme of
 `token_sensitivity`), so results do not depend on how a set is cut into batches.
 
-Aggregates (spec §2.3), from per-token flip probabilities p[b, t] over measured tokens:
+Aggregates, from per-token flip probabilities p[b, t] over measured tokens:
   (a) pooled = sum_{b,t} p / sum_b n_b   (the code's `mean_sensitivity`; long sentences
       weigh more);
   (b) sentence_mean = mean_b (sum_t p[b, t] / n_b);
   (c) curve[k] = mean over sentences of p[b, end_b - k], k = 0 the last real token
       (right-aligned to the sequence end, as the paper's per-position plots).
-All functions are pure and jittable.
+All functions are pure and jittable; nothing is jitted internally.
 """
 
 from typing import Any, Callable, Optional
@@ -30,7 +40,7 @@ import jax.numpy as jnp
 from xsens.measures import sensitivity as sens
 
 Array = jax.Array
-EncodeFn = Callable[[Array, Array], Array]
+TextApplyFn = Callable[[Any, Array, Array], Array]
 
 
 def _example_keys(key: Array, example_ids: Optional[Array], batch: int) -> Array:
@@ -44,80 +54,135 @@ def last_index(mask: Array) -> Array:
   return jnp.max(jnp.where(mask, positions, 0), axis=-1)
 
 
-def masked_token_sensitivity(
-    encode: EncodeFn,
-    tokens: Array,
-    mask: Array,
-    key: Array,
+def text_token_sensitivity(
+    apply_fn: TextApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    token_mask: Array,
     sigma: Any,
     num_draws: int,
     measure_mask: Optional[Array] = None,
     example_ids: Optional[Array] = None,
-    chunk_size: Optional[int] = None,
-) -> Array:
+    chunk_size: sens.ChunkSize = sens.AUTO,
+    memory_budget_bytes: int = sens.DEFAULT_MEMORY_BUDGET_BYTES,
+) -> dict[str, Array]:
   """Per-token label-flip probabilities of a text model (one position noised at a time).
 
   Args:
-    encode: (tokens [B', T, D], mask [B', T] bool) -> logits [B', K], any B'.
-    tokens: [B, T, D], the output of the model's `embed`.
-    mask: [B, T] bool attention mask (True on real tokens).
+    apply_fn: (variables, embeddings [B', T, D], token_mask [B', T] bool) -> logits
+      [B', K], any B'.
+    variables: the model's variables.
+    inputs: [B, T, D], the output of the model's `embed`.
+    labels: [B] int reference labels; default the clean argmax (per example).
     key: PRNG key.
+    mask: [B] example mask (bool or weights) for padded batches.
+    token_mask: [B, T] or [T] bool padding mask given to the model (True on real tokens).
     sigma: noise standard deviation.
     num_draws: R draws per position.
-    measure_mask: [B, T] bool, positions to perturb and count; default `mask`.
+    measure_mask: [B, T] bool, positions to perturb and count; default token_mask.
     example_ids: [B] int, the examples' indices in the measured set (noise keys);
       default 0..B-1.
-    chunk_size: (position, draw) pairs per forward call; None = all T * R.
+    chunk_size: (position, draw) pairs per forward call: 'auto' (from
+      memory_budget_bytes, for the whole vmapped batch), None (all T * R) or an int.
+    memory_budget_bytes: as in `xsens.measures.sensitivity.plan_chunks`.
 
   Returns:
-    per_token [B, T] float32: flip frequency over the R draws, 0 where not measured.
-    The reference label is the clean argmax.
+    `token_sensitivity`'s dict over measure_mask: per_token [B, T] float32 flip
+    frequency over the R draws (0 where not measured), per_example [B], mean, stderr,
+    stderr_noise, flips, count.
   """
-  return _per_example(sens.token_sensitivity, "per_token", encode, tokens, mask, key,
-                      measure_mask, example_ids, sigma=sigma, num_draws=num_draws,
-                      chunk_size=chunk_size)
+  b, t, d = inputs.shape
+  chunk_size, _ = sens.plan_chunks(
+      b, t * num_draws, t * d * jnp.dtype(sens._noise_dtype(inputs)).itemsize,
+      chunk_size=chunk_size, example_chunk_size=None,
+      memory_budget_bytes=memory_budget_bytes)
+
+  def flips(fn, tok, lab, meas, k):
+    del meas
+    return sens._token_flips(fn, tok, k, lab, sigma=sigma, num_draws=num_draws,
+                             chunk_size=chunk_size, example_chunk_size=None)
+
+  flips_bp, measure_mask = _per_example(flips, apply_fn, variables, inputs, labels, key,
+                                        token_mask, measure_mask, example_ids)
+  counts = flips_bp.reshape(b, t, num_draws).sum(-1, dtype=jnp.int32)
+  out = sens._summarize(counts, measure_mask, num_draws, mask)
+  out["per_token"] = out.pop("per_unit")
+  return out
 
 
-def masked_global_sensitivity(
-    encode: EncodeFn,
-    tokens: Array,
-    mask: Array,
-    key: Array,
+def text_global_sensitivity(
+    apply_fn: TextApplyFn,
+    variables: Any,
+    inputs: Array,
     *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    token_mask: Array,
     sigma: Any,
     num_draws: int,
     measure_mask: Optional[Array] = None,
     example_ids: Optional[Array] = None,
-) -> Array:
+    chunk_size: sens.ChunkSize = sens.AUTO,
+    memory_budget_bytes: int = sens.DEFAULT_MEMORY_BUDGET_BYTES,
+) -> dict[str, Array]:
   """Per-example flip frequency with noise on every measured token at once (App. A.2).
 
-  Args: as `masked_token_sensitivity` (noise N(0, sigma^2 I) on all measure_mask tokens).
+  Args: as `text_token_sensitivity` (noise N(0, sigma^2 I) on all measure_mask tokens;
+    chunk_size counts draws, None = all R).
 
   Returns:
-    per_example [B] float32 in [0, 1]: flips over the R draws / R.
+    `global_sensitivity`'s dict: per_example [B] float32 in [0, 1] (flips over the R
+    draws / R), mean, stderr, stderr_noise, flips, count.
   """
-  return _per_example(sens.global_sensitivity, "per_example", encode, tokens, mask, key,
-                      measure_mask, example_ids, sigma=sigma, num_draws=num_draws)
+  b, t, d = inputs.shape
+  chunk_size, _ = sens.plan_chunks(
+      b, num_draws, t * d * jnp.dtype(sens._noise_dtype(inputs)).itemsize,
+      chunk_size=chunk_size, example_chunk_size=None,
+      memory_budget_bytes=memory_budget_bytes)
+
+  def flips(fn, tok, lab, meas, k):
+    return sens._global_flips(fn, tok, k, lab, meas, sigma=sigma, num_draws=num_draws,
+                              chunk_size=chunk_size, example_chunk_size=None)
+
+  flips_br, measure_mask = _per_example(flips, apply_fn, variables, inputs, labels, key,
+                                        token_mask, measure_mask, example_ids)
+  return sens._draw_result(flips_br, jnp.any(measure_mask, -1, keepdims=True), num_draws,
+                           mask)
 
 
-def _per_example(measure, output: str, encode: EncodeFn, tokens: Array, mask: Array,
-                 key: Array, measure_mask: Optional[Array], example_ids: Optional[Array],
-                 **kwargs) -> Array:
-  """Runs a `xsens.measures.sensitivity` estimator on each example alone (vmapped), so each
-  closes over its own padding mask; returns `measure(...)[output][0]` stacked over B."""
-  b = tokens.shape[0]
-  measure_mask = mask if measure_mask is None else measure_mask
+def _per_example(flips_fn, apply_fn: TextApplyFn, variables: Any, inputs: Array,
+                 labels: Optional[Array], key: Optional[Array], token_mask: Array,
+                 measure_mask: Optional[Array], example_ids: Optional[Array]):
+  """Runs flips_fn(fn, tokens [1, T, D], labels [1] | None, measure_mask [1, T], key) on
+  each example alone (vmapped), fn binding the example's padding mask; returns (the
+  stacked flips [B, ...], measure_mask [B, T])."""
+  if key is None:
+    raise ValueError("text sensitivity draws random noise and needs key= (a PRNG key).")
+  b, t, _ = inputs.shape
+  token_mask = jnp.broadcast_to(jnp.asarray(token_mask).astype(bool), (b, t))
+  measure_mask = token_mask if measure_mask is None else jnp.broadcast_to(
+      jnp.asarray(measure_mask).astype(bool), (b, t))
 
-  def one(tok, m, meas, k):
-    from_tokens = lambda t: encode(t, jnp.broadcast_to(m, t.shape[:2]))
-    return measure(from_tokens, tok[None], k, token_mask=meas[None], **kwargs)[output][0]
+  def one(tok, m, meas, lab, k):
+    fn = lambda x: apply_fn(variables, x, jnp.broadcast_to(m, x.shape[:2]))
+    return flips_fn(fn, tok[None], None if lab is None else lab[None], meas[None], k)[0]
 
-  return jax.vmap(one)(tokens, mask, measure_mask, _example_keys(key, example_ids, b))
+  keys = _example_keys(key, example_ids, b)
+  if labels is None:
+    flips = jax.vmap(lambda tok, m, meas, k: one(tok, m, meas, None, k))(
+        inputs, token_mask, measure_mask, keys)
+  else:
+    flips = jax.vmap(one)(inputs, token_mask, measure_mask, jnp.asarray(labels), keys)
+  return flips, measure_mask
 
 
 def text_aggregates(per_token: Array, measure_mask: Array, end_index: Array) -> dict:
-  """The three aggregates of spec §2.3 with standard errors over sentences.
+  """The three aggregates (module docstring) with standard errors over sentences.
 
   Args:
     per_token: [N, T] flip probabilities.

@@ -1,34 +1,32 @@
-"""The token interface shared by xsens models and measures.
+"""Tokens: the axis along which the token-wise measures perturb a model's input.
 
-Convention: a model that can be measured exposes a pair of pure functions
+The measures of `xsens.measures.sensitivity` take a model one way,
 
-  to_tokens(x) -> tokens [B, T, D]
-  from_tokens(tokens [B, T, D]) -> logits [B, K]
+  measure(apply_fn, variables, inputs, *, labels=None, key=None, mask=None, ...)
 
-with `from_tokens(to_tokens(x)) == predict_fn(x)`. Token-wise measures (e.g.
-`xsens.measures.sensitivity.token_sensitivity`) perturb `tokens` and call
-`from_tokens`; they never look inside the model.
+with apply_fn(variables, inputs [B', ...]) -> logits [B', K] in eval mode, and
+perturb the inputs one token at a time. The tokens are
 
-- Images: tokens are grid-aligned, non-overlapping p x p pixel patches of the
-  (already normalised) input, flattened to D = p*p*C. `from_tokens` unpatchifies
-  and runs the network, so the same estimator measures a ViT, a CNN or an MLP in
-  the same space ("adding noise to one patch at a time ... the process is the
-  same for CNNs and ViTs", authors' rebuttal, arXiv 2403.06925).
-- Text: `to_tokens` is embedding (+ LayerNorm where the model has one) and
-  `from_tokens` the rest of the network (`embed` and `encode(tokens, mask)` of
-  `xsens.models.text`; the padding mask travels per example, see
-  `xsens.measures.text_sensitivity`).
+- images [B, H, W, C] with `patch_size=p`: grid-aligned, non-overlapping p x p
+  pixel patches of the (already normalised) input, flattened to D = p*p*C
+  (`patchify`; the measure unpatchifies each perturbed copy before calling
+  apply_fn), so the same estimator measures a ViT, a CNN or an MLP in the same
+  space ("adding noise to one patch at a time ... the process is the same for
+  CNNs and ViTs", authors' rebuttal, arXiv 2403.06925);
+- token embeddings [B, T, D] (token axis 1) otherwise, e.g. a text model's
+  embeddings with apply_fn its from-embeddings method bound with `method=`
+  (`xsens.measures.text_sensitivity` for models that also take a padding mask).
 
-`from_tokens` must treat the leading axis as an ordinary batch axis: measures
-call it on `[c * B, T, D]` stacks of perturbed copies.
+apply_fn must treat the leading axis as an ordinary batch axis: the measures
+call it on [B * c, ...] stacks of perturbed copies.
 """
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 
 Array = jax.Array
-PredictFn = Callable[[Array], Array]
+ApplyFn = Callable[[Any, Array], Array]
 
 
 def _check_grid(height: int, width: int, patch_size: int) -> None:
@@ -78,31 +76,39 @@ def unpatchify(
   return x.reshape(b, h, w, c)
 
 
-def image_token_fns(
-    predict_fn: PredictFn, patch_size: int, image_shape: Sequence[int]
-) -> tuple[Callable[[Array], Array], Callable[[Array], Array]]:
-  """Token view of an image classifier.
+def token_view(
+    apply_fn: ApplyFn, inputs: Array, patch_size: Optional[int] = None
+) -> tuple[ApplyFn, Array]:
+  """The token view of a measured model, in the measures' calling convention.
 
   Args:
-    predict_fn: images [B, H, W, C] -> logits [B, K]; a pure closure over the
-      variables, e.g. `lambda x: model.apply(variables, x, train=False)`.
-    patch_size: p; must divide H and W.
-    image_shape: (H, W, C) (a leading batch dimension is ignored).
+    apply_fn: (variables, inputs [B', ...]) -> logits [B', K], e.g.
+      `functools.partial(model.apply, train=False)`.
+    inputs: images [B, H, W, C] when patch_size is given, else tokens
+      [B, T, D] (token axis 1), e.g. a text model's embeddings.
+    patch_size: p, which must divide H and W; None when inputs are tokens.
 
   Returns:
-    (to_tokens, from_tokens): images [B, H, W, C] -> tokens [B, T, p*p*C] and
-    tokens -> logits [B, K], with from_tokens(to_tokens(x)) == predict_fn(x).
+    (token_apply_fn, tokens): token_apply_fn(variables, tokens [B', T, D]) ->
+    logits [B', K] (for images it unpatchifies, then calls apply_fn) and the
+    tokens of `inputs`, so token_apply_fn(v, tokens) == apply_fn(v, inputs).
   """
-  h, w, c = tuple(image_shape)[-3:]
-  _check_grid(h, w, patch_size)
+  if patch_size is None:
+    if inputs.ndim != 3:
+      raise ValueError(
+          f"inputs must be tokens [B, T, D] (or images [B, H, W, C] with "
+          f"patch_size), got shape {tuple(inputs.shape)}.")
+    return apply_fn, inputs
+  if inputs.ndim != 4:
+    raise ValueError(f"with patch_size, inputs must be images [B, H, W, C], "
+                     f"got shape {tuple(inputs.shape)}.")
+  image_shape = tuple(inputs.shape[1:])
+  _check_grid(*image_shape[:2], patch_size)
 
-  def to_tokens(images: Array) -> Array:
-    return patchify(images, patch_size)
+  def token_apply_fn(variables: Any, tokens: Array) -> Array:
+    return apply_fn(variables, unpatchify(tokens, patch_size, image_shape))
 
-  def from_tokens(tokens: Array) -> Array:
-    return predict_fn(unpatchify(tokens, patch_size, (h, w, c)))
-
-  return to_tokens, from_tokens
+  return token_apply_fn, patchify(inputs, patch_size)
 
 
 def patch_grid(image_shape: Sequence[int], patch_size: int) -> tuple[int, int]:

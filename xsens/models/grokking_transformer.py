@@ -21,8 +21,9 @@ the stacked [3d, d] matrix (bound sqrt(6 / 4d)) with zero biases, out_proj weigh
 U(±1/sqrt(d)) (nn.Linear's kaiming_uniform(a=sqrt 5)) with zero bias; the other
 nn.Linear layers U(±1/sqrt(fan_in)) for weight and bias.
 
-Token interface (xsens.measures.tokens): `to_tokens` = `embed` (token + position, the
-point where the paper adds its noise), `from_tokens` = `from_embeddings`.
+Token view (xsens.measures.tokens): the measured inputs are `embed`'s output (token +
+position, the point where the paper adds its noise) and the measures' apply_fn is
+`functools.partial(model.apply, method=model.from_embeddings)`.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ the initial attention temperature and the training dynamics, not the function cl
 No biases, no positional encoding (put position into the tokens if the task needs it; the
 layer is permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU MLP.
 
-Both take tokens [B, n, d] directly, so the token interface (xsens.measures.tokens) is
-to_tokens = identity and from_tokens = the model's apply.
+Both take tokens [B, n, d] directly, so the token measures (xsens.measures.tokens) take
+the model's apply as apply_fn and the tokens as inputs.
 """
 
 from __future__ import annotations

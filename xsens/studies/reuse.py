@@ -136,15 +136,15 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   random_vars = res.model.init(jax.random.key(rc.seed), jnp.asarray(images[:1]),
                                train=False)
   head_sim = {
-      "trained": asim.collect_head_similarity(res.model, res.variables, images,
+      "trained": asim.collect_head_similarity(res.apply_fn, res.variables, images,
                                               batch_size=rc.batch_size),
-      "random init": asim.collect_head_similarity(res.model, random_vars, images,
+      "random init": asim.collect_head_similarity(res.apply_fn, random_vars, images,
                                                   batch_size=rc.batch_size)}
   for name in rc.similarity_runs:
     if name != rc.baseline and name in results:
       r = results[name]
       head_sim[f"{name} (trained)"] = asim.collect_head_similarity(
-          r.model, r.variables, images, batch_size=rc.batch_size)
+          r.apply_fn, r.variables, images, batch_size=rc.batch_size)
   layer_sim = {n: asim.layer_similarity(s) for n, s in head_sim.items()}
   kth = {n: asim.adjacent_kth_best(s) for n, s in head_sim.items()}
 

@@ -15,71 +15,26 @@ Each section is a small function of trained runs; the report is results.md/json 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.errors import ConfigError
 from xsens.measures import adversarial as adv
-from xsens.measures import corruption_eval, corruptions
+from xsens.measures import corruption_eval
 from xsens.measures import perturbations as pert
 from xsens.measures import similarity
 from xsens.report import plots, tables
 from xsens.studies import compare
+from xsens.studies import robustness_common as common
 
-# Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
-PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
-PIXEL_RANGE = {"zero_one": (0.0, 1.0), "half": (-1.0, 1.0)}
-
-
-def validate_robustness_config(rc, run_names, normalize) -> None:
-  """Checks `config.robustness` (no compile, nothing written)."""
-  if rc.baseline_run not in run_names:
-    raise ConfigError("robustness.baseline_run",
-                      f"{rc.baseline_run!r} is not a run; allowed: {', '.join(run_names)}")
-  unknown = [n for n in rc.corruptions.names if n not in corruptions.CORRUPTIONS]
-  if unknown:
-    raise ConfigError("robustness.corruptions.names",
-                      f"unknown {unknown}; allowed: {', '.join(corruptions.NAMES)}")
-  if any(s not in corruptions.SEVERITIES for s in rc.corruptions.severities):
-    raise ConfigError("robustness.corruptions.severities",
-                      f"must be within 1..5, got {list(rc.corruptions.severities)}")
-  if normalize not in PIXEL_SCALE:
-    raise ConfigError("train.data.normalize", f"the robustness study needs pixel-range "
-                      f"inputs; allowed: {', '.join(PIXEL_SCALE)}, got {normalize!r}")
-  if not rc.adversarial.epsilons or any(e <= 0 for e in rc.adversarial.epsilons):
-    raise ConfigError("robustness.adversarial.epsilons",
-                      f"must be a non-empty list of ε > 0, got {list(rc.adversarial.epsilons)}")
-  if rc.adversarial.main_epsilon not in rc.adversarial.epsilons:
-    raise ConfigError("robustness.adversarial.main_epsilon",
-                      f"must be one of {list(rc.adversarial.epsilons)}")
-  for field in ("num_examples", "batch_size"):
-    if not rc[field] > 0:
-      raise ConfigError(f"robustness.{field}", f"must be > 0, got {rc[field]}")
-
-
-def _batched(fn, *arrays, batch_size):
-  """Applies `fn` to equal-size host batches (last one padded) and concatenates."""
-  n = len(arrays[0])
-  outs = []
-  for start in range(0, n, batch_size):
-    idx = np.minimum(np.arange(start, start + batch_size), n - 1)
-    out = fn(*(a[idx] for a in arrays))
-    outs.append(jax.tree.map(lambda o: np.asarray(o)[: min(batch_size, n - start)], out))
-  return jax.tree.map(lambda *o: np.concatenate(o), *outs)
-
-
-@contextlib.contextmanager
-def _timed(timings: dict, name: str):
-  t0 = time.time()
-  yield
-  timings[name] = round(time.time() - t0, 1)
+# Kept here for callers of the old names; defined in `robustness_common`.
+PIXEL_SCALE = common.PIXEL_SCALE
+PIXEL_RANGE = common.PIXEL_RANGE
+validate_robustness_config = common.validate_robustness_config
 
 
 # --------------------------------------------------------------------------- corruptions
@@ -91,11 +46,11 @@ def corruption_section(results, rc, normalize) -> dict:
   for name, res in results.items():
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
-    predict = jax.jit(res.predict_fn())
-    acc[name] = corruption_eval.corruption_accuracy(
-        predict, images, labels, normalize=normalize, names=list(rc.corruptions.names),
+    label_fn = common.bind(res.apply_fn, res.variables)
+    acc[name] = common.corruption_accuracy(
+        label_fn, images, labels, normalize=normalize, names=list(rc.corruptions.names),
         severities=list(rc.corruptions.severities), seed=rc.seed, batch_size=rc.batch_size)
-    clean = corruption_eval.accuracy(predict, images, labels, rc.batch_size)
+    clean = common.accuracy(label_fn, images, labels, rc.batch_size)
     summary[name] = corruption_eval.summarize(acc[name], clean)
   errs = {n: corruption_eval.errors(a) for n, a in acc.items()}
   mce = corruption_eval.mce_table(errs, rc.baseline_run,
@@ -108,32 +63,41 @@ def corruption_section(results, rc, normalize) -> dict:
 # --------------------------------------------------------------------------- adversarial
 
 
+def _attack_fns(apply_fn, variables, ac):
+  """Jitted FGSM / PGD of one model (closed over its variables, see
+  `robustness_common`); ε, step size, key and pixel range are traced: one compile each."""
+  fgsm = jax.jit(lambda x, y, eps, lo, hi: adv.fgsm(
+      apply_fn, variables, x, labels=y, epsilon=eps, norm=ac.norm, clip_min=lo,
+      clip_max=hi)["adv_inputs"])
+  pgd = jax.jit(lambda x, y, k, eps, step, lo, hi: adv.pgd(
+      apply_fn, variables, x, labels=y, key=k, epsilon=eps, num_steps=ac.pgd_steps,
+      step_size=step, norm=ac.norm, clip_min=lo, clip_max=hi)["adv_inputs"])
+  return fgsm, pgd
+
+
 def adversarial_section(results, rc, normalize, key) -> dict:
   """FGSM/PGD accuracy vs ε per run, transfer at the main ε, and perturbation structure."""
   ac = rc.adversarial
-  lo, hi = PIXEL_RANGE[normalize]
-  scale = PIXEL_SCALE[normalize]
-  pgd_kw = lambda eps: dict(epsilon=eps * scale, num_steps=ac.pgd_steps,
-                            step_size=eps * scale * ac.step_size_fraction, norm=ac.norm,
-                            clip_min=lo, clip_max=hi)
+  lo, hi = common.PIXEL_RANGE[normalize]
+  scale = common.PIXEL_SCALE[normalize]
   out = {"fgsm": {}, "pgd": {}, "transfer": {}, "patch_energy": {}, "low_freq_share": {},
          "patch_alignment": {}}
   deltas = {}
-  predicts = {name: res.predict_fn() for name, res in results.items()}
+  label_fns = {name: common.bind(res.apply_fn, res.variables) for name, res in results.items()}
   for j, (name, res) in enumerate(results.items()):
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
-    predict = predicts[name]
+    fgsm, pgd = _attack_fns(res.apply_fn, res.variables, ac)
     out["fgsm"][name], out["pgd"][name] = [], []
     for e_idx, eps in enumerate(ac.epsilons):
-      x_f = _batched(lambda x, y: adv.fgsm(predict, x, y, epsilon=eps * scale, norm=ac.norm,
-                                           clip_min=lo, clip_max=hi),
-                     images, labels, batch_size=rc.batch_size)
+      e = eps * scale
+      x_f = common.batched(lambda x, y: fgsm(x, y, e, lo, hi), images, labels,
+                           batch_size=rc.batch_size)
       k = jax.random.fold_in(jax.random.fold_in(key, j), e_idx)
-      x_p = _batched(lambda x, y: adv.pgd(predict, x, y, k, **pgd_kw(eps)),
-                     images, labels, batch_size=rc.batch_size)
-      out["fgsm"][name].append(_accuracy(predict, x_f, labels, rc.batch_size))
-      out["pgd"][name].append(_accuracy(predict, x_p, labels, rc.batch_size))
+      x_p = common.batched(lambda x, y: pgd(x, y, k, e, e * ac.step_size_fraction, lo, hi),
+                           images, labels, batch_size=rc.batch_size)
+      out["fgsm"][name].append(common.accuracy(label_fns[name], x_f, labels, rc.batch_size))
+      out["pgd"][name].append(common.accuracy(label_fns[name], x_p, labels, rc.batch_size))
       if eps == ac.main_epsilon:
         deltas[name] = x_p - images
     d = jnp.asarray(deltas[name])
@@ -146,24 +110,9 @@ def adversarial_section(results, rc, normalize, key) -> dict:
         images = results[target].test.images[:rc.num_examples]
         labels = results[target].test.labels[:rc.num_examples]
         x_adv = images + deltas[source]
-        out["transfer"][f"{source}->{target}"] = _accuracy(
-            predicts[target], x_adv, labels, rc.batch_size)
+        out["transfer"][f"{source}->{target}"] = common.accuracy(
+            label_fns[target], x_adv, labels, rc.batch_size)
   return out
-
-
-def _accuracy(predict, images, labels, batch_size) -> float:
-  pred = _batched(_label_fn(predict), images, batch_size=batch_size)
-  return float(np.mean(pred == labels))
-
-
-_LABEL_FNS = {}
-
-
-def _label_fn(predict):
-  """A jitted `images -> argmax labels`, one per predict_fn (cached: compiled once)."""
-  if predict not in _LABEL_FNS:
-    _LABEL_FNS[predict] = jax.jit(lambda x: jnp.argmax(predict(x), -1))
-  return _LABEL_FNS[predict]
 
 
 # ------------------------------------------------------------------ model perturbations
@@ -175,17 +124,18 @@ def perturbation_section(results, rc, key) -> dict:
   for j, (name, res) in enumerate(results.items()):
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
-    out["layer_removal"][name] = pert.layer_removal_accuracy(
-        res.model, res.variables, images, labels, batch_size=rc.batch_size)
-    out["weight_noise"][name] = pert.weight_noise_accuracy(
-        res.model, res.variables, images, labels, jax.random.fold_in(key, j),
+    out["layer_removal"][name] = common.layer_removal_accuracy(
+        res.apply_fn, res.variables, images, labels, model=res.model,
+        batch_size=rc.batch_size)
+    out["weight_noise"][name] = common.weight_noise_accuracy(
+        res.apply_fn, res.variables, images, labels, jax.random.fold_in(key, j),
         relative_scale=rc.perturbations.relative_scale,
         num_draws=rc.perturbations.num_draws, batch_size=rc.batch_size)
     train_x = jnp.asarray(res.train.images[:rc.perturbations.sharpness_examples])
     sharpness = jax.jit(functools.partial(
-        pert.sharpness, res.model.apply, sigma=rc.perturbations.sharpness_sigma,
+        pert.sharpness, res.apply_fn, sigma=rc.perturbations.sharpness_sigma,
         num_draws=rc.perturbations.num_draws))
-    s = sharpness(res.variables, train_x, jax.random.fold_in(key, 1000 + j))
+    s = sharpness(res.variables, train_x, key=jax.random.fold_in(key, 1000 + j))
     out["sharpness"][name] = {k: float(v) for k, v in s.items()}
   return out
 
@@ -198,7 +148,7 @@ def representation_section(results, rc) -> dict:
   feats, probes, cka = {}, {}, {}
   for name, res in results.items():
     n = rc.representations.num_examples
-    features = jax.jit(functools.partial(similarity.layer_features, res.model))
+    features = jax.jit(functools.partial(similarity.layer_features, res.apply_fn))
     test_f = _forward_order(features(res.variables, jnp.asarray(res.test.images[:n])))
     train_f = _forward_order(features(res.variables, jnp.asarray(res.train.images[:n])))
     feats[name] = test_f
@@ -238,18 +188,18 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     return robustness_imagenet.run(config, workdir, overwrite=overwrite)
   rc = config.robustness
   experiments = compare.validate_runs(config)
-  validate_robustness_config(rc, list(experiments), config.train.data.normalize)
+  common.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
   key = jax.random.key(rc.seed)
   normalize = config.train.data.normalize
   timings = {}
-  with _timed(timings, "corruptions"):
+  with common.timed(timings, "corruptions"):
     corr = corruption_section(results, rc, normalize)
-  with _timed(timings, "adversarial"):
+  with common.timed(timings, "adversarial"):
     advs = adversarial_section(results, rc, normalize, jax.random.fold_in(key, 1))
-  with _timed(timings, "perturbations"):
+  with common.timed(timings, "perturbations"):
     perts = perturbation_section(results, rc, jax.random.fold_in(key, 2))
-  with _timed(timings, "representations"):
+  with common.timed(timings, "representations"):
     reps = representation_section(results, rc)
   rows = _rows(results, rc, corr, advs, perts)
   plot_files = _plots(workdir, rc, corr, advs, perts, reps)

@@ -66,13 +66,12 @@ from xsens.measures import perturbations as pert
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
-from xsens.studies import robustness
+from xsens.studies import robustness_common as common
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
 CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
-LOADERS = {"vit": (pretrained.vit_config_from_checkpoint, pretrained.vit_params_from_checkpoint),
-           "bit_resnet": (pretrained.bit_config_from_checkpoint,
-                          pretrained.bit_params_from_checkpoint)}
+# {model name: checkpoint format}: the registry entries that load pretrained weights.
+LOADERS = models_lib.pretrained_formats()
 DOWNLOADS = {
     "vit": "e.g. https://storage.googleapis.com/vit_models/imagenet21k+imagenet2012/"
            "ViT-B_16.npz (google-research/vision_transformer)",
@@ -111,6 +110,11 @@ class PretrainedRun:
   num_params: int
   path: str
 
+  @functools.cached_property
+  def apply_fn(self):
+    """`apply_fn(variables, inputs) -> logits` in eval mode; one object per run."""
+    return functools.partial(self.model.apply, train=False)
+
 
 # ------------------------------------------------------------------------------------ validation
 
@@ -139,11 +143,11 @@ def validate(config) -> None:
     if not os.path.isfile(os.path.expanduser(str(path))):
       raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
                         f"({DOWNLOADS[model_name]})")
-  if ic.normalize not in robustness.PIXEL_SCALE:
+  if ic.normalize not in common.PIXEL_SCALE:
     raise ConfigError("imagenet.normalize", f"got {ic.normalize!r}; allowed: "
-                      f"{', '.join(robustness.PIXEL_SCALE)} (vit_jax and big_transfer use "
+                      f"{', '.join(common.PIXEL_SCALE)} (vit_jax and big_transfer use "
                       "'half', [-1, 1])")
-  robustness.validate_robustness_config(rc, list(config.runs), ic.normalize)
+  common.validate_robustness_config(rc, list(config.runs), ic.normalize)
   if ic.corruption_source not in CORRUPTION_SOURCES:
     raise ConfigError("imagenet.corruption_source", f"got {ic.corruption_source!r}; allowed: "
                       f"{', '.join(CORRUPTION_SOURCES)}")
@@ -184,7 +188,7 @@ def corruption_source(ic, rc) -> str:
   if not missing:
     return "tfds"
   if ic.corruption_source == "tfds":
-    data_dir = streaming._resolve_data_dir(ic.data_dir)  # pylint: disable=protected-access
+    data_dir = streaming._resolve_data_dir(ic.data_dir)
     raise ConfigError("imagenet.corrupted_name", f"{len(missing)} of the {len(wanted)} "
                       f"ImageNet-C sets are not prepared in {data_dir!r}, e.g. {missing[0]!r} "
                       "(xsens never downloads; `tfds build imagenet2012_corrupted "
@@ -198,10 +202,10 @@ def load_run(name: str, run, image_shape, num_classes: int | None) -> Pretrained
   field = f"runs.{name}.pretrained.path"
   path = os.path.expanduser(str(run.pretrained.path))
   kind = run.model.name
-  config_fn, params_fn = LOADERS[kind]
+  fmt = LOADERS[kind]
   try:
     ckpt = pretrained.read_npz(path)
-    kwargs = config_fn(ckpt)
+    kwargs = fmt.config_from_checkpoint(ckpt)
   except (OSError, ValueError) as e:
     raise ConfigError(field, f"cannot read {path!r} as a {kind} checkpoint: {e}") from None
   overrides = {k: v for k, v in run.model.items() if k != "name" and v is not None}
@@ -216,7 +220,7 @@ def load_run(name: str, run, image_shape, num_classes: int | None) -> Pretrained
   except ConfigError as e:
     raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
   try:
-    params = params_fn(ckpt, model, image_shape)
+    params = fmt.params_from_checkpoint(ckpt, model, image_shape)
   except pretrained.CheckpointError as e:
     raise ConfigError(field, f"{path!r} does not fit the model: {e}") from None
   num_params = int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
@@ -246,38 +250,39 @@ def _to_model(x, *, image_size: int, normalize: str):
   return model_input(x, image_size, normalize)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "image_size", "normalize"))
-def _correct(model, variables, x, labels, mask, *, image_size: int, normalize: str):
+def _hits(apply_fn, variables, x, labels, mask):
+  """Number of correct real rows (masked), by the common accuracy measure."""
+  out = adv.accuracy(apply_fn, variables, x, labels=labels, mask=mask)
+  return jnp.sum(out["correct"] * mask)
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "image_size", "normalize"))
+def _correct(apply_fn, variables, x, labels, mask, *, image_size: int, normalize: str):
   """Number of correct real rows. x: [B, h, w, 3] uint8 or float in [0, 1]."""
   if x.dtype == jnp.uint8:
     x = x.astype(jnp.float32) / 255.0
-  logits = model.apply(variables, model_input(x, image_size, normalize), train=False)
-  return jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
+  return _hits(apply_fn, variables, model_input(x, image_size, normalize), labels, mask)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "norm", "num_steps", "patch_size"))
-def _attack(model, variables, x, labels, mask, key, epsilon, step_size, clip_min, clip_max, *,
-            norm: str, num_steps: int, patch_size: int, low_freq_cutoff: float = 0.25):
+@functools.partial(jax.jit, static_argnames=("apply_fn", "norm", "num_steps", "patch_size"))
+def _attack(apply_fn, variables, x, labels, mask, key, epsilon, step_size, clip_min, clip_max,
+            *, norm: str, num_steps: int, patch_size: int, low_freq_cutoff: float = 0.25):
   """FGSM and PGD in model space on one batch: correct counts, the PGD delta and the delta's
   structure summed over real rows (patch energy [gh, gw], low-frequency share, alignment)."""
-  predict = lambda z: model.apply(variables, z, train=False)
-  hits = lambda z: jnp.sum((jnp.argmax(predict(z), -1) == labels) * mask)
-  x_f = adv.fgsm(predict, x, labels, epsilon=epsilon, norm=norm, clip_min=clip_min,
-                 clip_max=clip_max)
-  x_p = adv.pgd(predict, x, labels, key, epsilon=epsilon, num_steps=num_steps,
-                step_size=step_size, norm=norm, clip_min=clip_min, clip_max=clip_max)
+  x_f = adv.fgsm(apply_fn, variables, x, labels=labels, epsilon=epsilon, norm=norm,
+                 clip_min=clip_min, clip_max=clip_max)["adv_inputs"]
+  x_p = adv.pgd(apply_fn, variables, x, labels=labels, key=key, epsilon=epsilon,
+                num_steps=num_steps, step_size=step_size, norm=norm, clip_min=clip_min,
+                clip_max=clip_max)["adv_inputs"]
   delta = x_p - x
-  structure = {
-      "patch_energy": jnp.einsum("b,bij->ij", mask, adv.patch_energy(delta, patch_size)),
-      "low_freq_share": jnp.sum(mask * adv.frequency_share(delta, low_freq_cutoff)),
-      "patch_alignment": jnp.sum(mask * adv.patch_alignment(delta, patch_size))}
-  return hits(x_f), hits(x_p), delta, structure
+  structure = adv.perturbation_structure(delta, patch_size=patch_size, cutoff=low_freq_cutoff,
+                                         mask=mask)
+  del structure["count"]
+  return (_hits(apply_fn, variables, x_f, labels, mask),
+          _hits(apply_fn, variables, x_p, labels, mask), delta, structure)
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _correct_model_space(model, variables, x, labels, mask):
-  logits = model.apply(variables, x, train=False)
-  return jnp.sum((jnp.argmax(logits, -1) == labels) * mask)
+_correct_model_space = jax.jit(_hits, static_argnames=("apply_fn",))
 
 
 # ------------------------------------------------------------------------------ the sections
@@ -300,7 +305,7 @@ def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
 
   def count(key, x, batch):
     for r, run in runs.items():
-      correct[r][key] += float(_correct(run.model, run.variables, x, batch["label"],
+      correct[r][key] += float(_correct(run.apply_fn, run.variables, x, batch["label"],
                                         batch["mask"], **kw))
 
   workers = int(ic.num_workers)
@@ -374,25 +379,18 @@ def _subset(ic, rc, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
   return np.concatenate(images), np.concatenate(labels)
 
 
-def _fixed_batches(n: int, batch_size: int):
-  for start in range(0, n, batch_size):
-    idx = np.minimum(np.arange(start, start + batch_size), n - 1)
-    mask = (np.arange(start, start + batch_size) < n).astype(np.float32)
-    yield idx, mask
-
-
 def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
   """FGSM / PGD accuracy vs ε per run, PGD transfer at the main ε, perturbation structure."""
   ac = rc.adversarial
-  lo, hi = robustness.PIXEL_RANGE[normalize]
-  scale = robustness.PIXEL_SCALE[normalize]
+  lo, hi = common.PIXEL_RANGE[normalize]
+  scale = common.PIXEL_SCALE[normalize]
   n, bs = len(labels), int(rc.batch_size)
   names = list(runs)
   fgsm = {r: [0.0] * len(ac.epsilons) for r in names}
   pgd = {r: [0.0] * len(ac.epsilons) for r in names}
   transfer = {f"{s}->{t}": 0.0 for s in names for t in names if s != t}
   structure = {r: None for r in names}
-  for b, (idx, mask) in enumerate(_fixed_batches(n, bs)):
+  for b, (idx, mask) in enumerate(common.fixed_batches(n, bs)):
     x, y = jnp.asarray(images[idx]), jnp.asarray(labels[idx])
     deltas = {}
     for j, r in enumerate(names):
@@ -400,7 +398,7 @@ def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
       for e, eps in enumerate(ac.epsilons):
         k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, j), e), b)
         f, p, delta, struct = _attack(
-            run.model, run.variables, x, y, mask, k, eps * scale,
+            run.apply_fn, run.variables, x, y, mask, k, eps * scale,
             eps * scale * ac.step_size_fraction, lo, hi, norm=ac.norm,
             num_steps=int(ac.pgd_steps), patch_size=int(rc.patch_size),
             low_freq_cutoff=float(ac.low_freq_cutoff))
@@ -416,7 +414,7 @@ def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
         if s != t:
           x_adv = jnp.clip(x + deltas[s], lo, hi)
           transfer[f"{s}->{t}"] += float(_correct_model_space(
-              runs[t].model, runs[t].variables, x_adv, y, mask))
+              runs[t].apply_fn, runs[t].variables, x_adv, y, mask))
   return {"fgsm": {r: [v / n for v in fgsm[r]] for r in names},
           "pgd": {r: [v / n for v in pgd[r]] for r in names},
           "transfer": {k: v / n for k, v in transfer.items()},
@@ -432,8 +430,9 @@ def removal_section(runs, rc, images, labels) -> dict:
   for r, run in runs.items():
     parts = pert.PARTS if isinstance(run.model, vit_lib.ViT) else ("block",)
     layers = pert.removable_layers(run.model, parts)
-    out[r] = (pert.layer_removal_accuracy(run.model, run.variables, images, labels,
-                                          layers=layers, batch_size=int(rc.batch_size))
+    out[r] = (common.layer_removal_accuracy(run.apply_fn, run.variables, images, labels,
+                                            model=run.model, layers=layers,
+                                            batch_size=int(rc.batch_size))
               if layers else None)
   return out
 
@@ -458,14 +457,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
           for name, run_cfg in config.runs.items()}
   key = jax.random.key(rc.seed)
   timings = {}
-  with robustness._timed(timings, "corruptions"):  # pylint: disable=protected-access
+  with common.timed(timings, "corruptions"):
     corr = corruption_section(runs, ic, rc, source, batch_size)
-  with robustness._timed(timings, "subset"):  # pylint: disable=protected-access
+  with common.timed(timings, "subset"):
     images, labels = _subset(ic, rc, batch_size)
-  with robustness._timed(timings, "adversarial"):  # pylint: disable=protected-access
+  with common.timed(timings, "adversarial"):
     advs = adversarial_section(runs, rc, ic.normalize, images, labels,
                                jax.random.fold_in(key, 1))
-  with robustness._timed(timings, "layer_removal"):  # pylint: disable=protected-access
+  with common.timed(timings, "layer_removal"):
     removal = removal_section(runs, rc, images, labels)
   rows = _rows(runs, rc, corr, advs, removal, image_shape)
   os.makedirs(workdir, exist_ok=True)

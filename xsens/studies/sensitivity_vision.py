@@ -57,20 +57,20 @@ def _round_up(x: int, m: int) -> int:
 def _patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_draws,
                  chunk_size):
   """Per-example and per-patch flip rates of one padded batch (paper mode, spec §2.1)."""
-  predict = lambda x: model.apply(variables, x, train=False)
-  out = sens.image_token_sensitivity(
-      predict, images, key, patch_size=patch_size, sigma=sigma, num_draws=num_draws,
-      chunk_size=chunk_size, example_mask=mask)
+  out = sens.token_sensitivity(
+      functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
+      patch_size=patch_size, sigma=sigma, num_draws=num_draws, chunk_size=chunk_size,
+      example_chunk_size=None)
   return out["per_example"], out["per_patch_map"]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "num_draws", "num_pixels"))
 def _scattered_batch(variables, images, mask, key, sigma, *, model, num_draws, num_pixels):
   """Per-example flip rates of one padded batch (the official code's mode, spec §2.2)."""
-  predict = lambda x: model.apply(variables, x, train=False)
   out = sens.scattered_pixel_sensitivity(
-      predict, images, key, sigma=sigma, num_draws=num_draws, num_pixels=num_pixels,
-      example_mask=mask)
+      functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
+      sigma=sigma, num_draws=num_draws, num_pixels=num_pixels, chunk_size=None,
+      example_chunk_size=None)
   return out["per_example"]
 
 

@@ -82,7 +82,7 @@ def measure_sums(measure, options: dict, apply_fn, variables, batch, key) -> dic
   out = measure(apply_fn, variables, batch["image"], labels=batch["label"], key=key,
                 mask=batch["mask"], **options)
   count = jnp.sum(batch["mask"])
-  sums = {k: v * count for k, v in out.items() if jnp.ndim(v) == 0}
+  sums = {k: v * count for k, v in out.items() if jnp.ndim(v) == 0 and k != "count"}
   sums["count"] = count
   return sums
 

@@ -1,0 +1,31 @@
+"""The README's "Use it from Python" example runs, and the README shows the code it runs."""
+
+import os
+import re
+
+import numpy as np
+
+from tests.helpers import REPO
+
+
+def test_readme_example_runs_and_gives_sane_numbers(tmp_path):
+  from experiments import use_from_python  # pylint: disable=g-import-not-at-top
+  out = use_from_python.main(str(tmp_path / "run"))
+  sens = np.asarray(out["sensitivity"])
+  assert sens.shape == (3,) and np.all((sens >= 0) & (sens <= 1))
+  assert sens[0] <= sens[1] <= sens[2]  # More noise, more flips (same draws, larger σ).
+  assert 0.0 <= float(out["cka_first_last"]) <= 1.0 + 1e-6
+  for k in ("clean_accuracy", "fgsm_accuracy", "gaussian_noise_3"):
+    assert 0.0 <= float(out[k]) <= 1.0
+  assert float(out["fgsm_accuracy"]) <= float(out["clean_accuracy"])
+
+
+def test_readme_shows_the_example_verbatim():
+  with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    readme = f.read()
+  block = re.search(r"## Use it from Python.*?```python\n(.*?)```", readme, re.S).group(1)
+  with open(os.path.join(REPO, "experiments", "use_from_python.py"), encoding="utf-8") as f:
+    source = f.read()
+  for line in block.strip().splitlines():
+    if not line.startswith(("workdir =", "print(")):  # The file's main() has these as
+      assert line.strip() in source, line              # an argument and a loop.

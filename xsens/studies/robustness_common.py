@@ -1,0 +1,208 @@
+"""Parts shared by the robustness studies (`robustness` and its ImageNet variant).
+
+Config checks of `config.robustness`, the pixel range of each `data.normalize`, a section
+timer, and the host loops that pool the per-batch measures of `xsens.measures`
+(adversarial, perturbations, corruption_eval) over a dataset held in memory: fixed-size
+batches (the last one padded and masked), so every jitted function compiles once per
+model and shape.
+
+Compilation. Each function jits its measure once per call with the model's `apply_fn`
+static (one stable object per run, e.g. `TrainResult.apply_fn`); no module-level cache.
+Where a section scores a model held fixed over many batches and attacks
+(`bind`), the jitted function closes over the variables, as the study has always done:
+XLA then folds computations on the weights (e.g. BatchNorm's scale / sqrt(var + eps)) at
+compile time, and keeping that form keeps the published numbers bit-identical. Build it
+once per run and reuse it: it compiles once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xsens.errors import ConfigError
+from xsens.measures import corruption_eval, corruptions
+from xsens.measures import perturbations as pert
+
+# Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
+PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
+PIXEL_RANGE = {"zero_one": (0.0, 1.0), "half": (-1.0, 1.0)}
+
+
+def validate_robustness_config(rc, run_names, normalize) -> None:
+  """Checks `config.robustness` (no compile, nothing written)."""
+  if rc.baseline_run not in run_names:
+    raise ConfigError("robustness.baseline_run",
+                      f"{rc.baseline_run!r} is not a run; allowed: {', '.join(run_names)}")
+  unknown = [n for n in rc.corruptions.names if n not in corruptions.CORRUPTIONS]
+  if unknown:
+    raise ConfigError("robustness.corruptions.names",
+                      f"unknown {unknown}; allowed: {', '.join(corruptions.NAMES)}")
+  if any(s not in corruptions.SEVERITIES for s in rc.corruptions.severities):
+    raise ConfigError("robustness.corruptions.severities",
+                      f"must be within 1..5, got {list(rc.corruptions.severities)}")
+  if normalize not in PIXEL_SCALE:
+    raise ConfigError("train.data.normalize", f"the robustness study needs pixel-range "
+                      f"inputs; allowed: {', '.join(PIXEL_SCALE)}, got {normalize!r}")
+  if not rc.adversarial.epsilons or any(e <= 0 for e in rc.adversarial.epsilons):
+    raise ConfigError("robustness.adversarial.epsilons",
+                      f"must be a non-empty list of ε > 0, got {list(rc.adversarial.epsilons)}")
+  if rc.adversarial.main_epsilon not in rc.adversarial.epsilons:
+    raise ConfigError("robustness.adversarial.main_epsilon",
+                      f"must be one of {list(rc.adversarial.epsilons)}")
+  for field in ("num_examples", "batch_size"):
+    if not rc[field] > 0:
+      raise ConfigError(f"robustness.{field}", f"must be > 0, got {rc[field]}")
+
+
+@contextlib.contextmanager
+def timed(timings: dict, name: str):
+  """Records the wall time of the block in `timings[name]` (seconds, 0.1 s)."""
+  t0 = time.time()
+  yield
+  timings[name] = round(time.time() - t0, 1)
+
+
+# ------------------------------------------------------------------------------ batching
+
+
+def fixed_batches(n: int, batch_size: int):
+  """Yields (idx [batch_size], mask [batch_size] float32): the last batch repeats row n-1."""
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be positive, got {batch_size}")
+  for start in range(0, n, batch_size):
+    idx = np.minimum(np.arange(start, start + batch_size), n - 1)
+    mask = (np.arange(start, start + batch_size) < n).astype(np.float32)
+    yield idx, mask
+
+
+def batched(fn, *arrays, batch_size):
+  """Applies `fn` to equal-size host batches (last one padded) and concatenates."""
+  n = len(arrays[0])
+  outs = []
+  for start, (idx, _) in zip(range(0, n, batch_size), fixed_batches(n, batch_size)):
+    out = fn(*(a[idx] for a in arrays))
+    outs.append(jax.tree.map(lambda o: np.asarray(o)[: min(batch_size, n - start)], out))
+  return jax.tree.map(lambda *o: np.concatenate(o), *outs)
+
+
+def bind(apply_fn, variables) -> Callable[[jax.Array], jax.Array]:
+  """jit(`inputs -> argmax labels [B]`) of one model, closed over its variables (see the
+  module docstring); build once per run."""
+  return jax.jit(lambda x: jnp.argmax(apply_fn(variables, x), -1))
+
+
+def predict_labels(label_fn, images: np.ndarray, batch_size: int) -> np.ndarray:
+  """`label_fn` (e.g. from `bind`) over fixed-size batches. [N, ...] -> [N] int."""
+  return batched(label_fn, images, batch_size=batch_size)
+
+
+def accuracy(label_fn, images, labels, batch_size: int) -> float:
+  """Top-1 accuracy of `label_fn` (from `bind`) over a split."""
+  return float(np.mean(predict_labels(label_fn, images, batch_size) == np.asarray(labels)))
+
+
+# --------------------------------------------------------------------------- corruptions
+
+
+def corruption_accuracy(label_fn, images: np.ndarray, labels: np.ndarray, *,
+                        normalize: str, stats=None,
+                        names: Sequence[str] = corruptions.NAMES,
+                        severities: Sequence[int] = corruptions.SEVERITIES, seed: int = 0,
+                        batch_size: int = 256) -> dict[tuple[str, int], float]:
+  """Top-1 accuracy on every (corruption, severity) of a split, NumPy corruptions on the host.
+
+  Args:
+    label_fn: `inputs [B, H, W, C] (model space) -> labels [B]`, e.g. `bind(apply_fn,
+      variables)`.
+    images: [N, H, W, C] in model space (a `Split.images`), C in {1, 3}.
+    labels: [N] int.
+    normalize: how `images` were normalised ("zero_one" | "half" | "standardize").
+    stats: (mean [C], std [C]) for "standardize".
+    names: corruptions to run (default all 15).
+    severities: subset of 1..5.
+    seed: corruption seed (see `corruption_eval.corrupt_normalized`).
+    batch_size: prediction batch size.
+
+  Returns:
+    {(name, severity): accuracy in [0, 1]}.
+  """
+  names = corruption_eval.check_names(names)
+  severities = corruption_eval.check_severities(severities)
+  labels = np.asarray(labels)
+  if len(labels) != len(images) or len(labels) == 0:
+    raise ValueError(f"need as many labels as images (> 0), got {len(labels)} and "
+                     f"{len(images)}")
+  out = {}
+  for name in names:
+    for severity in severities:
+      x = corruption_eval.corrupt_normalized(images, name, severity, normalize=normalize,
+                                             stats=stats, seed=seed)
+      out[(name, severity)] = accuracy(label_fn, x, labels, batch_size)
+  return out
+
+
+# ------------------------------------------------------------------ model perturbations
+
+
+def _check_split(images, labels) -> None:
+  if len(images) != len(labels) or not len(images):
+    raise ValueError(f"need as many labels as images (at least one); got "
+                     f"{len(images)} images and {len(labels)} labels.")
+
+
+def layer_removal_accuracy(apply_fn, variables, images, labels, *, model,
+                           layers=None, parts=pert.PARTS, batch_size: int = 256) -> dict:
+  """`perturbations.layer_removal_accuracy` pooled over a split.
+
+  Returns:
+    {"baseline": accuracy of the intact model,
+     "accuracy": {(layer, part): accuracy with that one branch removed}}.
+  """
+  _check_split(images, labels)
+  if layers is None:
+    layers = pert.removable_layers(model, parts)
+  layers = tuple((int(i), str(p)) for i, p in layers)
+  fn = jax.jit(functools.partial(pert.layer_removal_accuracy, apply_fn, model=model,
+                                 layers=layers))
+  base, per_layer = 0, np.zeros(len(layers), np.int64)
+  for idx, mask in fixed_batches(len(images), batch_size):
+    out = fn(variables, np.asarray(images)[idx], labels=np.asarray(labels)[idx])
+    keep = mask > 0
+    base += int(np.asarray(out["baseline_correct"])[keep].sum())
+    per_layer += np.asarray(out["correct"])[:, keep].sum(axis=1)
+  n = len(images)
+  return {"baseline": base / n,
+          "accuracy": {layer: int(c) / n for layer, c in zip(layers, per_layer)}}
+
+
+def weight_noise_accuracy(apply_fn, variables, images, labels, key, *, relative_scale: float,
+                          num_draws: int = 3, layers=None, batch_size: int = 256) -> dict:
+  """`perturbations.weight_noise_accuracy` pooled over a split.
+
+  Returns:
+    {"baseline": accuracy without noise, "per_layer": {layer: mean accuracy over the
+     draws}, "per_layer_draws": {layer: (accuracy of draw 0, ..., draw R-1)}}.
+  """
+  _check_split(images, labels)
+  layers = (pert.weight_layers(variables["params"]) if layers is None else tuple(layers))
+  fn = jax.jit(functools.partial(pert.weight_noise_accuracy, apply_fn,
+                                 relative_scale=relative_scale, num_draws=num_draws,
+                                 layers=layers))
+  base, draws = 0, np.zeros((len(layers), num_draws), np.int64)
+  for idx, mask in fixed_batches(len(images), batch_size):
+    out = fn(variables, np.asarray(images)[idx], labels=np.asarray(labels)[idx], key=key)
+    keep = mask > 0
+    base += int(np.asarray(out["baseline_correct"])[keep].sum())
+    draws += np.asarray(out["correct"])[:, :, keep].sum(axis=-1)
+  n = len(images)
+  per_draw = {name: tuple(int(c) / n for c in row) for name, row in zip(layers, draws)}
+  return {"baseline": base / n,
+          "per_layer": {name: float(np.mean(d)) for name, d in per_draw.items()},
+          "per_layer_draws": per_draw}
