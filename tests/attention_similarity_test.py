@@ -5,9 +5,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from xsens.measures import attention_similarity as asim
 from xsens.models import get_model
+from xsens.studies import reuse as reuse_study
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -57,13 +59,14 @@ def test_layer_matrix_and_kth_best():
   assert np.all(np.diff(kth, axis=-1) <= 1e-7)
 
 
+@pytest.mark.slow
 def test_collect_over_dataset_on_random_and_reuse_models():
   images = np.asarray(jax.random.normal(jax.random.key(0), (7, *MNIST)))
   kwargs = dict(patch_size=7, width=16, depth=3, num_heads=2, mlp_dim=32)
   vit = get_model("vit", 10, MNIST, **kwargs)
   variables = vit.init(jax.random.key(1), images[:1])
   apply_fn = functools.partial(vit.apply, train=False)
-  hs = asim.collect_head_similarity(apply_fn, variables, images, batch_size=4)
+  hs = reuse_study.collect_head_similarity(apply_fn, variables, images, batch_size=4)
   assert hs.shape == (3, 2, 3, 2)
   assert np.all((hs >= -1e-6) & (hs <= 1 + 1e-6))
   # Batch-wise mean equals the mean over the whole set.
@@ -80,6 +83,6 @@ def test_collect_over_dataset_on_random_and_reuse_models():
 
   reuse = get_model("reuse_vit", 10, MNIST, reuse_heads=-1, reuse_layers=1, **kwargs)
   rv = reuse.init(jax.random.key(1), images[:1])
-  layer = asim.layer_similarity(asim.collect_head_similarity(
+  layer = asim.layer_similarity(reuse_study.collect_head_similarity(
       functools.partial(reuse.apply, train=False), rv, images))
   np.testing.assert_allclose(layer[1, 0], 1.0, rtol=1e-5)   # layer 1 copies layer 0

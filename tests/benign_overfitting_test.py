@@ -138,6 +138,7 @@ def _tiny_problem():
   return params, w_o, x, y, jnp.ones(6)
 
 
+@pytest.mark.slow
 def test_gd_step_equals_finite_difference_step():
   params, w_o, x, y, mask = _tiny_problem()
   eta = 0.3
@@ -208,6 +209,7 @@ def test_vmapped_sweep_equals_individual_runs():
       np.testing.assert_allclose(one[k], batched[k][i], rtol=2e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_to_the_same_grid(tmp_path):
   config = tiny_config()
   full = bo.run_sweep(config, str(tmp_path / "a"), "vit", log=lambda s: None)
@@ -332,6 +334,7 @@ def test_harmful_run_attends_to_strong_noise(smoke_run):
   assert benign["gamma_plus"] > harmful["gamma_plus"]
 
 
+@pytest.mark.slow
 def test_reduced_state_solver_equals_direct():
   from xsens.train import reduced_vit_gd  # pylint: disable=g-import-not-at-top
   x, y, _ = sn.sample(jax.random.key(5), 6, num_tokens=3, d=40, mu_norm=3.0, sigma_p=0.3)
@@ -362,6 +365,7 @@ def test_cli_refuses_bad_field_with_exit_code_2(tmp_path):
   assert not os.path.exists(tmp_path / "wd")
 
 
+@pytest.mark.slow
 def test_linen_module_with_frozen_readout_matches_pure_gd():
   import optax  # pylint: disable=g-import-not-at-top
   x, y, _ = sn.sample(jax.random.key(7), 4, num_tokens=3, d=8, mu_norm=2.0, sigma_p=0.5)

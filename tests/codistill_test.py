@@ -74,6 +74,7 @@ def free_dir(zero):
   return zero[0] / "co"
 
 
+@pytest.mark.slow
 def test_resume_after_interruption_is_bit_equal(tmp_path):
   """Interrupted after step 3 (a checkpoint), resumed: the same params, metrics and summary
   as one uninterrupted run."""

@@ -161,6 +161,7 @@ def test_seed_fields_default_to_seed_and_change_only_their_source():
   assert trainer.run_seeds(config) == {"init_seed": 5, "order_seed": 2, "augment_seed": 5}
 
 
+@pytest.mark.slow
 def test_seed_sources_change_the_run_and_seed_fields_equal_to_seed_do_not(tmp_path):
   base = trainer.train_and_evaluate(smoke_train("mlp", total_steps=2), str(tmp_path / "a"))
   same = trainer.train_and_evaluate(

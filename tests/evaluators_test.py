@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests.train_test import smoke_train
+from xsens.data import batching
 from xsens.errors import ConfigError
 from xsens.train import evaluators, losses, sharding, trainer
 from xsens.train.metrics import read_metrics
@@ -24,6 +25,17 @@ def test_batches_pad_the_last_batch_with_mask_zero():
   np.testing.assert_array_equal(np.asarray(out[-1]["mask"]), [1, 0, 0, 0])
   np.testing.assert_array_equal(np.asarray(out[-1]["image"])[1:], np.repeat(x[8:9], 3, 0))
 
+
+def test_batches_follow_the_shared_padded_index_batches():
+  x, y = _data(11)
+  out = list(evaluators.batches(x, y, 4, sharding.data_mesh()))
+  ref = list(batching.padded_index_batches(11, 4))
+  assert len(out) == len(ref) == 3
+  for b, (idx, mask) in zip(out, ref):
+    np.testing.assert_array_equal(np.asarray(b["image"]), x[idx])
+    np.testing.assert_array_equal(np.asarray(b["label"]), y[idx])
+    np.testing.assert_array_equal(np.asarray(b["mask"]), mask)
+  assert list(evaluators.batches(x, y, 4, sharding.data_mesh(), limit=0)) == []
 
 def _linear_apply(variables, inputs):
   return inputs @ variables["w"]

@@ -108,6 +108,7 @@ def _numpy_full_forward(params, ids, heads):
   return lin(y[:, -1], "fc_out")
 
 
+@pytest.mark.slow
 def test_last_position_forward_equals_full_numpy_forward_without_residual():
   model = gt.GrokkingTransformer(vocab_size=8, num_classes=8, width=16, num_heads=4,
                                  mlp_dim=24)
@@ -293,6 +294,7 @@ def test_interrupted_run_resumes_to_the_same_logs(smoke, tmp_path):
     np.testing.assert_array_equal(again["final"][k], out["final"][k], err_msg=k)
 
 
+@pytest.mark.slow
 def test_workdir_written_by_the_previous_code_resumes(smoke, tmp_path):
   """The layout of the study's own loop before the one loop: config.json without the
   resume-free fields, orbax checkpoints/<epoch> of the vmapped state, float32 per-chunk logs

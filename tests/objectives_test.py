@@ -108,6 +108,7 @@ def test_bad_terms_are_refused_before_anything_is_written(tmp_path, objective, f
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_trainer_trains_a_new_form_objective(tmp_path):
   config = smoke_train("vit")
   config.objective = ml_collections.ConfigDict({

@@ -99,6 +99,7 @@ def test_vit_removal_equals_reference_forward(layer, part):
   assert not np.allclose(got, _apply(model, variables, x), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_vit_reference_forward_matches_model():
   model, variables = _vit()
   x = _images()
@@ -204,6 +205,7 @@ def test_resnet_block_removal_equals_reference(block):
   assert shapes(model.clone(skip=(block,))) == shapes(model)
 
 
+@pytest.mark.slow
 def test_resnet_projection_block_is_refused():
   model, variables = _resnet()
   with pytest.raises(ConfigError, match=r"stage2_block1 has a projection shortcut"):
@@ -305,6 +307,7 @@ def test_layer_removal_accuracy_one_batch_in_jit():
     assert float(out["accuracy"][l]) == pytest.approx(np.mean((pred == labels)[:5]))
 
 
+@pytest.mark.slow
 def test_accuracy_padding_is_masked():
   model, variables = _vit()
   x = _images(5)
@@ -459,6 +462,7 @@ def test_sharpness_matches_manual_eval_mode_computation():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sharpness_perturbs_params_only():
   model, variables = _resnet()
   noisy = pert.add_gaussian(variables["params"], jax.random.key(0), 0.05)

@@ -79,6 +79,7 @@ def test_token_sensitivity_masks_and_batching(roberta):
   np.testing.assert_array_equal(np.concatenate(halves), per_token)
 
 
+@pytest.mark.slow
 def test_token_sensitivity_labels_example_mask_and_chunks(roberta):
   model, variables, ids = roberta
   tokens = model.apply(variables, ids, method=model.embed)
@@ -184,6 +185,7 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_measure_options(roberta):
   """include_special_tokens picks the content aggregates; token_rms rescales σ."""
   from xsens.studies import sensitivity_language as sl  # pylint: disable=g-import-not-at-top

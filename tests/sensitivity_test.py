@@ -256,6 +256,7 @@ def test_loop_compiles_once_traces_variables_and_accepts_unhashable_models():
   np.testing.assert_array_equal(out["per_token"], first["per_token"])
 
 
+@pytest.mark.slow
 def test_example_chunk_size_does_not_change_results():
   tok = random_tokens(28, b=5, t=4)
   params = mlp_params(jax.random.key(29), 4, 4)
@@ -361,6 +362,7 @@ def test_key_is_required():
                                      sigma=1.0, num_draws=2, num_pixels=2)
 
 
+@pytest.mark.slow
 def test_example_chunk_size_in_other_estimators():
   tok = random_tokens(30, b=4, t=5)
   images = jax.random.normal(jax.random.key(31), (3, 4, 4, 1))
@@ -463,6 +465,7 @@ def test_image_token_sensitivity_on_cnn():
   np.testing.assert_array_equal(loop["per_patch_map"], out["per_patch_map"])
 
 
+@pytest.mark.slow
 def test_sharded_batch_matches_unsharded():
   script = textwrap.dedent("""
       import jax, jax.numpy as jnp, numpy as np

@@ -181,6 +181,7 @@ def test_layer_features_vit(tiny_vit):
     sim.layer_features(functools.partial(model.apply, train=False), variables, x, pooling="max")
 
 
+@pytest.mark.slow
 def test_layer_features_resnet():
   model = get_model("resnet18", num_classes=3, image_shape=(8, 8, 1),
                     width_multiplier=1 / 16)
@@ -194,6 +195,7 @@ def test_layer_features_resnet():
     sim.layer_features(functools.partial(model.apply, train=False), variables, x, pooling="cls")
 
 
+@pytest.mark.slow
 def test_linear_probe_separable():
   key = jax.random.key(0)
   centers = 6.0 * _normal(1, (4, 20))

@@ -142,6 +142,7 @@ def _assert_trees_equal(a, b):
     np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
+@pytest.mark.slow
 def test_interrupted_training_resumes_bit_equal(tmp_path, monkeypatch):
   """Both trainings, interrupted after a checkpointed chunk and rerun, give exactly the
   uninterrupted run's params, curve, coefficients and losses; the array logs of steps
@@ -247,6 +248,7 @@ def _report(path):
     return clean(json.load(f))
 
 
+@pytest.mark.slow
 def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch):
   monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)    # Boolean smoke: 2 chunks of 20 steps.
   monkeypatch.setattr(syn, "CHECKPOINT_CHUNKS", 1)

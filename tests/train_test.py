@@ -46,6 +46,7 @@ def test_every_model_trains_and_writes_checkpoint_and_metrics(tmp_path, model):
   assert 0.0 <= result.summary["test_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_training_learns_mnist5k(tmp_path):
   """A small CNN beats chance by far in 100 steps: the whole path computes something real."""
   config = smoke_train("cnn", total_steps=100, eval_every=0, checkpoint_every=0,
@@ -138,6 +139,7 @@ def test_batch_not_divisible_by_devices(monkeypatch, tmp_path):
     trainer.validate_config(smoke_train("vit", batch_size=36))
 
 
+@pytest.mark.slow
 def test_workdir_of_another_config_is_refused_unless_overwrite(tmp_path):
   workdir = str(tmp_path)
   trainer.train_and_evaluate(smoke_train("mlp"), workdir)

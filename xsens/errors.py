@@ -33,3 +33,21 @@ def is_finite_number(value) -> bool:
   """True for finite Python / NumPy ints and floats (not bools)."""
   return (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
           and math.isfinite(value))
+
+
+def check_kind_block(block, path: str, fields_by_kind: dict, what: str) -> str:
+  """The `kind` of a named config block, after checking it and the block's field names.
+
+  `fields_by_kind` maps each allowed kind to the fields its block may hold (besides
+  "kind"). Raises ConfigError naming `<path>.kind` or `<path>.<unknown field>`.
+  """
+  kind = block.get("kind")
+  if kind not in fields_by_kind:
+    raise ConfigError(f"{path}.kind", f"unknown {what} {kind!r}; allowed: "
+                      f"{', '.join(fields_by_kind)}")
+  allowed = ("kind",) + tuple(fields_by_kind[kind])
+  unknown = [k for k in block.keys() if k not in allowed]
+  if unknown:
+    raise ConfigError(f"{path}.{unknown[0]}", f"unknown field for a {kind} {what}; "
+                      f"allowed: {', '.join(allowed)}")
+  return kind

@@ -84,5 +84,5 @@ def load_cifar10_corrupted(data_config, name: str, severity: int, *, split: str 
   x = _from_unit_range(raw.images, normalize, stats)
   if data_config["image_size"] is not None:
     x = pipeline.resize(x, data_config["image_size"])
-  return pipeline.Split(images=np.ascontiguousarray(x, np.float32), labels=raw.labels,
+  return pipeline.Split(inputs=np.ascontiguousarray(x, np.float32), labels=raw.labels,
                         num_classes=raw.num_classes)

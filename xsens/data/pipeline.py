@@ -535,7 +535,7 @@ def load_split(data_config, split: str, *, seed: int = 0) -> Split:
     x = resize(x, data_config["image_size"])
   order = np.random.default_rng([seed, _ROLE_STREAM[role], len(labels)]).permutation(
       len(labels))
-  return Split(images=np.ascontiguousarray(x[order], dtype=np.float32),
+  return Split(inputs=np.ascontiguousarray(x[order], dtype=np.float32),
                labels=np.asarray(labels)[order], num_classes=num_classes)
 
 

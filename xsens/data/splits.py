@@ -23,16 +23,30 @@ _SPLIT_NAME = re.compile(r"^\s*([^\[\]+\s]+)\s*(\[.*\])?\s*$")
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: array fields do not compare.
 class Split:
-  """One split in host memory after preprocessing."""
-  images: np.ndarray  # [N, H, W, C] float32, preprocessed; text: [N, L] int32 token ids
+  """One split in host memory after preprocessing.
+
+  `inputs` are images [N, H, W, C] float32 (preprocessed) or, for text, token ids [N, L]
+  int32; `images` and `image_shape` are the same arrays under their image names.
+  """
+  inputs: np.ndarray
   labels: np.ndarray  # [N] int32 in [0, num_classes)
   num_classes: int
   vocab_size: int | None = None  # text datasets (xsens.data.text): ids are < vocab_size
 
   @property
-  def image_shape(self) -> tuple[int, int, int]:
-    """(H, W, C); (L,) for text."""
-    return tuple(self.images.shape[1:])
+  def input_shape(self) -> tuple[int, ...]:
+    """The shape of one input: (H, W, C), or (L,) for text."""
+    return tuple(self.inputs.shape[1:])
+
+  @property
+  def images(self) -> np.ndarray:
+    """`inputs` under its image name (token ids for text)."""
+    return self.inputs
+
+  @property
+  def image_shape(self) -> tuple[int, ...]:
+    """`input_shape` under its image name."""
+    return self.input_shape
 
   def __len__(self) -> int:
     return len(self.labels)

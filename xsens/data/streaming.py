@@ -322,7 +322,7 @@ class Stream:
       labels.append(batch["label"][keep])
     if not images:
       raise ValueError("cannot materialise an empty stream")
-    return pipeline.Split(images=np.concatenate(images), labels=np.concatenate(labels),
+    return pipeline.Split(inputs=np.concatenate(images), labels=np.concatenate(labels),
                           num_classes=int(self.num_classes or 0))
 
 

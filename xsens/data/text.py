@@ -412,7 +412,7 @@ def _raw_ids(dc, role: str, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
 
 
 def load_text_split(dc, split: str, *, seed: int = 0) -> splits.Split:
-  """Loads one split of a text dataset as `Split(images=ids [N, L] int32, labels,
+  """Loads one split of a text dataset as `Split(inputs=ids [N, L] int32, labels,
   num_classes=2, vocab_size)`, in a random order fixed by `seed` and the role (as
   `pipeline.load_split`); `num_train` keeps a seeded random subset of the training split."""
   validate_text_data_config(dc)
@@ -426,6 +426,6 @@ def load_text_split(dc, split: str, *, seed: int = 0) -> splits.Split:
     ids, labels = ids[keep], labels[keep]
   order = np.random.default_rng([seed, splits.ROLES.index(role), len(labels)]).permutation(
       len(labels))
-  return splits.Split(images=np.ascontiguousarray(ids[order], dtype=np.int32),
+  return splits.Split(inputs=np.ascontiguousarray(ids[order], dtype=np.int32),
                         labels=np.asarray(labels, np.int32)[order], num_classes=2,
                         vocab_size=int(vocab))

@@ -17,7 +17,8 @@ with `apply_fn` a flax apply in eval mode that forwards the keyword `mutable` (e
 `TrainResult.apply_fn` = `functools.partial(model.apply, train=False)`), since the maps
 are read from the `intermediates` collection; `batch_head_similarity(apply_fn, variables,
 inputs, *, mask=None)` is the per-batch measure (a dict of masked sums; callers jit it
-with `apply_fn` static and loop over batches). The other functions take maps or
+with `apply_fn` static and pool it over padded batches, as
+`xsens.studies.reuse.collect_head_similarity` does). The other functions take maps or
 similarity arrays.
 
 Works for any model that sows `attention_weights` [B, H, T, T] into the
@@ -115,37 +116,6 @@ def batch_head_similarity(apply_fn, variables, inputs, *, mask=None
     return jnp.einsum("b,bhk->hk", w, s)
   rows = jax.vmap(lambda a: jax.vmap(lambda b: one_pair(a, b))(maps))(maps)
   return {"head_similarity": rows.transpose(0, 2, 1, 3), "count": mask.sum()}
-
-
-_batch_head_similarity = jax.jit(batch_head_similarity, static_argnums=0)
-
-
-def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
-                            batch_size: int = 100) -> np.ndarray:
-  """`batch_head_similarity` pooled over a dataset held on the host (a host loop).
-
-  Jits the per-batch measure with `apply_fn` static (one compile per apply_fn and batch
-  shape; the variables are traced, so trained and random-init weights share it).
-
-  Args:
-    apply_fn: see `attention_maps`; every layer must have the same head count.
-    variables: its variables (trained or random-init).
-    inputs: [N, ...] inputs.
-    batch_size: examples per forward pass (the last batch is padded and masked).
-
-  Returns:
-    [L, H, L, H] float64 mean similarities over the N inputs.
-  """
-  n = len(inputs)
-  total, count = 0.0, 0.0
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size)
-    mask = (idx < n).astype(np.float32)
-    x = jnp.asarray(inputs[np.minimum(idx, n - 1)])
-    out = _batch_head_similarity(apply_fn, variables, x, mask=jnp.asarray(mask))
-    total = total + np.asarray(out["head_similarity"], np.float64) * float(out["count"])
-    count += float(out["count"])
-  return total / count
 
 
 def layer_similarity(head_sim: np.ndarray) -> np.ndarray:

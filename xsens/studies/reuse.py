@@ -11,9 +11,10 @@ variants (P reused heads in layers 1..K) with the one trainer
   model with every attention sub-layer skipped; includes its pre-LayerNorm);
 - peak temporary memory of one training step (loss + gradients) from XLA's
   memory analysis, and its wall time (best of a few timed calls);
-- the attention similarity (§A.1, `xsens.measures.attention_similarity`) of the
-  trained baseline vs the same architecture at random init: the layer x layer
-  heat map and each head's k-th best match in the previous layer.
+- the attention similarity (§A.1, `xsens.measures.attention_similarity`, pooled over
+  the test examples by `collect_head_similarity`) of the trained baseline vs the same
+  architecture at random init: the layer x layer heat map and each head's k-th best
+  match in the previous layer.
 
 Writes results.md/json, accuracy_vs_flops.png, similarity_layers.png and
 similarity_kth_best.png.
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xsens.data import batching
 from xsens.errors import ConfigError
 from xsens.measures import attention_similarity as asim
 from xsens.report import plots, tables
@@ -71,6 +73,35 @@ def train_step_cost(model, variables, images, labels, *, repeats: int = 5) -> di
     jax.block_until_ready(compiled(variables["params"], images, labels))
     best = min(best, time.perf_counter() - t0)
   return {"peak_temp_mb": temp / 2**20, "step_ms": 1e3 * best}
+
+
+# One compile per apply_fn and batch shape; the variables are traced, so trained and
+# random-init weights share it.
+_batch_head_similarity = jax.jit(asim.batch_head_similarity, static_argnums=0)
+
+
+def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
+                            batch_size: int = 100) -> np.ndarray:
+  """`attention_similarity.batch_head_similarity` pooled over a dataset held on the host.
+
+  Args:
+    apply_fn: see `attention_similarity.attention_maps`; every layer must have the same
+      head count.
+    variables: its variables (trained or random-init).
+    inputs: [N, ...] inputs.
+    batch_size: examples per forward pass (`padded_index_batches`: the last batch is
+      padded and masked).
+
+  Returns:
+    [L, H, L, H] float64 mean similarities over the N inputs.
+  """
+  total, count = 0.0, 0.0
+  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
+    out = _batch_head_similarity(apply_fn, variables, jnp.asarray(inputs[idx]),
+                                 mask=jnp.asarray(mask))
+    total = total + np.asarray(out["head_similarity"], np.float64) * float(out["count"])
+    count += float(out["count"])
+  return total / count
 
 
 def validate_reuse_config(rc) -> None:
@@ -136,14 +167,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   random_vars = res.model.init(jax.random.key(rc.seed), jnp.asarray(images[:1]),
                                train=False)
   head_sim = {
-      "trained": asim.collect_head_similarity(res.apply_fn, res.variables, images,
-                                              batch_size=rc.batch_size),
-      "random init": asim.collect_head_similarity(res.apply_fn, random_vars, images,
-                                                  batch_size=rc.batch_size)}
+      "trained": collect_head_similarity(res.apply_fn, res.variables, images,
+                                         batch_size=rc.batch_size),
+      "random init": collect_head_similarity(res.apply_fn, random_vars, images,
+                                             batch_size=rc.batch_size)}
   for name in rc.similarity_runs:
     if name != rc.baseline and name in results:
       r = results[name]
-      head_sim[f"{name} (trained)"] = asim.collect_head_similarity(
+      head_sim[f"{name} (trained)"] = collect_head_similarity(
           r.apply_fn, r.variables, images, batch_size=rc.batch_size)
   layer_sim = {n: asim.layer_similarity(s) for n, s in head_sim.items()}
   kth = {n: asim.adjacent_kth_best(s) for n, s in head_sim.items()}

@@ -3,8 +3,8 @@
 Config checks of `config.robustness`, the pixel range of each `data.normalize`, a section
 timer, and the host loops that pool the per-batch measures of `xsens.measures`
 (adversarial, perturbations, corruption_eval) over a dataset held in memory: fixed-size
-batches (the last one padded and masked), so every jitted function compiles once per
-model and shape.
+batches (`xsens.data.batching.padded_index_batches`: the last one padded and masked), so
+every jitted function compiles once per model and shape.
 
 Compilation. Each function jits its measure once per call with the model's `apply_fn`
 static (one stable object per run, e.g. `TrainResult.apply_fn`); no module-level cache.
@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens.data import batching
 from xsens.errors import ConfigError
 from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
@@ -72,23 +73,17 @@ def timed(timings: dict, name: str):
 # ------------------------------------------------------------------------------ batching
 
 
-def fixed_batches(n: int, batch_size: int):
-  """Yields (idx [batch_size], mask [batch_size] float32): the last batch repeats row n-1."""
-  if batch_size < 1:
-    raise ValueError(f"batch_size must be positive, got {batch_size}")
-  for start in range(0, n, batch_size):
-    idx = np.minimum(np.arange(start, start + batch_size), n - 1)
-    mask = (np.arange(start, start + batch_size) < n).astype(np.float32)
-    yield idx, mask
-
-
 def batched(fn, *arrays, batch_size):
-  """Applies `fn` to equal-size host batches (last one padded) and concatenates."""
-  n = len(arrays[0])
+  """Applies `fn` to equal-size host batches (last one padded) and concatenates.
+
+  `fn(*batches) -> pytree of [batch_size, ...]`; returns that pytree over the N real
+  examples, [N, ...] (padding rows dropped).
+  """
   outs = []
-  for start, (idx, _) in zip(range(0, n, batch_size), fixed_batches(n, batch_size)):
+  for idx, mask in batching.padded_index_batches(len(arrays[0]), batch_size):
     out = fn(*(a[idx] for a in arrays))
-    outs.append(jax.tree.map(lambda o: np.asarray(o)[: min(batch_size, n - start)], out))
+    keep = int(mask.sum())
+    outs.append(jax.tree.map(lambda o, k=keep: np.asarray(o)[:k], out))
   return jax.tree.map(lambda *o: np.concatenate(o), *outs)
 
 
@@ -172,7 +167,7 @@ def layer_removal_accuracy(apply_fn, variables, images, labels, *, model,
   fn = jax.jit(functools.partial(pert.layer_removal_accuracy, apply_fn, model=model,
                                  layers=layers))
   base, per_layer = 0, np.zeros(len(layers), np.int64)
-  for idx, mask in fixed_batches(len(images), batch_size):
+  for idx, mask in batching.padded_index_batches(len(images), batch_size):
     out = fn(variables, np.asarray(images)[idx], labels=np.asarray(labels)[idx])
     keep = mask > 0
     base += int(np.asarray(out["baseline_correct"])[keep].sum())
@@ -196,7 +191,7 @@ def weight_noise_accuracy(apply_fn, variables, images, labels, key, *, relative_
                                  relative_scale=relative_scale, num_draws=num_draws,
                                  layers=layers))
   base, draws = 0, np.zeros((len(layers), num_draws), np.int64)
-  for idx, mask in fixed_batches(len(images), batch_size):
+  for idx, mask in batching.padded_index_batches(len(images), batch_size):
     out = fn(variables, np.asarray(images)[idx], labels=np.asarray(labels)[idx], key=key)
     keep = mask > 0
     base += int(np.asarray(out["baseline_correct"])[keep].sum())

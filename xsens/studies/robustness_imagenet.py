@@ -58,6 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens import models as models_lib
+from xsens.data import batching
 from xsens.data import streaming
 from xsens.errors import ConfigError
 from xsens.measures import adversarial as adv
@@ -390,7 +391,7 @@ def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
   pgd = {r: [0.0] * len(ac.epsilons) for r in names}
   transfer = {f"{s}->{t}": 0.0 for s in names for t in names if s != t}
   structure = {r: None for r in names}
-  for b, (idx, mask) in enumerate(common.fixed_batches(n, bs)):
+  for b, (idx, mask) in enumerate(batching.padded_index_batches(n, bs)):
     x, y = jnp.asarray(images[idx]), jnp.asarray(labels[idx])
     deltas = {}
     for j, r in enumerate(names):

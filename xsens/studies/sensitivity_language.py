@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.config_utils import run_config
+from xsens.data import batching
 from xsens.data import pipeline
 from xsens.data import text as text_data
 from xsens.errors import ConfigError
@@ -107,10 +108,14 @@ def _token_sq_sum(variables, ids, *, model):
 
 
 def token_rms(model, variables, ids: np.ndarray, batch_size: int) -> float:
-  """Root-mean-square coordinate of the clean tokens (real positions) of `ids`."""
+  """Root-mean-square coordinate of the clean tokens (real positions) of `ids`.
+
+  The last batch drops its padding rows: even masked, they would change the float32
+  reduction order of the sum, and so the last bits of the RMS that scales σ.
+  """
   total, count = 0.0, 0.0
-  for start in range(0, len(ids), batch_size):
-    sq, n = _token_sq_sum(variables, jnp.asarray(ids[start:start + batch_size]), model=model)
+  for idx, mask in batching.padded_index_batches(len(ids), batch_size):
+    sq, n = _token_sq_sum(variables, jnp.asarray(ids[idx[mask > 0]]), model=model)
     total, count = total + float(sq), count + float(n)
   return float(np.sqrt(total / max(count, 1.0)))
 
@@ -150,14 +155,13 @@ def measure(model, variables, ids: np.ndarray, labels: np.ndarray, sc, key,
   rms = token_rms(model, variables, ids, bs)
   scale = rms if sc.noise_scale == "token_rms" else 1.0
   per_token, glob, pred = [], [], []
-  for start in range(0, n, bs):
-    idx = np.minimum(np.arange(start, start + bs), n - 1)
+  for idx, valid in batching.padded_index_batches(n, bs):
     out = _measure_batch(variables, jnp.asarray(ids[idx]), jnp.asarray(idx, jnp.int32), key,
                          jnp.float32(sc.sigma * scale), jnp.float32(sc.global_sigma * scale),
                          model=model,
                          num_draws=num_draws, global_draws=sc.global_num_draws,
                          chunk_size=sc.chunk_size, include_special=sc.include_special_tokens)
-    keep = min(bs, n - start)
+    keep = int(valid.sum())
     for acc, value in zip((per_token, glob, pred), out):
       acc.append(np.asarray(value)[:keep])
   per_token, glob, pred = (np.concatenate(a) for a in (per_token, glob, pred))

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens.data import batching
 from xsens.errors import ConfigError
 from xsens.measures import sensitivity as sens
 from xsens.report import plots, tables
@@ -75,13 +76,10 @@ def _scattered_batch(variables, images, mask, key, sigma, *, model, num_draws, n
 
 
 def _batches(images: np.ndarray, batch_size: int, mesh):
-  """Yields (index, padded images, mask) as global arrays sharded on the batch axis."""
-  n = len(images)
-  for i, start in enumerate(range(0, n, batch_size)):
-    idx = np.arange(start, start + batch_size)
-    mask = idx < n
-    idx = np.minimum(idx, n - 1)
-    yield i, *sharding.global_batch((images[idx], mask.astype(np.float32)), mesh), mask
+  """Yields (batch number, padded images, mask) — the last two global arrays sharded on
+  the batch axis — and the host [batch_size] bool of real rows."""
+  for i, (idx, mask) in enumerate(batching.padded_index_batches(len(images), batch_size)):
+    yield i, *sharding.global_batch((images[idx], mask), mesh), mask > 0
 
 
 def measure_model(result, sc, key, mesh) -> dict:

@@ -173,10 +173,10 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str | Workdir, me
                                                     + cc["peer_seed_offset"]))[0]}
   step_key = jax.random.split(jax.random.key(seeds["augment_seed"]))[1]
 
-  dtype = exp.train.images.dtype  # float32 images, or int32 token ids (text models).
+  dtype = exp.train.inputs.dtype  # float32 images, or int32 token ids (text models).
   init_fn = lambda ka, kb: {
-      "a": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, ka, dtype),
-      "b": trainer.init_state(exp.model, exp.tx, exp.train.image_shape, kb, dtype)}
+      "a": trainer.init_state(exp.model, exp.tx, exp.train.input_shape, ka, dtype),
+      "b": trainer.init_state(exp.model, exp.tx, exp.train.input_shape, kb, dtype)}
   abstract = jax.eval_shape(init_fn, init_keys["a"], init_keys["b"])
   state_sh = jax.tree.map(lambda _: repl, abstract)
 
@@ -198,7 +198,7 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str | Workdir, me
     idx = pipeline.batch_indices(len(exp.train), config.batch_size, step,
                                  seeds["order_seed"], pi, pc)
     batch = sharding.global_batch(
-        {"image": exp.train.images[idx], "label": exp.train.labels[idx]}, mesh)
+        {"image": exp.train.inputs[idx], "label": exp.train.labels[idx]}, mesh)
     state, metrics = step_fn(state, batch, step_key)
     return state, metrics, None
 

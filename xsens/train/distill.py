@@ -54,6 +54,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from xsens import models as models_lib
+from xsens.data import batching
 from xsens.errors import ConfigError
 
 FIELDS = ("alpha", "temperature", "teacher_workdir", "teacher_logits", "teacher_mode",
@@ -312,16 +313,16 @@ def _eval_apply(model: nn.Module, variables, images):
 
 def predict_logits(model: nn.Module, variables: dict, images: np.ndarray,
                    batch_size: int = 500) -> np.ndarray:
-  """Eval-mode logits of `images` [N, H, W, C] in fixed-size chunks -> host [N, K] float32."""
+  """Eval-mode logits of `images` [N, H, W, C] in fixed-size chunks -> host [N, K] float32.
+
+  Chunks of min(batch_size, N) examples, the last one padded (one compiled shape).
+  """
   fn = functools.partial(_eval_apply, model)
-  n = len(images)
   out = []
-  for start in range(0, n, batch_size):
-    chunk = images[start:start + batch_size]
-    m = len(chunk)
-    if m < batch_size and n > batch_size:  # Pad the last chunk: one compiled shape.
-      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - m, 0)])
-    out.append(np.asarray(fn(variables, jnp.asarray(chunk)), np.float32)[:m])
+  for idx, mask in batching.padded_index_batches(len(images),
+                                                 min(batch_size, len(images))):
+    logits = fn(variables, jnp.asarray(images[idx]))
+    out.append(np.asarray(logits, np.float32)[:int(mask.sum())])
   return np.concatenate(out)
 
 

@@ -33,12 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.errors import ConfigError
+from xsens.data import batching
+from xsens.errors import ConfigError, check_kind_block
 from xsens.train import sharding
 
-KINDS = ("classification", "measure")
-_FIELDS = {"classification": ("kind", "split", "every", "limit"),
-           "measure": ("kind", "split", "every", "limit", "measure", "options", "seed")}
+_FIELDS = {"classification": ("split", "every", "limit"),
+           "measure": ("split", "every", "limit", "measure", "options", "seed")}
+KINDS = tuple(_FIELDS)
 
 
 def batches(inputs: np.ndarray, labels: np.ndarray, batch_size: int,
@@ -46,15 +47,12 @@ def batches(inputs: np.ndarray, labels: np.ndarray, batch_size: int,
   """Global padded batches {"image", "label", "mask"} over the first `limit` examples.
 
   `batch_size` is global (a multiple of the mesh size); the last batch repeats the last
-  example with mask 0. Each host contributes its slice (`jax.process_index()`).
+  example with mask 0 (`xsens.data.batching.padded_index_batches`). Each host contributes
+  its slice (`jax.process_index()`).
   """
-  n = len(inputs) if limit is None else min(limit, len(inputs))
   pc, pi = jax.process_count(), jax.process_index()
-  for start in range(0, n, batch_size):
-    idx = np.arange(start, start + batch_size)
-    mask = (idx < n).astype(np.float32)
-    idx = np.minimum(idx, n - 1)
-    local = slice(pi * batch_size // pc, (pi + 1) * batch_size // pc)
+  local = slice(pi * batch_size // pc, (pi + 1) * batch_size // pc)
+  for idx, mask in batching.padded_index_batches(len(inputs), batch_size, limit):
     yield sharding.global_batch({"image": inputs[idx[local]], "label": labels[idx[local]],
                                  "mask": mask[local]}, mesh)
 
@@ -127,14 +125,7 @@ def build(evals_config, *, apply_fn, loss_fn, default_every: int,
   out = []
   for name, ec in evals_config.items():
     path = f"evals.{name}"
-    kind = ec.get("kind")
-    if kind not in KINDS:
-      raise ConfigError(f"{path}.kind", f"unknown evaluator {kind!r}; allowed: "
-                        f"{', '.join(KINDS)}")
-    unknown = [k for k in ec.keys() if k not in _FIELDS[kind]]
-    if unknown:
-      raise ConfigError(f"{path}.{unknown[0]}", f"unknown field for a {kind} evaluator; "
-                        f"allowed: {', '.join(_FIELDS[kind])}")
+    kind = check_kind_block(ec, path, _FIELDS, "evaluator")
     split = ec.get("split", "test")
     if split not in ("train", "test"):
       raise ConfigError(f"{path}.split", f"must be 'train' or 'test', got {split!r}")

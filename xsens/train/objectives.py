@@ -38,13 +38,12 @@ j into that key once more), which reproduces the keys of the trainer before term
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, check_kind_block, is_finite_number
 from xsens.train import distill as distill_lib
 from xsens.train import interventions, losses
 
@@ -102,9 +101,9 @@ def _distillation_term(spec: distill_lib.DistillSpec, base_loss):
   return term
 
 
-KINDS = ("cross_entropy", "multi_margin", "sensitivity", "min_entropy", "distillation")
 _FIELDS = {"cross_entropy": (), "multi_margin": (), "min_entropy": (), "distillation": (),
            "sensitivity": ("sigma", "patch_size", "grid_aligned")}
+KINDS = tuple(_FIELDS)
 
 
 def make_term(name: str, kind: str, weight: float, options: dict, *, loss_fn=None,
@@ -149,18 +148,11 @@ def terms_from_config(config, image_shape, loss_fn,
   terms = []
   for name, tc in objective.items():
     path = f"objective.{name}"
-    kind = tc.get("kind")
-    if kind not in KINDS:
-      raise ConfigError(f"{path}.kind", f"unknown term kind {kind!r}; allowed: "
-                        f"{', '.join(KINDS)}")
+    kind = check_kind_block(tc, path, {k: ("weight",) + f for k, f in _FIELDS.items()},
+                            "term kind")
     weight = tc.get("weight", 1.0)
-    if not _is_number(weight) or weight < 0:
+    if not is_finite_number(weight) or weight < 0:
       raise ConfigError(f"{path}.weight", f"must be a finite number >= 0, got {weight!r}")
-    allowed = ("kind", "weight") + _FIELDS[kind]
-    unknown = [k for k in tc.keys() if k not in allowed]
-    if unknown:
-      raise ConfigError(f"{path}.{unknown[0]}", f"unknown field for a {kind} term; allowed: "
-                        f"{', '.join(allowed)}")
     options = {k: tc[k] for k in _FIELDS[kind] if k in tc}
     if kind == "sensitivity":
       options = _sensitivity_options(options, path, image_shape)
@@ -175,7 +167,7 @@ def terms_from_config(config, image_shape, loss_fn,
 def _sensitivity_options(options: dict, path: str, image_shape) -> dict:
   out = {"sigma": options.get("sigma", 1.0), "patch_size": options.get("patch_size", 4),
          "grid_aligned": options.get("grid_aligned", False)}
-  if not _is_number(out["sigma"]) or out["sigma"] < 0:
+  if not is_finite_number(out["sigma"]) or out["sigma"] < 0:
     raise ConfigError(f"{path}.sigma", f"must be >= 0, got {out['sigma']!r}")
   h, w = image_shape[0], image_shape[1]
   q = out["patch_size"]
@@ -213,10 +205,6 @@ def transforms_from_config(config) -> list[Transform]:
   std, prob = float(aug.gaussian_std), float(aug.gaussian_prob)
   return [Transform("gaussian", lambda x, key: interventions.gaussian_augment(
       x, key, std=std, prob=prob))]
-
-
-def _is_number(v) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 # ----------------------------------------------------------------------------- in the step

@@ -151,24 +151,24 @@ def build_experiment(config, num_devices: int | None = None, *,
   test = pipeline.load_split(config.data, config.data.test_split, seed=config.seed)
   require(config.batch_size <= len(train), "batch_size",
            f"{config.batch_size} exceeds the {len(train)} training examples")
-  model = models_lib.get_model(config.model.name, train.num_classes, train.image_shape,
+  model = models_lib.get_model(config.model.name, train.num_classes, train.input_shape,
                                **model_kwargs(config.model))
   if train.vocab_size is not None:  # Text: token ids must index the embedding table.
     require(getattr(model, "vocab_size", 0) >= train.vocab_size, "model.vocab_size",
              f"{getattr(model, 'vocab_size', None)} is smaller than the data's vocabulary "
              f"({train.vocab_size} token ids); use model.vocab_size >= {train.vocab_size}")
   if "augment" in config or "regularizer" in config:
-    interventions.validate_intervention_config(config, train.image_shape)
+    interventions.validate_intervention_config(config, train.input_shape)
   _validate_pretrained(config)
   total_steps = resolve_total_steps(config, len(train))
   tx = optim.make_optimizer(config.optimizer, total_steps)
   setup = None
   if config.get("distill") is not None:
     setup = distill_lib.validate_distill_config(
-        config.distill, train.num_classes, train.image_shape, config.data, len(train),
+        config.distill, train.num_classes, train.input_shape, config.data, len(train),
         check_teacher=check_teacher)
   loss_fn = losses.get_loss(config.loss)
-  terms = objectives.terms_from_config(config, train.image_shape, loss_fn,
+  terms = objectives.terms_from_config(config, train.input_shape, loss_fn,
                                        setup.spec if setup is not None else None)
   evals = evaluators.build(default_evals(config), apply_fn=eval_apply_fn(model),
                            loss_fn=loss_fn, default_every=config.eval_every)
@@ -216,14 +216,14 @@ def load_pretrained(config, model, image_shape, key) -> dict | None:
 # ----------------------------------------------------------------------------- jitted parts
 
 
-def init_state(model: nn.Module, tx, image_shape, key: jax.Array, dtype=jnp.float32,
+def init_state(model: nn.Module, tx, input_shape, key: jax.Array, dtype=jnp.float32,
                terms: Sequence[objectives.Term] = ()) -> dict:
   """The train state pytree `{"params", "batch_stats", "opt", "step"[, "objective"]}`.
 
-  `image_shape` and `dtype` are those of one input: (H, W, C) float32 images, or (L,) int32
+  `input_shape` and `dtype` are those of one input: (H, W, C) float32 images, or (L,) int32
   token ids for the text models. "objective" holds the states of stateful `terms`.
   """
-  dummy = jnp.zeros((1, *image_shape), dtype)
+  dummy = jnp.zeros((1, *input_shape), dtype)
   variables = model.init({"params": key, "dropout": key}, dummy, train=False)
   params = variables["params"]
   state = {
@@ -263,11 +263,11 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
     step_key = jax.random.fold_in(key, state["step"])
     dropout_key, transform_key, term_key = (jax.random.fold_in(step_key, i) for i in range(3))
     has_bn = bool(state["batch_stats"])
-    images = objectives.apply_transforms(transforms, batch["image"], transform_key)
-    batch = dict(batch, image=images)
+    inputs = objectives.apply_transforms(transforms, batch["image"], transform_key)
+    batch = dict(batch, image=inputs)
     if teacher_model is not None:
       batch["teacher_logits"] = jax.lax.stop_gradient(
-          teacher_model.apply(teacher_variables, images, train=False))
+          teacher_model.apply(teacher_variables, inputs, train=False))
 
     def objective(params):
       def apply(p, x):  # BatchNorm statistics come from the clean pass.
@@ -276,7 +276,7 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
           variables["batch_stats"] = state["batch_stats"]
         return model.apply(variables, x, train=True, rngs={"dropout": dropout_key},
                            mutable=["batch_stats"])
-      logits, new_vars = apply(params, images)
+      logits, new_vars = apply(params, inputs)
       loss, aux, term_states = objectives.total_loss(
           terms, lambda p, x: apply(p, x)[0], params, dict(batch, logits=logits), term_key,
           state.get("objective", {}))
@@ -319,7 +319,7 @@ def make_eval_step(model: nn.Module, loss_fn) -> Callable:
 def evaluate(eval_step, variables, split, batch_size, mesh, limit=None) -> dict:
   """Accuracy and mean loss over `split` (first `limit` examples), sums divided on host."""
   totals = evaluators.accumulate(eval_step, variables, evaluators.batches(
-      split.images, split.labels, batch_size, mesh, limit))
+      split.inputs, split.labels, batch_size, mesh, limit))
   return {"accuracy": totals["correct"] / totals["count"],
           "loss": totals["loss"] / totals["count"]}
 
@@ -389,14 +389,14 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   init_key = jax.random.split(jax.random.key(seeds["init_seed"]))[0]
   step_key = jax.random.split(jax.random.key(seeds["augment_seed"]))[1]
 
-  init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.image_shape, k,
-                                 exp.train.images.dtype, exp.terms)
+  init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.input_shape, k,
+                                 exp.train.inputs.dtype, exp.terms)
   abstract = jax.eval_shape(init_fn, init_key)
   shardings = state_shardings(abstract, mesh)
 
   def init():
     state = jax.jit(init_fn, out_shardings=shardings)(init_key)
-    loaded = load_pretrained(config, exp.model, exp.train.image_shape, init_key)
+    loaded = load_pretrained(config, exp.model, exp.train.input_shape, init_key)
     if loaded is not None:  # Fine-tune from a public checkpoint: fresh optimizer state.
       params = jax.device_put(loaded, shardings["params"])
       opt = jax.jit(exp.tx.init, out_shardings=shardings["opt"])(params)
@@ -406,7 +406,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   batch_sh = sharding.batch_sharding(mesh)
   teacher_logits, extra_args = None, ()
   if exp.distill is not None:
-    teacher_vars, teacher_logits = distill_lib.prepare(exp.distill, exp.train.images,
+    teacher_vars, teacher_logits = distill_lib.prepare(exp.distill, exp.train.inputs,
                                                        exp.train.num_classes)
     if teacher_vars is not None:  # In-step teacher: replicated, an argument of the step.
       extra_args = (jax.device_put(teacher_vars, repl),)
@@ -424,7 +424,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
     del length  # One step per call (schedule.max_chunk = 1).
     idx = pipeline.batch_indices(n_train, config.batch_size, step, seeds["order_seed"], pi,
                                  pc)
-    local = {"image": exp.train.images[idx], "label": exp.train.labels[idx]}
+    local = {"image": exp.train.inputs[idx], "label": exp.train.labels[idx]}
     if teacher_logits is not None:
       local["teacher_logits"] = teacher_logits[idx]
     state, metrics = train_step(state, sharding.global_batch(local, mesh), step_key,
@@ -438,7 +438,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
     for ev in exp.evaluators:
       if ev.due(step, last):
         split = exp.train if ev.split == "train" else exp.test
-        scalars.update(ev.run(variables, split.images, split.labels, eval_bs, mesh, step))
+        scalars.update(ev.run(variables, split.inputs, split.labels, eval_bs, mesh, step))
     return scalars
 
   def should_stop(step, scalars):
