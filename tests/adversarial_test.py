@@ -126,6 +126,7 @@ def test_pgd_zero_steps_is_random_start_in_ball():
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm,eps", [("linf", 0.3), ("l2", 1.5)])
 def test_constraints_hold(mlp, norm, eps):
   predict_fn, x, labels = mlp
@@ -216,6 +217,7 @@ def test_adversarial_accuracy_mask():
   assert float(adv_lib.accuracy(linear_apply, W, x, labels=labels)["count"]) == 4.0
 
 
+@pytest.mark.slow
 def test_perturbation_structure_masked_sums():
   d = jax.random.normal(jax.random.key(0), (3, 8, 8, 2))
   mask = jnp.array([1.0, 0.0, 1.0])
@@ -303,6 +305,7 @@ def test_patch_alignment():
   np.testing.assert_allclose(adv_lib.patch_alignment(ramp, p), 0.5, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_frequency_share_and_spectrum():
   const = jnp.full((1, 8, 8, 3), 0.7)
   i, j = np.mgrid[:8, :8]
@@ -333,6 +336,7 @@ def test_structure_is_jittable_and_differentiable():
   assert bool(jnp.isfinite(g).all())
 
 
+@pytest.mark.slow
 def test_vit_end_to_end():
   """PGD on a tiny ViT in the Normalize(0.5, 0.5) range, then its structure."""
   model = get_model("vit", num_classes=3, image_shape=(8, 8, 1), patch_size=4,

@@ -159,6 +159,7 @@ def test_gd_step_equals_finite_difference_step():
       np.testing.assert_allclose(new[name], p64[name] - eta * fd, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_w_o_is_frozen():
   params, w_o, x, y, mask = _tiny_problem()
   w_o_before = np.asarray(w_o).copy()
@@ -194,6 +195,7 @@ def test_early_stopping_records_first_crossing():
 # ---------------------------------------------------------------------------------- sweep
 
 
+@pytest.mark.slow
 def test_vmapped_sweep_equals_individual_runs():
   config = tiny_config()
   run = bo.make_run_fn(config, "vit", 8)
@@ -237,6 +239,7 @@ def test_interrupted_sweep_resumes_to_the_same_grid(tmp_path):
     bo.run_sweep(config, str(tmp_path / "b"), "vit")
 
 
+@pytest.mark.slow
 def test_last_chunk_is_padded_to_the_chunk_size(tmp_path):
   # 12 runs in chunks of 5: the last chunk computes 5 runs (same vmapped program), keeps 2.
   config = tiny_config(trials=3, chunk_size=5)
@@ -259,6 +262,7 @@ def _write_old_format_sweep(path):
   np.savez(os.path.join(path, "chunk_00000.npz"), run=np.arange(4), test_loss=np.zeros(4))
 
 
+@pytest.mark.slow
 def test_old_format_sweep_is_refused_with_one_line(tmp_path, monkeypatch):
   config = tiny_config()
   _write_old_format_sweep(str(tmp_path / "sweep_vit"))
@@ -325,6 +329,7 @@ def test_smoke_high_n_snr2_generalises_better(smoke_run):
   assert {r["model"] for r in out["rows"]} == {"vit", "cnn"}
 
 
+@pytest.mark.slow
 def test_harmful_run_attends_to_strong_noise(smoke_run):
   _, out = smoke_run
   harmful = out["dynamics"]["harmful"]["final_mean"]
@@ -356,6 +361,7 @@ def test_reduced_state_solver_equals_direct():
   np.testing.assert_allclose(outs[0]["test_loss"], outs[1]["test_loss"], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_cli_refuses_bad_field_with_exit_code_2(tmp_path):
   from tests.helpers import run_cli  # pylint: disable=g-import-not-at-top
   proc = run_cli("--config=mlcollections_configs/benign_overfitting.py:smoke",

@@ -69,6 +69,7 @@ def test_majority_of_three_is_exact():
   assert float(boolean.fourier_average_sensitivity(coeffs, normalize=True)) == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_dictator_and_constant():
   n = 4
   dictator = np.asarray(boolean.fourier_spectrum(lambda _, x: x[:, 2], None, n))
@@ -83,6 +84,7 @@ def test_dictator_and_constant():
   assert float(boolean.fourier_average_sensitivity(const)) == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_average_sensitivity_from_spectrum_equals_direct_counting(seed):
   n = 6

@@ -8,7 +8,7 @@ import pytest
 from mlcollections_configs import common
 from tests.train_test import smoke_train
 from xsens.errors import ConfigError
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 from xsens.train import codistill, trainer
 from xsens.train.metrics import read_metrics
 
@@ -48,12 +48,13 @@ def test_zero_coupling_equals_two_independent_runs(zero):
     for x, y in zip(_leaves(got), _leaves(want)):
       np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
     assert got.summary["test_accuracy"] == pytest.approx(want.summary["test_accuracy"])
-  assert ckpt.latest_step(str(root / "co")) == 4
+  assert workdir_lib.Workdir(str(root / "co")).latest_step() == 4
   assert any("train/churn" in r for r in read_metrics(str(root / "co")))
   # The two peers start from different initialisations.
   assert any(np.abs(x - y).max() > 0 for x, y in zip(_leaves(co.a), _leaves(co.b)))
 
 
+@pytest.mark.slow
 def test_coupling_pulls_the_peers_together(tmp_path, zero):
   co = codistill.train_and_evaluate(_config(5.0), str(tmp_path / "co"))
   assert co.summary["beta"] == 5.0
@@ -82,12 +83,12 @@ def test_resume_after_interruption_is_bit_equal(tmp_path):
   config.codistill.burn_in_steps = 2
   cut, straight = str(tmp_path / "cut"), str(tmp_path / "straight")
   # The study's path: a prepared directory (not a Workdir) passed to run_experiment.
-  ckpt.prepare_workdir(cut, config, overwrite=False)
+  workdir_lib.Workdir(cut).prepare(config)
   exp = trainer.build_experiment(config)
   part = codistill.run_experiment(exp, codistill.validate_codistill_config(config), cut,
                                   max_chunks=3)
   assert part.summary["steps"] == 3 and part.summary["stop_reason"] is None
-  assert ckpt.latest_step(cut) == 3
+  assert workdir_lib.Workdir(cut).latest_step() == 3
   resumed = codistill.train_and_evaluate(config, cut)
   reference = codistill.train_and_evaluate(config, straight)
   assert resumed.summary["steps"] == reference.summary["steps"] == 6

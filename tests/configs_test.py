@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import REPO
 from xsens import studies
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 from xsens.train.metrics import read_metrics
 
 CONFIG_DIR = os.path.join(REPO, "mlcollections_configs")
@@ -59,5 +59,5 @@ def test_smoke_variant_trains_and_writes_checkpoint_and_metrics(tmp_path, name):
   assert os.path.exists(tmp_path / "results.md")
   for sub in SMOKE_RUNS[name]:
     workdir = os.path.join(tmp_path, sub)
-    assert ckpt.latest_step(workdir) == config.train.total_steps
+    assert workdir_lib.Workdir(workdir).latest_step() == config.train.total_steps
     assert any("train/loss" in r for r in read_metrics(workdir))

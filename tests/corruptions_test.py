@@ -299,6 +299,7 @@ def test_jax_registry():
     C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "contrast", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES + [(20, 24, 3)])
 @pytest.mark.parametrize("name", DETERMINISTIC_JAX)
 def test_corrupt_jax_equals_numpy(name, shape):
@@ -310,6 +311,7 @@ def test_corrupt_jax_equals_numpy(name, shape):
                                atol=2e-6, err_msg=f"{name} {severity}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", C.RANDOM_JAX)
 def test_corrupt_jax_noise_distribution(name):
   """Same distribution as NumPy's: mean and spread of the change per grey level agree, and

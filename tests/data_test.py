@@ -41,6 +41,7 @@ def make_config(data_dir, **overrides):
 # Embedded datasets.
 
 
+@pytest.mark.slow
 def test_mnist5k_fixed_split(data_dir):
   train = pipeline.load_split(make_config(data_dir, normalize="zero_one"), "train")
   test = pipeline.load_split(make_config(data_dir, normalize="zero_one"), "test")

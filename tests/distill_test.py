@@ -16,7 +16,7 @@ from tests.train_test import smoke_train
 from xsens.data.long_tail import long_tail_fractions
 from xsens.errors import ConfigError
 from xsens.models import get_model
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 from xsens.train import distill, interventions, losses, objectives, trainer
 
 NUM_TRAIN = 256  # smoke_train's data.num_train
@@ -58,18 +58,21 @@ def test_kd_with_alpha_zero_equals_cross_entropy_training(runs):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_distillation_changes_the_student(runs):
   diff = max(np.abs(a - b).max() for a, b in zip(_params(runs["ce"]),
                                                  _params(runs["precomputed"])))
   assert diff > 1e-4
 
 
+@pytest.mark.slow
 def test_in_step_teacher_equals_precomputed_teacher_logits(runs):
   # No augmentation: the teacher sees the same images either way.
   for a, b in zip(_params(runs["precomputed"]), _params(runs["in_step"])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_teacher_variables_round_trip_from_its_checkpoint(runs):
   teacher = runs["teacher"]
   model = distill.build_teacher(str(runs["root"] / "teacher"), 10,
@@ -132,6 +135,7 @@ def test_per_class_alpha_and_margin_in_the_loss():
   assert float(ce(shifted, labels)[0]) > float(ce(logits, labels)[0])
 
 
+@pytest.mark.slow
 def test_min_entropy_regulariser_adds_lambda_times_entropy():
   model = get_model("mlp", 10, (8, 8, 1), hidden_dims=(16,))
   tx = optax.sgd(0.1)
@@ -214,6 +218,7 @@ def test_bad_distill_config_is_refused_before_writing(tmp_path, fields, field):
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_bad_teacher_runs_are_refused(tmp_path, runs):
   wrong_shape = tmp_path / "wrong.npy"
   np.save(wrong_shape, np.zeros((NUM_TRAIN, 3), np.float32))
@@ -255,13 +260,13 @@ def test_workdir_of_a_config_without_seed_fields_still_resumes(tmp_path):
   """A run written before init/order/augment_seed existed (its config.json lacks them)
   resumes under today's config, whose seed fields are None."""
   config = smoke_train("mlp")
-  old = ckpt.config_fingerprint(config)
+  old = workdir_lib.config_fingerprint(config)
   for field in trainer.SEED_FIELDS:
     del old[field]
-  os.makedirs(tmp_path / ckpt.CHECKPOINT_DIR / "4")
-  with open(tmp_path / ckpt.CONFIG_FILE, "w") as f:
+  os.makedirs(tmp_path / workdir_lib.CHECKPOINT_DIR / "4")
+  with open(tmp_path / workdir_lib.CONFIG_FILE, "w") as f:
     json.dump(old, f)
-  ckpt.check_workdir(str(tmp_path), config, overwrite=False)  # No error.
+  workdir_lib.Workdir(str(tmp_path)).check(config)  # No error.
   config.init_seed = 1
   with pytest.raises(ConfigError, match="differing fields: init_seed"):
-    ckpt.check_workdir(str(tmp_path), config, overwrite=False)
+    workdir_lib.Workdir(str(tmp_path)).check(config)

@@ -10,7 +10,7 @@ from mlcollections_configs import churn as churn_config
 from mlcollections_configs import distillation as distill_config
 from xsens import studies
 from xsens.errors import ConfigError
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ def test_distillation_smoke_study_writes_report(tmp_path):
   rows = {r["run"]: r for r in out["rows"]}
   assert set(rows) == {"teacher", "onehot", "kd_class_alpha", "kd_margin"}
   for name in ("teacher", "onehot_s0", "kd_class_alpha_s0", "kd_margin_s0"):
-    assert ckpt.latest_step(os.path.join(tmp_path, "runs", name)) is not None
+    assert workdir_lib.Workdir(os.path.join(tmp_path, "runs", name)).latest_step() is not None
   for row in rows.values():
     for key in ("accuracy", "worst_class", "worst_k_mean", "head_accuracy", "tail_accuracy"):
       assert 0.0 <= row[key] <= 1.0, (row["run"], key)

@@ -85,6 +85,7 @@ def test_bad_evaluators_are_refused(block, field, match):
                      default_every=1, measures={})
 
 
+@pytest.mark.slow
 def test_trainer_runs_configured_evaluators_on_their_own_schedules(tmp_path):
   config = smoke_train("mlp", total_steps=6, eval_every=2)
   config.evals = ml_collections.ConfigDict({
@@ -104,6 +105,7 @@ def test_target_accuracy_needs_a_train_classification_evaluator(tmp_path):
   assert not (tmp_path / "wd").exists()
 
 
+@pytest.mark.slow
 def test_trainer_logs_a_measure_evaluator_from_xsens_measures(tmp_path):
   """The README's example: token sensitivity of the test split every k steps."""
   config = smoke_train("vit", total_steps=4, eval_every=2)

@@ -75,6 +75,7 @@ def test_paper_model_parameter_count_and_shapes():
                          "out_proj", "fc1", "fc2", "fc_out"}  # no LayerNorm anywhere
 
 
+@pytest.mark.slow
 def test_init_follows_pytorch_defaults():
   d = 128
   params = _init(gt.GrokkingTransformer(), seed=3)
@@ -135,6 +136,7 @@ def test_bad_head_count_is_a_config_error():
 # ---------------------------------------------------------------------------- sensitivity
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reads,expect_flips", [(0, True), (1, True), (2, False)])
 def test_sensitivity_perturbs_only_positions_0_and_1(reads, expect_flips):
   """A classifier reading one position: only positions 0 and 1 may flip it."""
@@ -151,6 +153,7 @@ def test_sensitivity_perturbs_only_positions_0_and_1(reads, expect_flips):
     assert s == 0.0
 
 
+@pytest.mark.slow
 def test_sensitivity_noise_is_one_draw_on_both_operands_together():
   b, d = 8, 3
   tokens = jax.random.normal(jax.random.key(1), (b, 3, d))
@@ -337,6 +340,7 @@ def test_workdir_written_by_the_previous_code_resumes(smoke, tmp_path):
   assert json.loads((workdir / "config.json").read_text()) == saved
 
 
+@pytest.mark.slow
 def test_workdir_of_another_config_is_refused(smoke):
   config, workdir, _ = smoke
   other = grok_config.get_config("smoke")
@@ -345,6 +349,7 @@ def test_workdir_of_another_config_is_refused(smoke):
     studies.run(other, workdir)
 
 
+@pytest.mark.slow
 def test_fewer_epochs_than_the_workdir_holds_is_refused(smoke):
   config, workdir, _ = smoke
   shorter = grok_config.get_config("smoke")

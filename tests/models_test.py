@@ -121,6 +121,7 @@ def test_forward_shape_and_finite(name, image_shape):
   assert np.all(np.isfinite(logits))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("image_shape", [MNIST, CIFAR], ids=["28x28x1", "32x32x3"])
 @pytest.mark.parametrize("name", VISION_MODELS)
 def test_default_output_shape(name, image_shape):
@@ -137,6 +138,7 @@ def test_param_table_covers_every_model():
   assert set(VISION_MODELS) <= set(PARAM_COUNTS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", sorted(PARAM_COUNTS))
 def test_param_count(entry):
   name, kwargs, expected = PARAM_COUNTS[entry]
@@ -213,6 +215,7 @@ def test_vit_patch_maps_to_one_token():
   assert np.flatnonzero(changed).tolist() == [1 * 7 + 2]
 
 
+@pytest.mark.slow
 def test_vit_sows_attention_weights():
   model = get_model("vit", NUM_CLASSES, MNIST, **SMALL["vit"])
   x = _images(MNIST)
@@ -365,6 +368,7 @@ def test_every_non_image_entry_has_small_settings_and_counts():
   assert set(REGISTRY) <= counted | {name for name, _, _ in PARAM_COUNTS.values()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NON_IMAGE_MODELS)
 def test_non_image_forward_shape_and_finite(name):
   num_classes, input_shape, kwargs = SMALL_NON_IMAGE[name]
@@ -431,6 +435,7 @@ def test_synthetic_sensitivity_entries_build_the_study_models():
                          config, "mlp", num_outputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["vit", "cnn"])
 def test_benign_entries_equal_the_study_functions(kind):
   """Same parameters (names, shapes, init law) and bit-identical outputs as the pure
@@ -459,6 +464,7 @@ def test_benign_entries_equal_the_study_functions(kind):
                                 jax.jit(apply_fn)(params, frozen, x))
 
 
+@pytest.mark.slow
 def test_benign_module_inits_follow_the_pure_laws():
   """The modules draw from the same distributions as `init` (bounds / scales)."""
   d, n = 16, 3

@@ -33,6 +33,7 @@ def _step(config, distill_spec=None, model_tx_state_batch=None):
   return step(state, batch, jax.random.key(2))
 
 
+@pytest.mark.slow
 def test_new_form_equals_the_old_fields_bit_for_bit():
   old = ml_collections.ConfigDict({"loss": "cross_entropy", "regularizer": {
       "name": "sensitivity", "weight": 0.3, "sigma": 1.0, "patch_size": 4,
@@ -46,6 +47,7 @@ def test_new_form_equals_the_old_fields_bit_for_bit():
   assert {k: float(v) for k, v in m_old.items()} == {k: float(v) for k, v in m_new.items()}
 
 
+@pytest.mark.slow
 def test_distillation_plus_sensitivity_regulariser_is_the_weighted_sum():
   """(1 − p)·distill + p·MSE(f(x̃), f(x)), each checked against a direct computation."""
   spec = distill.DistillSpec(alpha=0.6, temperature=2.0)

@@ -108,6 +108,7 @@ def test_vit_reference_forward_matches_model():
                              rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_vit_block_removal_equals_shallower_vit():
   model, variables = _vit()
   x = _images()
@@ -225,6 +226,7 @@ def test_resnet_projection_block_is_refused():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_entry_removal_equals_measure():
   from xsens.models import REGISTRY  # pylint: disable=g-import-not-at-top
   vit, vit_vars = _vit()
@@ -288,6 +290,7 @@ def test_layer_removal_accuracy():
   assert 0.0 <= out["accuracy"][(3, "block")] <= 1.0
 
 
+@pytest.mark.slow
 def test_layer_removal_accuracy_one_batch_in_jit():
   """The per-batch measure: masked accuracies of every variant in one jitted program."""
   model, variables = _vit()
@@ -364,6 +367,7 @@ def test_weight_noise_norm_ratio():
     assert r.std() < 3 / np.sqrt(2 * n)
 
 
+@pytest.mark.slow
 def test_weight_noise_per_layer_matches_joint_noise():
   _, variables = _vit()
   params = variables["params"]

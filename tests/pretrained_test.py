@@ -399,6 +399,7 @@ def test_registry_entries_hold_the_checkpoint_formats():
                                            (8, 8, C))
 
 
+@pytest.mark.slow
 def test_entry_load_pretrained_equals_the_loaders(tmp_path):
   from xsens import models  # pylint: disable=g-import-not-at-top
   vit_ck, bit_ck = fake_vit_checkpoint(representation_size=6), fake_bit_checkpoint()

@@ -9,7 +9,7 @@ import pytest
 from mlcollections_configs import reuse as reuse_config
 from xsens import studies
 from xsens.errors import ConfigError
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ def test_smoke_study_writes_report(tmp_path):
   rows = {r["run"]: r for r in out["rows"]}
   assert set(rows) == {"vit", "reuse_p1_k1", "reuse_p2_k1"}
   for name, row in rows.items():
-    assert ckpt.latest_step(os.path.join(tmp_path, "runs", name)) == config.train.total_steps
+    assert workdir_lib.Workdir(os.path.join(tmp_path, "runs", name)).latest_step() == config.train.total_steps
     for key in ("fwd_gflops", "attn_gflops", "peak_temp_mb", "step_ms", "test_accuracy"):
       assert np.isfinite(row[key]) and row[key] >= 0, (name, key)
   # Reuse removes Q/K parameters and attention FLOPs; full reuse more than partial.

@@ -128,6 +128,7 @@ def test_reuse_vit_without_reuse_layers_equals_vit():
                                rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_reuse_vit_full_reuse_repeats_layer0_attention():
   model = get_model("reuse_vit", 10, MNIST, patch_size=7, width=16, depth=3,
                     num_heads=2, mlp_dim=32, reuse_heads=-1, reuse_layers=2)

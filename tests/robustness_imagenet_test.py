@@ -200,6 +200,7 @@ def _open(fake, **kw):
                                **{"image_size": 24, "batch_size": 4, "num_workers": 2, **kw})
 
 
+@pytest.mark.slow
 def test_batches_fixed_shape_padding_and_pixels(fake):
   stream = _open(fake, limit=5, seed=3, normalize="uint8")
   assert len(stream) == 5 and stream.num_batches == 2 and stream.num_classes == 1000

@@ -15,10 +15,11 @@ from xsens.errors import ConfigError
 from xsens.measures import text_sensitivity as ts
 from xsens.models import get_model
 from xsens.models import text as text_models
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 from xsens.train.metrics import read_metrics
 
 
+@pytest.mark.slow
 def test_aggregates_by_hand():
   # Two sentences: lengths 3 and 2 (pads at the end), one masked special at position 0.
   p = jnp.asarray([[0.0, 0.5, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0]])
@@ -59,6 +60,7 @@ def _per_token(model, variables, ids, sigma, example_ids=None):
       example_ids=example_ids)
 
 
+@pytest.mark.slow
 def test_token_sensitivity_masks_and_batching(roberta):
   model, variables, ids = roberta
   mask = np.asarray(text_models.padding_mask(ids))
@@ -103,6 +105,7 @@ def test_token_sensitivity_labels_example_mask_and_chunks(roberta):
                               num_draws=2)
 
 
+@pytest.mark.slow
 def test_global_sensitivity_range(roberta):
   model, variables, ids = roberta
   tokens = model.apply(variables, ids, method=model.embed)
@@ -132,7 +135,7 @@ def test_smoke_study_writes_table_plots_and_history(smoke_run):
   assert set(rows) == {"roberta", "gpt2", "lstm"}
   for name, row in rows.items():
     run_dir = os.path.join(workdir, "runs", name)
-    assert ckpt.latest_step(run_dir) == config.train.total_steps
+    assert workdir_lib.Workdir(run_dir).latest_step() == config.train.total_steps
     for key in ("S_token", "S_token_sentence", "S_token_content", "S_global", "S_early",
                 "S_late"):
       assert 0.0 <= row[key] <= 1.0, (name, key)

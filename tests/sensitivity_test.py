@@ -152,6 +152,7 @@ def test_zero_sigma_and_constant_model_give_zero():
   assert float(constant["mean"]) == 0.0
 
 
+@pytest.mark.slow
 def test_masks():
   tok = random_tokens(7, b=3, t=5)
   params = mlp_params(jax.random.key(8), 5, 4)
@@ -210,6 +211,7 @@ def test_masks():
                              np.sqrt((s * (1 - s) / 4).sum()) / 3, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_vectorised_equals_loop_for_all_chunk_sizes():
   tok = random_tokens(9, b=3, t=5)
   params = mlp_params(jax.random.key(10), 5, 4)
@@ -231,6 +233,7 @@ def test_vectorised_equals_loop_for_all_chunk_sizes():
       np.testing.assert_allclose(out[name], ref[name], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_loop_compiles_once_traces_variables_and_accepts_unhashable_models():
   tok = random_tokens(33, b=3, t=4)
   traces = []
@@ -313,6 +316,7 @@ def test_plan_chunks():
       sens.plan_chunks(4, 10, 1024, **bad)
 
 
+@pytest.mark.slow
 def test_auto_chunks_are_bounded_and_match_explicit():
   b, t, d, draws = 6, 5, 4, 4
   tok = random_tokens(40, b, t, d)
@@ -409,6 +413,7 @@ def test_labels_argument():
   assert float(wrong["mean"]) == 1.0
 
 
+@pytest.mark.slow
 def test_under_jit_and_vmap_over_keys():
   b, t, d, draws = 8, 4, 3, 8
   w = jax.random.normal(jax.random.key(13), (t, d))
@@ -431,6 +436,7 @@ def test_under_jit_and_vmap_over_keys():
   assert np.all(many["stderr"] > 0)
 
 
+@pytest.mark.slow
 def test_image_token_sensitivity_on_cnn():
 
   class TinyCNN(nn.Module):
@@ -507,6 +513,7 @@ def test_sharded_batch_matches_unsharded():
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_global_sensitivity():
   tok = random_tokens(18)
   params = mlp_params(jax.random.key(19), 5, 4)
@@ -554,6 +561,7 @@ def test_scattered_pixel_masks_are_shared_across_batch():
                                changed.shape))
 
 
+@pytest.mark.slow
 def test_scattered_pixel_sensitivity():
   images = jnp.zeros((4, 4, 4, 1))
   # Flips iff pixel (0, 0) is perturbed.
@@ -586,6 +594,7 @@ def test_scattered_pixel_sensitivity():
 
 @pytest.mark.parametrize("norm,on,chunk_size", [
     ("l2", "logits", None), ("l1", "probs", 3), ("sq_l2", "logits", 7)])
+@pytest.mark.slow
 def test_smooth_gradient_matches_finite_difference(norm, on, chunk_size):
   with jax.enable_x64(True):
     params = jax.tree.map(lambda a: a.astype(jnp.float64),
@@ -612,6 +621,7 @@ def test_smooth_gradient_matches_finite_difference(norm, on, chunk_size):
                                atol=1e-9)
 
 
+@pytest.mark.slow
 def test_smooth_variant_chunking_masking_and_zero():
   tok = random_tokens(24)
   params = mlp_params(jax.random.key(25), 5, 4)

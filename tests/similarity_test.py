@@ -36,6 +36,7 @@ def _related(seed, n, d=8, noise=1.0):
 # ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [50, 6])   # Feature form and Gram form.
 def test_cka_identity_and_invariances(n):
   x, y = _related(0, n)
@@ -70,6 +71,7 @@ def test_cka_independent_features():
   assert float(sim.linear_cka(jnp.ones((10, 3)), _normal(0, (10, 3)))) == 0.0
 
 
+@pytest.mark.slow
 def test_cka_matrix():
   x, y = _related(3, 30)
   z = _normal(9, (30, 5))
@@ -110,6 +112,7 @@ def test_unbiased_hsic_matches_u_statistic():
                              rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_minibatch_cka_converges_to_full():
   n, b = 8192, 256
   x, y = _related(7, n)
@@ -132,6 +135,7 @@ def test_minibatch_cka_converges_to_full():
   assert float(sim.linear_cka(u[:32], v[:32])) > 0.1
 
 
+@pytest.mark.slow
 def test_minibatch_cka_matrix():
   x, y = _related(8, 1024)
   z = _normal(3, (1024, 6))
@@ -160,6 +164,7 @@ def tiny_vit():
       jax.random.key(1)), x
 
 
+@pytest.mark.slow
 def test_layer_features_vit(tiny_vit):
   model, variables, x = tiny_vit
   feats = sim.layer_features(functools.partial(model.apply, train=False), variables, x)

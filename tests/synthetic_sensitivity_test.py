@@ -93,6 +93,7 @@ def _boolean_setup(n=4):
   return model, tokens, jnp.asarray(target), params
 
 
+@pytest.mark.slow
 def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function(tmp_path):
   n = 4
   model, tokens, target, params = _boolean_setup(n)
@@ -107,6 +108,7 @@ def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function(tmp_path):
   assert float(losses[-1]) < float(losses[0])
 
 
+@pytest.mark.slow
 def test_matched_loss_criterion_trains_until_the_loss_is_reached(tmp_path):
   pos = np.array([1])
   data = st.sparse_token_task(64, n=3, m=2, k=1, rule="majority", position_scale=1.0,

@@ -95,6 +95,7 @@ def test_shapes_and_token_interface(initialised, run):
   assert train.shape == (3, K) and not np.allclose(train, logits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(SMALL))
 def test_appending_padding_changes_nothing(initialised, run):
   model, variables = initialised[run]
@@ -104,6 +105,7 @@ def test_appending_padding_changes_nothing(initialised, run):
                              rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", sorted(SMALL))
 def test_embeddings_at_padded_positions_do_not_matter(initialised, run):
   """Noise on a pad position (what a sensitivity estimator may add) changes nothing."""
@@ -142,6 +144,7 @@ def test_gpt2_causal_mask_and_last_token_readout(initialised):
   assert mask.all()
 
 
+@pytest.mark.slow
 def test_roberta_is_not_causal(initialised):
   model, variables = initialised["roberta"]
   ids = _ids([10], 10, seed=4)
@@ -180,6 +183,7 @@ def _sigmoid(z):
   return 1.0 / (1.0 + np.exp(-z))
 
 
+@pytest.mark.slow
 def test_lstm_equals_numpy_recurrence():
   model = get_model("lstm", 2, (5,), vocab_size=7, width=3, hidden_dim=4, depth=2,
                     dropout_rate=0.0)

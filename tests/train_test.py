@@ -14,7 +14,7 @@ from mlcollections_configs import train as train_cfg
 from tests.helpers import REPO, run_cli, snapshot
 from xsens import studies
 from xsens.errors import ConfigError
-from xsens.train import checkpoint as ckpt
+from xsens.train import workdir as workdir_lib
 from xsens.train import trainer
 from xsens.train.metrics import read_metrics
 
@@ -37,7 +37,7 @@ def test_every_model_trains_and_writes_checkpoint_and_metrics(tmp_path, model):
   result = trainer.train_and_evaluate(smoke_train(model), str(tmp_path))
   assert result.summary["steps"] == 4
   assert result.summary["stop_reason"] == "max_steps"
-  assert ckpt.latest_step(str(tmp_path)) == 4
+  assert workdir_lib.Workdir(str(tmp_path)).latest_step() == 4
   records = read_metrics(str(tmp_path))
   assert [r["step"] for r in records if "train/loss" in r] == [2, 4]
   assert [r["step"] for r in records if "eval/test_accuracy" in r] == [2, 4]
@@ -55,6 +55,7 @@ def test_training_learns_mnist5k(tmp_path):
   assert result.summary["test_accuracy"] > 0.7
 
 
+@pytest.mark.slow
 def test_stops_at_target_train_accuracy(tmp_path):
   config = smoke_train("mlp", total_steps=200, eval_every=5, target_train_accuracy=0.5,
                        **{"optimizer.learning_rate": 3e-3})
@@ -98,7 +99,7 @@ def test_resume_after_kill_is_bit_equal(tmp_path):
   proc = subprocess.run([sys.executable, "-c", _KILL_SCRIPT, killed], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -9, proc.stderr[-2000:]
-  assert ckpt.latest_step(killed) == 4
+  assert workdir_lib.Workdir(killed).latest_step() == 4
   config = smoke_train("resnet18", total_steps=10)
   resumed = trainer.train_and_evaluate(config, killed)
   reference = trainer.train_and_evaluate(config, straight)
@@ -151,7 +152,7 @@ def test_workdir_of_another_config_is_refused_unless_overwrite(tmp_path):
   assert snapshot(workdir) == before
   result = trainer.train_and_evaluate(other, workdir, overwrite=True)
   assert result.summary["steps"] == 4
-  with open(os.path.join(workdir, ckpt.CONFIG_FILE)) as f:
+  with open(os.path.join(workdir, workdir_lib.CONFIG_FILE)) as f:
     assert json.load(f)["optimizer"]["learning_rate"] == 0.5
 
 
@@ -162,9 +163,10 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
       "optimizer.warmup_steps": 10})
   with pytest.raises(trainer.TrainingDivergedError, match="last good checkpoint .step 1."):
     trainer.train_and_evaluate(config, str(tmp_path))
-  assert ckpt.latest_step(str(tmp_path)) == 1
+  assert workdir_lib.Workdir(str(tmp_path)).latest_step() == 1
 
 
+@pytest.mark.slow
 def test_cli_bad_input_exits_2_with_one_line(tmp_path):
   workdir = tmp_path / "cli"
   proc = run_cli("--config=mlcollections_configs/train.py:smoke",

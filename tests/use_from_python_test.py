@@ -1,5 +1,6 @@
 """The README's "Use it from Python" example runs, and the README shows the code it runs."""
 
+import pytest
 import os
 import re
 
@@ -8,6 +9,7 @@ import numpy as np
 from tests.helpers import REPO
 
 
+@pytest.mark.slow
 def test_readme_example_runs_and_gives_sane_numbers(tmp_path):
   from experiments import use_from_python  # pylint: disable=g-import-not-at-top
   out = use_from_python.main(str(tmp_path / "run"))

@@ -17,8 +17,8 @@ Which corruptions run inside `jit`: `JAX_CORRUPTIONS` (noises, blurs, brightness
 contrast, pixelate, via `corrupt_jax`); the rest (`HOST_ONLY`) run on the host in NumPy.
 """
 
-from xsens.measures.adversarial import (accuracy, adversarial_accuracy, fgsm, pgd,
-                                        perturbation_structure, transfer_attack)
+from xsens.measures.adversarial import (accuracy, adversarial_accuracy, attack_accuracy, fgsm,
+                                        perturbation_structure, pgd, transfer_attack)
 from xsens.measures.attention_similarity import (attention_maps, batch_head_similarity,
                                                  head_similarity)
 from xsens.measures.boolean import (degree_spectrum, fourier_average_sensitivity,
@@ -46,7 +46,7 @@ __all__ = [
     "fourier_spectrum", "fourier_coefficients", "degree_spectrum",
     "fourier_average_sensitivity",
     # Robustness: accuracy, attacks, corruptions, perturbations of the weights.
-    "accuracy", "fgsm", "pgd", "adversarial_accuracy", "transfer_attack",
+    "accuracy", "fgsm", "pgd", "adversarial_accuracy", "attack_accuracy", "transfer_attack",
     "perturbation_structure", "corruption_accuracy", "corrupt", "corrupt_jax",
     "JAX_CORRUPTIONS", "HOST_ONLY", "mce", "relative_mce", "layer_removal_accuracy",
     "weight_noise_accuracy", "sharpness",

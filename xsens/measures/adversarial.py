@@ -268,6 +268,7 @@ def _count(labels: Array, mask: Optional[Array]) -> Array:
 
 
 def accuracy(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
+             key: Optional[Array] = None,
              mask: Optional[Array] = None) -> dict[str, Array]:
   """Top-1 accuracy of one model on one (padded) batch.
 
@@ -282,6 +283,7 @@ def accuracy(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
     {"accuracy": masked mean, "correct": bool [B] (pool padded batches as
     sum(correct * mask) / sum(count)), "count": number of weighted examples}.
   """
+  del key  # Deterministic; accepted for the common convention.
   correct = _correct(apply_fn, variables, inputs, _check_labels(labels))
   return dict(accuracy=_weighted_mean(correct, mask), correct=correct,
               count=_count(labels, mask))
@@ -289,6 +291,7 @@ def accuracy(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
 
 def adversarial_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
                          labels: Array, adv_inputs: Array,
+                         key: Optional[Array] = None,
                          mask: Optional[Array] = None) -> dict[str, Array]:
   """Clean and adversarial top-1 accuracy of one model.
 
@@ -305,6 +308,7 @@ def adversarial_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
     adv_correct (bool [B], to pool padded batches as sum / count), and
     count (the number of weighted examples).
   """
+  del key  # Deterministic; accepted for the common convention.
   labels = _check_labels(labels)
   clean = _correct(apply_fn, variables, inputs, labels)
   adv = _correct(apply_fn, variables, adv_inputs, labels)
@@ -559,3 +563,22 @@ def perturbation_structure(delta: Array, *, patch_size: int, cutoff: Any,
           "low_freq_share": jnp.sum(w * frequency_share(delta, cutoff)),
           "patch_alignment": jnp.sum(w * patch_alignment(delta, patch_size)),
           "count": w.sum()}
+
+
+def attack_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *, labels: Array,
+                    key: Optional[Array] = None, mask: Optional[Array] = None,
+                    attack: str = "fgsm", **attack_options) -> dict[str, Array]:
+  """Clean and adversarial accuracy under `attack` ("fgsm" or "pgd") in one call.
+
+  `attack_options` go to `fgsm` / `pgd` (epsilon, norm, clip_min, clip_max; PGD's
+  num_steps, step_size, random_start; `key` is PGD's random start). Returns
+  `adversarial_accuracy`'s dict: clean_acc, adv_acc (masked means), clean_correct,
+  adv_correct [B], count. Usable as an evaluator (`config.evals`, kind "measure").
+  """
+  attacks = {"fgsm": fgsm, "pgd": pgd}
+  if attack not in attacks:
+    raise ValueError(f"attack must be one of {sorted(attacks)}, got {attack!r}")
+  adv = attacks[attack](apply_fn, variables, inputs, labels=labels, key=key, mask=mask,
+                        **attack_options)["adv_inputs"]
+  return adversarial_accuracy(apply_fn, variables, inputs, labels=labels, adv_inputs=adv,
+                              mask=mask)

@@ -90,7 +90,7 @@ def head_similarity(maps: jax.Array) -> jax.Array:
   return rows.transpose(0, 2, 1, 3)   # [L, L, H, H] -> [L, H, L, H]
 
 
-def batch_head_similarity(apply_fn, variables, inputs, *, mask=None
+def batch_head_similarity(apply_fn, variables, inputs, *, labels=None, key=None, mask=None
                           ) -> dict[str, jax.Array]:
   """`head_similarity` of one (padded) batch as a masked sum, to pool over batches.
 
@@ -98,6 +98,7 @@ def batch_head_similarity(apply_fn, variables, inputs, *, mask=None
     apply_fn: see `attention_maps`; every layer must have the same head count.
     variables: its variables (trained or random-init).
     inputs: [B, ...] inputs.
+    labels, key: unused (the common convention).
     mask: optional [B] weights (0 for padding rows).
 
   Returns:
@@ -107,6 +108,7 @@ def batch_head_similarity(apply_fn, variables, inputs, *, mask=None
   """
   maps = jnp.stack(attention_maps(apply_fn, variables, inputs))   # [L, B, H, T, T]
   maps = maps.astype(jnp.float32)
+  del labels, key
   if mask is None:
     mask = jnp.ones((maps.shape[1],), jnp.float32)
   w = mask / jnp.maximum(mask.sum(), 1.0)

@@ -145,8 +145,11 @@ def layer_removal_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
                            labels: Array, model: nn.Module,
                            layers: Optional[Sequence[Layer]] = None,
                            parts: Sequence[str] = PARTS,
+                           key: Optional[Array] = None,
                            mask: Optional[Array] = None) -> dict[str, Array]:
   """Accuracy with one residual branch removed at a time (no retraining), one batch.
+
+  (`key` is unused: removal is deterministic; accepted for the common convention.)
 
   Args:
     apply_fn: the intact model, (variables, inputs) -> logits [B, K], eval mode.
@@ -167,6 +170,7 @@ def layer_removal_accuracy(apply_fn: ApplyFn, variables, inputs: Array, *,
      "accuracy": [L] masked accuracy with branch layers[l] removed (in the order of
      `layers`), "correct": bool [L, B], "count": weighted examples}.
   """
+  del key
   if layers is None:
     layers = removable_layers(model, parts)
   base_model = model.clone(skip=())
@@ -333,7 +337,7 @@ def add_gaussian(params, key: Array, sigma):
 
 
 def sharpness(apply_fn: ApplyFn, variables, inputs: Array, *, key: Array,
-              sigma=0.05, num_draws: int = 5,
+              labels: Optional[Array] = None, sigma=0.05, num_draws: int = 5,
               draw_chunk_size: Optional[int] = None,
               mask: Optional[Array] = None) -> dict[str, Array]:
   """Logit and label change under absolute Gaussian noise on all parameters.
@@ -359,6 +363,7 @@ def sharpness(apply_fn: ApplyFn, variables, inputs: Array, *, key: Array,
     variables: {"params", ...}.
     inputs: [B, ...] inputs.
     key: PRNG key.
+    labels: unused (the flips compare with the clean argmax); the common convention.
     sigma: noise standard deviation (absolute; the official default 0.05).
     num_draws: R, a static Python int.
     draw_chunk_size: draws evaluated together; None: all R at once.
@@ -369,6 +374,7 @@ def sharpness(apply_fn: ApplyFn, variables, inputs: Array, *, key: Array,
     standard errors over the R draws "l1_stderr", "flip_stderr" (sample
     standard deviation of the per-draw means / sqrt(R); 0 when R = 1)}.
   """
+  del labels
   _check_positive_int("num_draws", num_draws)
   if draw_chunk_size is not None:
     _check_positive_int("draw_chunk_size", draw_chunk_size)

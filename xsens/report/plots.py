@@ -1,14 +1,15 @@
-"""PNG plots for study reports (matplotlib, Agg backend: no display needed)."""
+"""PNG plots for study reports (matplotlib; saved to files, never shown).
+
+Importing this module leaves matplotlib's backend alone, so a notebook that imports a study
+keeps its inline figures; without a display matplotlib falls back to Agg by itself.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Mapping, Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+import matplotlib.pyplot as plt
 import numpy as np
 
 
