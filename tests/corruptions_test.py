@@ -220,6 +220,8 @@ def test_mce_of_baseline_is_one_and_toy_value():
   # fog: (0.05 + 0.15) / (0.1 + 0.3) = 0.5; snow: (0.15 + 0.15) / (0.0 + 0.2) = 1.5; mean 1.0.
   assert ce.relative_mce(model, 0.05, base, 0.1) == pytest.approx(1.0)
   assert ce.relative_mce(base, 0.1, base, 0.1) == pytest.approx(1.0)
+  flat = {k: 0.1 for k in base}  # A baseline that does not degrade: undefined.
+  assert np.isnan(ce.relative_mce(model, 0.05, flat, 0.1))
   with pytest.raises(ValueError, match="same"):
     ce.mce(model, {("fog", 1): 0.2})
   table = ce.mce_table({"alexnet": base, "vit": model}, "alexnet",

@@ -429,9 +429,12 @@ def test_sharpness_zero_sigma_is_zero_in_eval_mode():
   x = _images()
   fn = _jit_sharpness(model, num_draws=3)
   out = fn(variables, x, jax.random.key(0), 0.0)
-  assert float(out["sharpness_l1"]) == 0.0
+  # The noisy forwards run vmapped over draws, the clean one alone: two compiled programs
+  # whose float rounding may differ by ~1e-6 in the logits (never a flipped label). With
+  # dropout active (train mode) the L1 would be of order 1.
+  assert float(out["sharpness_l1"]) < 1e-4
   assert float(out["sharpness_flip"]) == 0.0
-  assert float(out["l1_stderr"]) == 0.0
+  assert float(out["l1_stderr"]) < 1e-4
   out = fn(variables, x, jax.random.key(0), 0.05)
   assert float(out["sharpness_l1"]) > 0.0
   assert float(out["l1_stderr"]) > 0.0

@@ -257,14 +257,16 @@ def relative_mce(errors_model: Mapping[Key, float], clean_error_model: float,
                  errors_baseline: Mapping[Key, float], clean_error_baseline: float) -> float:
   """Relative mCE: mean_c sum_s (E_model(c,s) - E_model_clean) / sum_s (E_base(c,s) - E_base_clean).
 
-  Measures the degradation relative to clean data, normalised by the baseline's.
+  Measures the degradation relative to clean data, normalised by the baseline's. Undefined
+  (NaN) when the baseline does not degrade on some corruption (a zero denominator, e.g. an
+  untrained baseline that predicts one class whatever the input).
   """
   model, base = _matched(errors_model, errors_baseline)
   ratios = []
   for name, sev in model.items():
     denom = sum(v - clean_error_baseline for v in base[name].values())
     if denom == 0:
-      raise ValueError(f"baseline degradation on {name!r} is 0; relative CE is undefined")
+      return float("nan")
     ratios.append(sum(v - clean_error_model for v in sev.values()) / denom)
   return float(np.mean(ratios))
 
