@@ -2,7 +2,7 @@
 
 Jiang et al., "Unveil Benign Overfitting for Transformer in Vision", NeurIPS 2024
 (arXiv 2409.19345), Definition 3.1 as reconstructed in
-/work/shared/specs/benign_overfitting.md §1; Cao et al., "Benign overfitting in two-layer
+the set-up in docs/results.md (benign overfitting); Cao et al., "Benign overfitting in two-layer
 convolutional neural networks", NeurIPS 2022 (arXiv 2202.06526) for the ±μ layout.
 
 One example is X = [x_1, ..., x_M]ᵀ ∈ R^{M×d} with label y ∈ {±1}:

@@ -3,7 +3,7 @@
 The language models of "Transformers Learn Low Sensitivity Functions" (ICLR 2025,
 arXiv 2403.06925, §5 / App. Fig. 20), trained from scratch for sequence classification
 (official code: github.com/estija/sensitivity, language/; paper scripts: 4 layers,
-hidden 256, 8 heads; spec /work/shared/specs/sensitivity.md §2.3, §7, §8).
+hidden 256, 8 heads; docs/results.md (sensitivity sections) §2.3, §7, §8).
 
 Inputs are int32 token ids [B, L], right-padded with `PAD_ID` = 0; the attention/validity
 mask is `ids != PAD_ID` (`padding_mask`). Every model exposes the token interface of

@@ -3,7 +3,7 @@
 Jiang et al., "Unveil Benign Overfitting for Transformer in Vision: Training Dynamics,
 Convergence, and Generalization", NeurIPS 2024 (arXiv 2409.19345), Fig. 1 and §5; the
 baseline is Cao et al., "Benign overfitting in two-layer convolutional neural networks",
-NeurIPS 2022 (arXiv 2202.06526). Spec: /work/shared/specs/benign_overfitting.md.
+NeurIPS 2022 (arXiv 2202.06526). Set-up: docs/results.md (benign overfitting).
 
 What it does:
   1. Sweep: for every (N, ‖μ‖, trial) of the grid, draw data (`xsens.data.signal_noise`),

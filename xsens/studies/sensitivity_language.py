@@ -1,7 +1,7 @@
 """Study `sensitivity_language`: token-wise sensitivity of RoBERTa, GPT-2 and an LSTM.
 
 "Transformers Learn Low Sensitivity Functions: Investigations and Implications" (ICLR
-2025, arXiv 2403.06925), §5 and App. Fig. 20; spec /work/shared/specs/sensitivity.md
+2025, arXiv 2403.06925), §5 and App. Fig. 20; docs/results.md (sensitivity sections)
 §2.3, §7, §8. Trains every run of `config.runs` (text models of `xsens.models.text`) on
 one text dataset (`xsens.data.text`) and, on a fixed set of training examples, measures
 
