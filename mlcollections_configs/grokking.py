@@ -2,7 +2,7 @@
 
 Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
 2403.06925), official code estija/sensitivity language/sens_addition.py and
-sens_modular_addition.ipynb; spec /work/shared/specs/sensitivity.md §5.
+sens_modular_addition.ipynb; set-up in docs/results.md (grokking).
 
   xsens --config=mlcollections_configs/grokking.py --workdir=workdirs/grokking
   xsens --config=mlcollections_configs/grokking.py:paper --workdir=workdirs/grokking_paper

@@ -1,7 +1,7 @@
 """One self-attention layer vs an MLP: sparse-token sensitivity and Boolean spectral bias.
 
 Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
-2403.06925) §2–§3.1; spec /work/shared/specs/sensitivity.md §6. The paper's synthetic
+2403.06925) §2–§3.1; set-up in docs/results.md. The paper's synthetic
 data model and settings are not known; the tasks here are ours (see
 xsens/studies/synthetic_sensitivity.py and xsens/data/sparse_tokens.py).
 
