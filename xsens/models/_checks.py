@@ -71,6 +71,16 @@ def removal_parts(parts, allowed: Sequence[str] = ("block", "attention", "mlp"))
       raise ValueError(f"unknown part {part!r}; allowed: {', '.join(allowed)}")
 
 
+def whole_block_indices(layers, what: str) -> tuple[int, ...]:
+  """Flat indices of layers (i, 'block'); ValueError naming `what` (e.g. "ResNet18
+  blocks") for any other part: these models' units have no attention / MLP sub-layer."""
+  layers = tuple((int(i), str(p)) for i, p in layers)
+  bad = [p for _, p in layers if p != "block"]
+  if bad:
+    raise ValueError(f"{what} have no {bad[0]!r} sub-layer; only 'block' can be removed.")
+  return tuple(i for i, _ in layers)
+
+
 def tokens(input_shape) -> tuple[int, int]:
   """Checks a per-example token shape (n, d) (float tokens [B, n, d])."""
   shape = tuple(input_shape) if isinstance(input_shape, Sequence) else None

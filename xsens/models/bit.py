@@ -231,12 +231,7 @@ class BiTResNet(nn.Module):
       ValueError: for a part other than 'block'.
       ConfigError: naming `model.skip` for a unit with a projection shortcut.
     """
-    layers = tuple((int(i), str(p)) for i, p in layers)
-    bad = [p for _, p in layers if p != "block"]
-    if bad:
-      raise ValueError(f"BiT units have no {bad[0]!r} sub-layer; only 'block' can be "
-                       f"removed.")
-    skip = tuple(i for i, _ in layers)
+    skip = _checks.whole_block_indices(layers, "BiT units")
     check_skip(skip, self.block_units)
     return self.clone(skip=skip)
 

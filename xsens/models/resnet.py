@@ -115,12 +115,7 @@ class ResNet18(nn.Module):
       ValueError: for a part other than 'block'.
       ConfigError: naming `model.skip` for a block with a projection shortcut.
     """
-    layers = tuple((int(i), str(p)) for i, p in layers)
-    bad = [p for _, p in layers if p != "block"]
-    if bad:
-      raise ValueError(f"ResNet18 blocks have no {bad[0]!r} sub-layer; only "
-                       f"'block' can be removed.")
-    skip = tuple(i for i, _ in layers)
+    skip = _checks.whole_block_indices(layers, "ResNet18 blocks")
     check_skip(skip)
     return self.clone(skip=skip)
 
