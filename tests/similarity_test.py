@@ -135,6 +135,20 @@ def test_minibatch_cka_converges_to_full():
   assert float(sim.linear_cka(u[:32], v[:32])) > 0.1
 
 
+def test_masked_hsic_equals_the_real_rows_alone():
+  """Padding rows (mask 0) contribute nothing; < 4 real rows add nothing at all."""
+  x, y = _normal(1, (9, 5)), _normal(2, (9, 3))
+  mask = jnp.asarray([1, 1, 0, 1, 1, 1, 0, 1, 0], jnp.float32)
+  real = np.flatnonzero(np.asarray(mask))
+  got = sim.hsic_accumulate(sim.hsic_init(2, 1), [x, y], [y], mask=mask)
+  want = sim.hsic_accumulate(sim.hsic_init(2, 1), [x[real], y[real]], [y[real]])
+  for k in ("xy", "xx", "yy"):
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6)
+  assert int(got["count"]) == 1
+  few = sim.hsic_accumulate(sim.hsic_init(), x, y, mask=jnp.asarray([1.0, 1, 1] + [0] * 6))
+  assert int(few["count"]) == 0 and float(few["xy"]) == 0.0 and float(few["xx"]) == 0.0
+
+
 @pytest.mark.slow
 def test_minibatch_cka_matrix():
   x, y = _related(8, 1024)

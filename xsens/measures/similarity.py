@@ -156,7 +156,7 @@ def cka_matrix(features_a: Sequence[Array],
 # ----------------------------------------------------------------------------
 
 
-def unbiased_hsic(k: Array, l: Array) -> Array:
+def unbiased_hsic(k: Array, l: Array, n: Array | None = None) -> Array:
   """Unbiased HSIC estimator of Song et al. (2012), eq. (5).
 
     HSIC_1 = [tr(K~ L~) + 1^T K~ 1 1^T L~ 1 / ((n-1)(n-2))
@@ -165,16 +165,20 @@ def unbiased_hsic(k: Array, l: Array) -> Array:
   with K~, L~ the Grams with zeroed diagonals. Batched over leading axes.
 
   Args:
-    k: [..., n, n] Gram matrix (need not be centred).
-    l: [..., n, n] Gram matrix of the same examples.
+    k: [..., m, m] Gram matrix (need not be centred).
+    l: [..., m, m] Gram matrix of the same examples.
+    n: the number of real examples (may be traced), when rows and columns of padding
+      examples are zero in `k` and `l` (see `hsic_accumulate`'s mask); default m.
 
   Returns:
     [...] unbiased HSIC; n must be >= 4.
   """
-  n = k.shape[-1]
-  if n < 4:
-    raise ValueError(f"the unbiased HSIC needs n >= 4 examples, got {n}.")
-  eye = jnp.eye(n, dtype=bool)
+  size = k.shape[-1]
+  if n is None:
+    if size < 4:
+      raise ValueError(f"the unbiased HSIC needs n >= 4 examples, got {size}.")
+    n = size
+  eye = jnp.eye(size, dtype=bool)
   k = jnp.where(eye, 0.0, k)
   l = jnp.where(eye, 0.0, l)
   trace = jnp.sum(k * l, axis=(-2, -1))
@@ -222,8 +226,8 @@ def _grams(features: Features) -> Array:
 
 
 @jax.jit
-def hsic_accumulate(state: dict[str, Array], x: Features,
-                    y: Features) -> dict[str, Array]:
+def hsic_accumulate(state: dict[str, Array], x: Features, y: Features,
+                    mask: Array | None = None) -> dict[str, Array]:
   """Adds one minibatch to a minibatch-CKA accumulator (Nguyen et al. 2021).
 
   Args:
@@ -231,6 +235,9 @@ def hsic_accumulate(state: dict[str, Array], x: Features,
     x: [n, d1] features, or a sequence of La arrays [n, d_i] (matching the
       state), for one minibatch of n >= 4 examples.
     y: [n, d2] or a sequence of Lb arrays, for the same examples.
+    mask: optional [n] (1 = real example, 0 = padding). The batch's HSIC terms are
+      those of its real examples alone; a batch with fewer than 4 real examples adds
+      nothing (not even to "count").
 
   Returns:
     the new state (a pure function; jittable, e.g. inside a scan).
@@ -239,13 +246,22 @@ def hsic_accumulate(state: dict[str, Array], x: Features,
   if k.ndim != state["xx"].ndim + 2 or l.ndim != state["yy"].ndim + 2:
     raise ValueError("pass arrays with hsic_init() and sequences of layers "
                      "with hsic_init(num_layers_a, num_layers_b).")
+  n, use = None, 1
+  if mask is not None:
+    m = mask.astype(jnp.float32)
+    pair = m[:, None] * m[None, :]
+    k, l, n = k * pair, l * pair, jnp.sum(m)
+    use = (n >= 4).astype(jnp.float32)
+    n = jnp.maximum(n, 4.0)   # Keeps the unused estimate finite.
   if k.ndim == 2:
-    xy, xx, yy = unbiased_hsic(k, l), unbiased_hsic(k, k), unbiased_hsic(l, l)
+    xy, xx, yy = (unbiased_hsic(k, l, n), unbiased_hsic(k, k, n),
+                  unbiased_hsic(l, l, n))
   else:
-    xy = unbiased_hsic(k[:, None], l[None, :])
-    xx, yy = unbiased_hsic(k, k), unbiased_hsic(l, l)
-  return dict(xy=state["xy"] + xy, xx=state["xx"] + xx,
-              yy=state["yy"] + yy, count=state["count"] + 1)
+    xy = unbiased_hsic(k[:, None], l[None, :], n)
+    xx, yy = unbiased_hsic(k, k, n), unbiased_hsic(l, l, n)
+  return dict(xy=state["xy"] + use * xy, xx=state["xx"] + use * xx,
+              yy=state["yy"] + use * yy,
+              count=state["count"] + jnp.asarray(use, jnp.int32))
 
 
 def cka_from_accumulated(state: dict[str, Array]) -> Array:

@@ -212,42 +212,44 @@ def _check_logits_file(path: str, num_train: int, num_classes: int) -> None:
 # ----------------------------------------------------------------------------- the teacher
 
 
-def _teacher_config(workdir: str) -> dict:
+TEACHER_FLAG = "distill.teacher_workdir"
+
+
+def _run_config(workdir: str, flag: str) -> dict:
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
   if not os.path.isdir(workdir) or not os.path.isfile(path):
-    raise ConfigError("distill.teacher_workdir", f"{workdir!r} is not an xsens run "
-                      f"directory (no {workdir_lib.CONFIG_FILE}); train the teacher first")
+    raise ConfigError(flag, f"{workdir!r} is not an xsens run directory (no "
+                      f"{workdir_lib.CONFIG_FILE}); train that run first")
   if workdir_lib.Workdir(workdir).latest_step() is None:
-    raise ConfigError("distill.teacher_workdir", f"{workdir!r} holds no checkpoint; train "
-                      "the teacher first")
+    raise ConfigError(flag, f"{workdir!r} holds no checkpoint; train that run first")
   with open(path) as f:
     return json.load(f)
 
 
-def build_teacher(workdir: str, num_classes: int, image_shape, data_config) -> nn.Module:
-  """The teacher module of the run in `workdir`, checked against the student's data.
+def build_teacher(workdir: str, num_classes: int, image_shape, data_config,
+                  flag: str = TEACHER_FLAG) -> nn.Module:
+  """The module of the finished run in `workdir` (a teacher, or a peer for an evaluator),
+  checked against this run's data.
 
-  Reads config.json only (and the checkpoint's directory listing). Raises ConfigError
-  naming `distill.teacher_workdir`.
+  Reads config.json only (and the checkpoint's metadata). Raises ConfigError naming `flag`.
   """
-  saved = _teacher_config(workdir)
+  saved = _run_config(workdir, flag)
   model_cfg = dict(saved.get("model") or {})
   name = model_cfg.pop("name", None)
   for field in _MATCHING_DATA_FIELDS:
     t_val, s_val = (saved.get("data") or {}).get(field), data_config.get(field)
     if (list(t_val) if isinstance(t_val, (list, tuple)) else t_val) != (
         list(s_val) if isinstance(s_val, (list, tuple)) else s_val):
-      raise ConfigError("distill.teacher_workdir", f"the teacher was trained with "
-                        f"data.{field}={t_val!r}, the student uses {s_val!r}; they must "
-                        "agree")
+      raise ConfigError(flag, f"the run in {workdir!r} was trained with data.{field}="
+                        f"{t_val!r}, this run uses {s_val!r}; they must agree")
   try:
     model = models_lib.get_model(name, num_classes, tuple(image_shape), **model_cfg)
   except ConfigError as e:
-    raise ConfigError("distill.teacher_workdir", f"the teacher's model in {workdir!r} does "
-                      f"not fit the student's data ({num_classes} classes, images "
-                      f"{tuple(image_shape)}): {e}") from None
-  _restore_target(workdir, model, image_shape)  # Shapes checked against the checkpoint.
+    raise ConfigError(flag, f"the model of the run in {workdir!r} does not fit this run's "
+                      f"data ({num_classes} classes, inputs {tuple(image_shape)}): {e}"
+                      ) from None
+  _restore_target(workdir, model, image_shape, flag)  # Shapes checked against the checkpoint.
   return model
 
 
@@ -271,7 +273,8 @@ def _quiet_orbax():
     logger.setLevel(level)
 
 
-def _restore_target(workdir: str, model: nn.Module, image_shape) -> dict:
+def _restore_target(workdir: str, model: nn.Module, image_shape, flag: str = TEACHER_FLAG
+                    ) -> dict:
   """The saved train state's abstract tree, after checking its params / batch_stats shapes
   against `model` on `image_shape` (reads checkpoint metadata only)."""
   # Token ids [L] for the text models, float images [H, W, C] otherwise.
@@ -288,15 +291,16 @@ def _restore_target(workdir: str, model: nn.Module, image_shape) -> dict:
     want = shapes(abstract.get(item, {}))
     have = shapes(tree.get(item) or {}) if item in tree else {}
     if want != have:
-      raise ConfigError("distill.teacher_workdir", f"the checkpoint in {workdir!r} does not "
-                        f"match the teacher model built for the student's data "
-                        f"({item} differ: different classes or image shape?)")
+      raise ConfigError(flag, f"the checkpoint in {workdir!r} does not match the model "
+                        f"built for this run's data ({item} differ: different classes or "
+                        "input shape?)")
   return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), dict(tree))
 
 
-def load_teacher_variables(workdir: str, model: nn.Module, image_shape) -> dict:
-  """The teacher's {"params", "batch_stats"?} from the latest checkpoint in `workdir`."""
-  target = _restore_target(workdir, model, image_shape)
+def load_teacher_variables(workdir: str, model: nn.Module, image_shape,
+                           flag: str = TEACHER_FLAG) -> dict:
+  """{"params", "batch_stats"?} of the latest checkpoint in `workdir` (a teacher or peer)."""
+  target = _restore_target(workdir, model, image_shape, flag)
   with _quiet_orbax(), ocp.StandardCheckpointer() as checkpointer:
     restored = checkpointer.restore(_checkpoint_path(workdir), target)
   variables = {"params": restored["params"]}

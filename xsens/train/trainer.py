@@ -170,8 +170,12 @@ def build_experiment(config, num_devices: int | None = None, *,
   loss_fn = losses.get_loss(config.loss)
   terms = objectives.terms_from_config(config, train.input_shape, loss_fn,
                                        setup.spec if setup is not None else None)
-  evals = evaluators.build(default_evals(config), apply_fn=eval_apply_fn(model),
-                           loss_fn=loss_fn, default_every=config.eval_every)
+  evals = evaluators.build(
+      default_evals(config), apply_fn=eval_apply_fn(model), loss_fn=loss_fn,
+      default_every=config.eval_every, num_classes=train.num_classes,
+      train_class_counts=np.bincount(train.labels, minlength=train.num_classes),
+      load_peer=functools.partial(load_peer, config.data, train.num_classes,
+                                  train.input_shape))
   if config.get("target_train_accuracy") is not None:
     require(any(e.name == "train" and e.kind == "classification" and e.split == "train"
                 for e in evals), "target_train_accuracy",
@@ -179,6 +183,14 @@ def build_experiment(config, num_devices: int | None = None, *,
             "config.evals")
   return Experiment(config, train, test, model, tx, loss_fn, total_steps, setup, terms,
                     objectives.transforms_from_config(config), evals)
+
+
+def load_peer(data_config, num_classes: int, input_shape, workdir: str, flag: str):
+  """`(apply_fn, variables)` of the finished run in `workdir` (latest checkpoint, host
+  arrays), checked against this run's data and classes; ConfigError naming `flag`."""
+  model = distill_lib.build_teacher(workdir, num_classes, input_shape, data_config, flag)
+  variables = distill_lib.load_teacher_variables(workdir, model, input_shape, flag)
+  return eval_apply_fn(model), jax.device_get(variables)
 
 
 def _validate_pretrained(config) -> None:
