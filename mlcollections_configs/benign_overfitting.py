@@ -55,7 +55,7 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.study = "benign_overfitting"
   config.seed = 0
-  config.models = ["vit", "cnn"]
+  config.models = ("vit", "cnn")
 
   d = config.data = ml_collections.ConfigDict()
   d.kind = "synthetic"
@@ -92,8 +92,8 @@ def get_config(arg=None):
   t.solver = "auto"
 
   s = config.sweep = ml_collections.ConfigDict()
-  s.n_values = list(range(2, 21, 2))
-  s.mu_norms = [1.0, 4.0, 8.0, 16.0, 24.0, 32.0, 45.0, 64.0, 90.0, 128.0, 181.0, 256.0]
+  s.n_values = tuple(range(2, 21, 2))
+  s.mu_norms = (1.0, 4.0, 8.0, 16.0, 24.0, 32.0, 45.0, 64.0, 90.0, 128.0, 181.0, 256.0)
   s.trials = 10
   s.chunk_size = 120
 
@@ -112,20 +112,20 @@ def get_config(arg=None):
     d.d, d.num_tokens, d.sigma_p = 1024, 16, 0.2
     v.d_h = v.d_v = 512
     t.max_steps = 1000
-    s.mu_norms = [float(m) for m in range(1, 101)]
+    s.mu_norms = tuple(float(m) for m in range(1, 101))
     s.trials = 10
     s.chunk_size = 500
     dyn.runs = ml_collections.ConfigDict({
         "harmful": _dynamics_run(), "benign": _dynamics_run(mu_norm=25.0)})
   if arg.cnn:
-    config.models = ["cnn"]
+    config.models = ("cnn",)
     dyn.enabled = False
   if arg.mnist:
-    config.models = ["vit"]
+    config.models = ("vit",)
     d.kind = "mnist"
     d.d = 784
     d.sigma_p = 6.4 / math.sqrt(784)
-    s.mu_norms = [4.0, 8.0, 16.0, 32.0, 64.0, 100.0, 140.0, 200.0, 280.0, 400.0]
+    s.mu_norms = (4.0, 8.0, 16.0, 32.0, 64.0, 100.0, 140.0, 200.0, 280.0, 400.0)
     s.trials = 3
     dyn.enabled = False
   if arg.smoke:
@@ -136,8 +136,8 @@ def get_config(arg=None):
     v.d_h = v.d_v = 16
     c.m = 4
     t.max_steps = 60
-    s.n_values = [2, 8]
-    s.mu_norms = [1.0, 64.0]
+    s.n_values = (2, 8)
+    s.mu_norms = (1.0, 64.0)
     s.trials = 2
     s.chunk_size = 4
     r.bootstrap = 0

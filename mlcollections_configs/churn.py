@@ -40,7 +40,7 @@ SETUPS = ("mnist5k", "digits", "mnist5k_lt", "digits_lt", "cifar10", "cifar100")
 def churn_config() -> ml_collections.ConfigDict:
   """Every `config.churn` field with its default."""
   return ml_collections.ConfigDict({
-      "sources": ["init", "order", "augment"],
+      "sources": ("init", "order", "augment"),
       "num_seeds": 3,           # runs per source: seeds base_seed .. base_seed + n - 1
       "base_seed": 0,           # the value of the seeds that are held fixed
       "methods": {
@@ -48,7 +48,7 @@ def churn_config() -> ml_collections.ConfigDict:
           "min_entropy": {"regularizer": {"name": "min_entropy", "weight": 0.2}},
           "codistill": {"codistill": common.codistill_config(beta=0.5).to_dict()},
       },
-      "confidence_edges": [0.0, 0.5, 0.7, 0.9, 0.99, 1.0],
+      "confidence_edges": (0.0, 0.5, 0.7, 0.9, 0.99, 1.0),
   })
 
 
@@ -64,7 +64,7 @@ def get_config(arg=None):
   c.augment.gaussian_std = 0.3
   c.augment.gaussian_prob = 0.5
   if dataset in ("mnist5k", "digits"):
-    c.model = common.model_config(name="cnn", features=[16, 32], dense_dim=64)
+    c.model = common.model_config(name="cnn", features=(16, 32), dense_dim=64)
     c.total_steps = 300
     c.batch_size = 128
     c.eval_every = 0
@@ -74,9 +74,9 @@ def get_config(arg=None):
     common.cifar_resnet_recipe(c, total_epochs=100)
   if arg.smoke:
     train_configs.smoke(c, "cnn")
-    c.model.features = [4, 8]
+    c.model.features = (4, 8)
     c.eval_every = 0
     c.checkpoint_every = 0
     config.churn.num_seeds = 2
-    config.churn.sources = ["init"]
+    config.churn.sources = ("init",)
   return config

@@ -24,10 +24,11 @@ def model_config(name: str, **overrides) -> ml_collections.ConfigDict:
 
 
 def _overridable(value):
-  """Tuples as lists (ml_collections style); None as an int FieldReference (e.g. sizes)."""
+  """Sequences as tuples (ml_collections overrides tuples, not lists: `--config...=(1,2)`);
+  None as an int FieldReference (e.g. sizes)."""
   if value is None:
     return ml_collections.FieldReference(None, field_type=int)
-  return list(value) if isinstance(value, tuple) else value
+  return tuple(value) if isinstance(value, list) else value
 
 
 def train_config() -> ml_collections.ConfigDict:
@@ -96,9 +97,9 @@ def distill_config(alpha: float = 0.5, temperature: float = 4.0, **overrides
       "teacher_workdir": ml_collections.FieldReference(None, field_type=str),
       "teacher_logits": ml_collections.FieldReference(None, field_type=str),
       "teacher_mode": "precomputed",
-      "per_class_alpha": ml_collections.FieldReference(None, field_type=list),
-      "margin": ml_collections.FieldReference(None, field_type=list)})
-  c.update(overrides)
+      "per_class_alpha": ml_collections.FieldReference(None, field_type=tuple),
+      "margin": ml_collections.FieldReference(None, field_type=tuple)})
+  c.update({k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
   return c
 
 

@@ -54,8 +54,8 @@ def distillation_config() -> ml_collections.ConfigDict:
       "alpha": 0.5,              # α of the distilled students (Hinton: a mix of both terms)
       "temperature": 4.0,        # τ
       "teacher_mode": "precomputed",   # or "in_step"
-      "variants": list(VARIANTS),
-      "seeds": [0, 1, 2],        # students per variant (init/order/step seed)
+      "variants": VARIANTS,
+      "seeds": (0, 1, 2),        # students per variant (init/order/step seed)
       "margin_scale": 2.0,       # m_c = scale·clip(1 − γ_T(c)/mean γ_T, 0, 1), in logits
       "val_fraction": 0.5,       # share of the test split that sets the mitigations
       "split_seed": 0,           # which test examples are `val`
@@ -87,7 +87,7 @@ def get_config(arg=None):
     c.checkpoint_every = 0
     config.teacher.model = common.model_config(name="cnn")
     config.teacher.total_steps = 600
-    config.student.model = common.model_config(name="cnn", features=[8, 16], dense_dim=32)
+    config.student.model = common.model_config(name="cnn", features=(8, 16), dense_dim=32)
   else:
     common.cifar_resnet_recipe(c, total_epochs=200)
     config.teacher.model = common.model_config(name="resnet18")
@@ -102,6 +102,6 @@ def get_config(arg=None):
     c.checkpoint_every = 0
     config.teacher.model.update(train_configs.SMOKE_PRESETS["cnn"])
     config.teacher.total_steps = 8
-    config.student.model.update(features=[4], dense_dim=8)
-    dc.seeds = [0]
+    config.student.model.update(features=(4,), dense_dim=8)
+    dc.seeds = (0,)
   return config

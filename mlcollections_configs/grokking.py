@@ -71,13 +71,13 @@ def get_config(arg=None):
 
   s = config.sensitivity = ml_collections.ConfigDict()
   s.sigma = 0.1
-  s.positions = [0, 1]
+  s.positions = (0, 1)
 
   r = config.report = ml_collections.ConfigDict()
   r.window = 50
   r.grok_threshold = 0.5
   r.fall_fraction = 0.5
-  r.markers = []
+  r.markers = ()
 
   if arg.paper:
     d.modulus = 113
@@ -86,7 +86,7 @@ def get_config(arg=None):
     t.epochs = 20000
     t.chunk_epochs = 500
     t.num_seeds = 3
-    r.markers = [500, 3000, 9800]
+    r.markers = (500, 3000, 9800)
   if arg.smoke:
     d.modulus = 11
     m.width, m.num_heads, m.mlp_dim = 16, 2, 32

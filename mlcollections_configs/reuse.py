@@ -63,7 +63,7 @@ def get_config(arg=None):
   rc.batch_size = 100
   rc.cost_batch_size = 128    # batch of the FLOPs / memory / step-time measurements
   rc.timing_repeats = 5
-  rc.similarity_runs = []     # more trained runs in the similarity heat map
+  rc.similarity_runs = ()     # more trained runs in the similarity heat map
 
   if arg.setup == "mnist5k":
     vit = dict(patch_size=4, width=64, depth=4, num_heads=4, mlp_dim=128)
@@ -96,5 +96,5 @@ def get_config(arg=None):
     rc.timing_repeats = 2
   config.runs = _runs(vit, heads, layers)
   full = f"reuse_p{max(heads)}_k{max(layers)}"
-  rc.similarity_runs = [full]
+  rc.similarity_runs = (full,)
   return config

@@ -42,8 +42,8 @@ def robustness_config() -> ml_collections.ConfigDict:
       "batch_size": 250,
       "patch_size": 4,              # the ViT's patch grid, for perturbation structure
       "baseline_run": "resnet18",   # mCE is relative to this run
-      "corruptions": {"names": list(corruptions.NAMES), "severities": [1, 2, 3, 4, 5]},
-      "adversarial": {"norm": "linf", "epsilons": [0.01, 0.02, 0.05, 0.1],
+      "corruptions": {"names": tuple(corruptions.NAMES), "severities": (1, 2, 3, 4, 5)},
+      "adversarial": {"norm": "linf", "epsilons": (0.01, 0.02, 0.05, 0.1),
                       "main_epsilon": 0.05, "pgd_steps": 10, "step_size_fraction": 0.25,
                       "low_freq_cutoff": 0.25},
       "perturbations": {"relative_scale": 0.5, "num_draws": 3, "sharpness_sigma": 0.05,
@@ -82,7 +82,7 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
   rc.batch_size = 50
   rc.patch_size = 16                        # ViT-B/16's patch grid
   rc.baseline_run = "bit_m_r50x1"
-  rc.adversarial.epsilons = [0.5 / 255, 1 / 255, 2 / 255, 4 / 255]
+  rc.adversarial.epsilons = (0.5 / 255, 1 / 255, 2 / 255, 4 / 255)
   rc.adversarial.main_epsilon = 2 / 255
   config.runs = ml_collections.ConfigDict({
       "vit_b16": {"model": {"name": "vit"}, "pretrained": {"path": path()}},
@@ -92,9 +92,9 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
     ic = config.imagenet
     ic.limit, ic.image_size, ic.batch_size, ic.num_workers = 12, 32, 8, 2
     rc.num_examples, rc.batch_size, rc.patch_size = 6, 4, 8
-    rc.corruptions.names = ["gaussian_noise", "fog"]
-    rc.corruptions.severities = [1, 5]
-    rc.adversarial.epsilons = [2 / 255, 8 / 255]
+    rc.corruptions.names = ("gaussian_noise", "fog")
+    rc.corruptions.severities = (1, 5)
+    rc.adversarial.epsilons = (2 / 255, 8 / 255)
     rc.adversarial.main_epsilon = 8 / 255
     rc.adversarial.pgd_steps = 2
   return config
@@ -126,7 +126,7 @@ def get_config(arg=None):
     c.checkpoint_every = 2000
     rc.num_examples = 5000
     rc.batch_size = 500
-    rc.adversarial.epsilons = [0.5 / 255, 1 / 255, 2 / 255, 4 / 255]
+    rc.adversarial.epsilons = (0.5 / 255, 1 / 255, 2 / 255, 4 / 255)
     rc.adversarial.main_epsilon = 2 / 255
     rc.representations.num_examples = 5000
     config.runs = ml_collections.ConfigDict({
@@ -143,9 +143,9 @@ def get_config(arg=None):
     rc.patch_size = 7
     rc.num_examples = 64
     rc.batch_size = 32
-    rc.corruptions.names = ["gaussian_noise", "defocus_blur", "fog", "contrast"]
-    rc.corruptions.severities = [1, 5]
-    rc.adversarial.epsilons = [0.05, 0.1]
+    rc.corruptions.names = ("gaussian_noise", "defocus_blur", "fog", "contrast")
+    rc.corruptions.severities = (1, 5)
+    rc.adversarial.epsilons = (0.05, 0.1)
     rc.adversarial.pgd_steps = 3
     rc.perturbations.num_draws = 2
     rc.perturbations.sharpness_examples = 64

@@ -58,10 +58,10 @@ def get_config(arg=None):
     for run in config.runs.values():
       run.model.update(train_configs.SMOKE_PRESETS[run.model.name])
     sc = config.sensitivity
-    sc.sigmas, sc.main_sigma, sc.num_draws = [4.0], 4.0, 1
+    sc.sigmas, sc.main_sigma, sc.num_draws = (4.0,), 4.0, 1
     sc.num_examples, sc.batch_size, sc.patch_size = 32, 32, 7
     rc = config.robustness
     rc.num_examples, rc.batch_size = 64, 32
-    rc.corruptions.names = ["gaussian_noise", "defocus_blur", "fog", "contrast"]
-    rc.corruptions.severities = [1, 5]
+    rc.corruptions.names = ("gaussian_noise", "defocus_blur", "fog", "contrast")
+    rc.corruptions.severities = (1, 5)
   return config

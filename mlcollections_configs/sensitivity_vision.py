@@ -66,7 +66,7 @@ def get_config(arg=None):
   sc.seed = 0
   sc.patch_size = 4
   # On mnist5k (pixels in [-1, 1]) one 4x4 patch rarely flips a label below σ=1.
-  sc.sigmas = [1.0, 2.0, 4.0, 8.0]
+  sc.sigmas = (1.0, 2.0, 4.0, 8.0)
   sc.main_sigma = 4.0
   sc.num_draws = 2
   sc.num_examples = 512
@@ -102,7 +102,7 @@ def get_config(arg=None):
     c.eval_every = 1000
     c.eval_train_examples = 10000
     c.checkpoint_every = 2000
-    sc.sigmas = [0.05, 0.1, 0.25, 0.5, 1.0]
+    sc.sigmas = (0.05, 0.1, 0.25, 0.5, 1.0)
     sc.main_sigma = 0.1
     sc.scattered.sigma = 0.1
     sc.num_draws = 4
@@ -114,15 +114,17 @@ def get_config(arg=None):
     train_configs.smoke(c)
     c.target_train_accuracy = None
     c.eval_train_examples = None
+    # Patches that tile the images (28 or 32 pixels): the ViT's tokens are the measured ones.
+    patch = 7 if arg.setup in ("mnist5k", "fashion_mnist", "mnist_binary") else 8
     for name, run in config.runs.items():
       run.model.update(train_configs.SMOKE_PRESETS[run.model.name])
-      if run.model.name in ("vit", "convmixer") and arg.setup == "mnist5k":
-        run.model.patch_size = 7
-    sc.sigmas = [1.0, 4.0]
+      if run.model.name in ("vit", "convmixer"):
+        run.model.patch_size = patch
+    sc.sigmas = (1.0, 4.0)
     sc.main_sigma = 4.0
     sc.num_draws = 1
     sc.num_examples = 40
     sc.batch_size = 32
-    sc.patch_size = 7 if arg.setup in ("mnist5k", "fashion_mnist", "mnist_binary") else 8
+    sc.patch_size = patch
     sc.scattered.num_draws = 2
   return config

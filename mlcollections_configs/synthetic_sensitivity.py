@@ -36,13 +36,13 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.study = "synthetic_sensitivity"
   config.seed = 0
-  config.models = ["attention", "mlp"]
+  config.models = ("attention", "mlp")
 
   config.attention = ml_collections.ConfigDict({
       "qk_dim": ml_collections.FieldReference(None, field_type=int),
       "v_dim": ml_collections.FieldReference(None, field_type=int),
       "learning_rate": 1e-2})
-  config.mlp = ml_collections.ConfigDict({"hidden_dims": [256, 256], "learning_rate": 1e-3})
+  config.mlp = ml_collections.ConfigDict({"hidden_dims": (256, 256), "learning_rate": 1e-3})
 
   s = config.sparse = ml_collections.ConfigDict()
   s.enabled = True
@@ -58,14 +58,14 @@ def get_config(arg=None):
   s.target_train_loss = ml_collections.FieldReference(None, field_type=float)
   s.max_steps = 4000
   s.eval_every = 25
-  s.sigmas = [0.1, 0.2, 0.4]
+  s.sigmas = (0.1, 0.2, 0.4)
   s.num_draws = 8
 
   b = config.boolean = ml_collections.ConfigDict()
   b.enabled = True
   b.n = 10
   # f* = x0 + x1·x2 + x3·x4·x5: one monomial of each degree 1, 2, 3, equal weights.
-  b.components = [[[0], 1.0], [[1, 2], 1.0], [[3, 4, 5], 1.0]]
+  b.components = (((0,), 1.0), ((1, 2), 1.0), ((3, 4, 5), 1.0))
   b.position_scale = 1.0
   b.train_fraction = 1.0
   b.steps = 2000
@@ -81,11 +81,11 @@ def get_config(arg=None):
   if arg.matched_loss:
     s.target_train_loss = arg.matched_loss
   if arg.smoke:
-    config.mlp.hidden_dims = [32]
+    config.mlp.hidden_dims = (32,)
     s.n, s.m, s.k = 6, 4, 3
     s.num_train, s.num_test = 64, 64
     s.max_steps, s.eval_every = 40, 10
-    s.sigmas = [0.2, 0.4]
+    s.sigmas = (0.2, 0.4)
     s.num_draws = 2
     b.n = 6
     b.steps, b.log_every = 40, 10

@@ -98,13 +98,15 @@ def test_bad_study_config_is_refused_before_training(tmp_path, module, field, va
   assert not (tmp_path / "runs").exists()
 
 
-def test_bad_student_and_codistill_fields_name_the_run(tmp_path):
+def test_bad_student_and_codistill_fields_name_the_field_and_the_run(tmp_path):
+  """The runs are derived (no `runs` block to set): errors name the block the user sets."""
   config = distill_config.get_config("smoke")
   config.student.model.features = [0]
-  with pytest.raises(ConfigError, match=r"config.runs.onehot_s0.model.features"):
+  with pytest.raises(ConfigError, match=r"^config.student.model.features: .*\(run onehot_s0\)$"):
     studies.run(config, str(tmp_path))
   config = churn_config.get_config("smoke")
   config.churn.methods.codistill.codistill.beta = -1.0
-  with pytest.raises(ConfigError, match=r"config.runs.codistill_base.codistill.beta"):
+  with pytest.raises(ConfigError, match=r"^config.churn.methods.codistill.codistill.beta: "
+                                        r".*\(run codistill_base\)$"):
     studies.run(config, str(tmp_path))
   assert not (tmp_path / "runs").exists()

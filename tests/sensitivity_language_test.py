@@ -172,7 +172,7 @@ def test_rerun_resumes_without_training(smoke_run):
     ("sensitivity.num_examples", 10_000, "sensitivity.num_examples"),
     ("runs.lstm.model.name", "vit", "runs.lstm.model.name"),
     ("runs.gpt2.model.vocab_size", 8, "runs.gpt2.model.vocab_size"),
-    ("train.data.max_length", 4, "runs.gpt2.data.max_length"),
+    ("train.data.max_length", 4, "train.data.max_length"),
 ])
 def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value, error):
   config = sl_config.get_config("smoke")

@@ -112,5 +112,5 @@ def test_paper_setups_build_on_their_tfds_datasets(setup):
 def test_paper_setup_without_data_is_a_clear_error(tmp_path):
   config = sv_cfg.get_config("setup=cifar10")
   config.train.data.data_dir = str(tmp_path)
-  with pytest.raises(ConfigError, match=r"config.runs.\w+.data.name: .*cifar10.*not found"):
+  with pytest.raises(ConfigError, match=r"config.train.data.name: .*cifar10.*not found"):
     studies.run(config, str(tmp_path / "wd"))

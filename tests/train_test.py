@@ -173,7 +173,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path):
                  "--config.train.model.patch_size=5", f"--workdir={workdir}")
   assert proc.returncode == 2
   assert proc.stderr.strip().splitlines()[-1].startswith(
-      "xsens: error: config.model.patch_size: 5 must divide")
+      "xsens: error: --config.train.model.patch_size: 5 must divide")
   assert not workdir.exists()
 
 

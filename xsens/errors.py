@@ -1,6 +1,8 @@
 """Errors that xsens raises for bad user input, and the checks that raise them."""
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -16,6 +18,11 @@ class ConfigError(ValueError):
     self.field = field
     self.message = message
     super().__init__(f"config.{field}: {message}")
+
+  @property
+  def flag(self) -> str:
+    """The command-line flag that sets the field: ``--config.<field>``, or ``--workdir``."""
+    return "--workdir" if self.field == "workdir" else f"--config.{self.field}"
 
 
 def require(ok: bool, field: str, message: str) -> None:
@@ -51,3 +58,67 @@ def check_kind_block(block, path: str, fields_by_kind: dict, what: str) -> str:
     raise ConfigError(f"{path}.{unknown[0]}", f"unknown field for a {kind} {what}; "
                       f"allowed: {', '.join(allowed)}")
   return kind
+
+
+# Fields of ConfigErrors that are not config fields (the --workdir flag); `prefixed` keeps them.
+NOT_CONFIG_FIELDS = ("workdir",)
+
+
+@contextlib.contextmanager
+def prefixed(prefix: str | Callable[[str], str], note: str = "") -> Iterator[None]:
+  """Re-raises a ConfigError from the block naming the field's full path in the config.
+
+  Code that validates a sub-config (e.g. `config.train`) names fields relative to it
+  (`model.patch_size`); under `prefixed("train")` the error names `train.model.patch_size`.
+  `prefix` may instead be a function from the relative field to its full path (a run merged
+  from several blocks). `note` is appended to the message (e.g. " (run vit)"). Errors on
+  `NOT_CONFIG_FIELDS` pass through unchanged.
+  """
+  try:
+    yield
+  except ConfigError as e:
+    if e.field in NOT_CONFIG_FIELDS:
+      raise
+    field = prefix(e.field) if callable(prefix) else f"{prefix}.{e.field}"
+    raise ConfigError(field, e.message + note) from None
+
+
+def require_finite(config: Mapping, allow: tuple[str, ...] = ()) -> None:
+  """Refuses a NaN or infinite float anywhere in `config` (a nested dict / ConfigDict).
+
+  Names the full dotted path (a list or tuple is named as a whole: it is set as a whole on
+  the command line). `allow` lists the paths that may hold a non-finite value; no study
+  needs one today.
+  """
+  for path, value in _leaves(config, ""):
+    if path not in allow and not _all_finite(value):
+      raise ConfigError(path, f"must be a finite number, got {value!r}" if _is_float(value)
+                        else f"must hold finite numbers, got {value!r}")
+
+
+def _leaves(node, path: str):
+  """(dotted path, value) of every non-mapping value under `node`."""
+  if _is_mapping(node):
+    for key, value in node.items():
+      yield from _leaves(value, f"{path}.{key}" if path else str(key))
+  else:
+    yield path, node
+
+
+def _is_mapping(value) -> bool:
+  """A dict or an ml_collections ConfigDict (which is not a `Mapping`)."""
+  return isinstance(value, Mapping) or (hasattr(value, "items") and hasattr(value, "keys"))
+
+
+def _is_float(value) -> bool:
+  return isinstance(value, (float, np.floating))
+
+
+def _all_finite(value) -> bool:
+  if _is_float(value):
+    return math.isfinite(value)
+  if isinstance(value, (list, tuple)):
+    return all(_all_finite(v) for v in value)
+  if _is_mapping(value):
+    return all(_all_finite(v) for _, v in _leaves(value, ""))
+  return True

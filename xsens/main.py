@@ -1,50 +1,289 @@
 """Command-line entry point: `xsens --config=mlcollections_configs/FILE.py[:args] --workdir=DIR`.
 
 Also `python -m xsens`. Parses flags, then calls `xsens.studies.run(config, workdir)`;
-the library below never reads flags. Bad input exits with code 2 and one line naming the
-field; a diverged run exits with code 1 and keeps its last good checkpoint.
+the library below never reads flags. Bad input (a config file that does not load, an
+unknown or mistyped `--config.<field>`, a value the study refuses) exits with code 2 and
+one line `xsens: error: --<flag>: <message>` before anything is written; a diverged run
+exits with code 1 and keeps its last good checkpoint; a run stopped by SIGTERM / SIGINT
+saves a checkpoint at its current step and exits with 143 / 130 (128 + the signal) after
+one line saying so (README, "Preemption and resume").
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib.machinery
+import importlib.util
 import os
+import re
 import sys
+import traceback
 
 from absl import app, flags, logging
+import ml_collections
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a config file, optionally with ':variant,args'.", lock_config=True)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Directory for checkpoints, metrics and the report "
-    "(default: ./workdirs/<study>). Rerunning with it resumes.")
-_OVERWRITE = flags.DEFINE_bool(
-    "overwrite", False, "Start again in a workdir whose checkpoints come from another config.")
+from xsens.errors import ConfigError
+
+EXAMPLE = "--config=mlcollections_configs/train.py:model=vit"
+# What `--config.<field>=VALUE` expects, per field type (ml_collections' parsers).
+_EXPECTED = {int: "an int", float: "a number", bool: "true or false", str: "a string",
+             tuple: 'a tuple such as "(0.5,2.0)"'}
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS, sys_argv: list[str] | None = None
+                 ) -> tuple[flags.FlagHolder, flags.FlagHolder, flags.FlagHolder]:
+  """Defines --config, --workdir and --overwrite on `flag_values`.
+
+  `sys_argv` is the command line in which ml_collections looks for `--config.<field>`
+  overrides (default: `sys.argv`); tests pass their own with a fresh `FlagValues`.
+  """
+  config = config_flags.DEFINE_config_file(
+      "config", None, "Path to a config file, optionally with ':variant,args'.",
+      flag_values=flag_values, lock_config=True, sys_argv=sys_argv)
+  workdir = flags.DEFINE_string(
+      "workdir", None, "Directory for checkpoints, metrics and the report "
+      "(default: ./workdirs/<study>). Rerunning with it resumes.", flag_values=flag_values)
+  overwrite = flags.DEFINE_bool(
+      "overwrite", False, "Start again in a workdir whose checkpoints come from another config.",
+      flag_values=flag_values)
+  return config, workdir, overwrite
+
+
+_CONFIG, _WORKDIR, _OVERWRITE = define_flags()
 
 
 def main(argv) -> None:
   del argv
   # Imported here so `--help` stays fast and flags are parsed before JAX starts.
   from xsens import studies  # pylint: disable=g-import-not-at-top
-  from xsens.errors import ConfigError  # pylint: disable=g-import-not-at-top
-  from xsens.train.trainer import TrainingDivergedError  # pylint: disable=g-import-not-at-top
+  from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from xsens.train.loop import Preempted, TrainingDivergedError  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
-  if config is None:
-    _fail("--config is required, e.g. --config=mlcollections_configs/sensitivity_vision.py")
   workdir = _WORKDIR.value or os.path.join("workdirs", str(config.get("study", "run")))
   logging.set_verbosity(logging.WARNING)
   try:
-    out = studies.run(config, workdir, overwrite=_OVERWRITE.value)
+    with workdir_lib.locked(workdir):  # One process per workdir, before anything else.
+      out = studies.run(config, workdir, overwrite=_OVERWRITE.value)
   except ConfigError as e:
-    _fail(str(e))
+    _fail(f"{e.flag}: {e.message}")
   except TrainingDivergedError as e:
     print(f"xsens: {e}", file=sys.stderr)
     sys.exit(1)
+  except Preempted as e:  # SIGTERM / SIGINT: checkpoint committed; 128 + signal number.
+    print(f"xsens: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
   if out.get("markdown"):
     print(out["markdown"])
   print(f"Results in {os.path.abspath(workdir)}: results.md, results.json and plots; "
         "per-run metrics.jsonl, TensorBoard events (tb/) and checkpoints.")
+
+
+class UsageError(Exception):
+  """Bad command-line input; its str is the one line printed after `xsens: error: `."""
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """`app.run`'s flags parser: on bad input prints one line and exits with code 2."""
+  try:
+    return parse_or_raise(argv, flag_values)
+  except UsageError as e:
+    _fail(str(e))
+
+
+def parse_or_raise(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
+  """Parses `argv` into `flag_values`; raises UsageError naming the flag on bad input.
+
+  Loads the config file itself first (so a file that does not load, a bad variant and an
+  unknown `--config.<field>` are reported against the loaded config), then lets absl and
+  ml_collections parse everything and translates their errors.
+  """
+  try:
+    args = flag_values.read_flags_from_files(argv, force_gnu=False)
+  except flags.Error as e:
+    raise UsageError(_one_line(e)) from None
+  spec, overrides = _scan(args)
+  config = None
+  if spec is not None:
+    config = load_config(spec)
+    for path, value in overrides.items():
+      check_field(config, path)
+      check_tuple(config, path, value)
+  elif overrides:
+    raise UsageError(f"--config: missing (needed by --config.{next(iter(overrides))}), "
+                     f"e.g. {EXAMPLE}")
+  try:
+    rest = flag_values(argv)
+  except flags.IllegalFlagValueError as e:
+    raise UsageError(_illegal_value(e, config, overrides)) from None
+  except flags.UnrecognizedFlagError as e:
+    tip = difflib.get_close_matches(e.flagname, list(flag_values), n=1)
+    raise UsageError(f"--{e.flagname}: unknown flag"
+                     + (f"; did you mean --{tip[0]}?" if tip else "")) from None
+  except (flags.Error, ValueError, TypeError, AttributeError, KeyError, OSError) as e:
+    raise UsageError(_unsupported(e) or _one_line(e)) from None
+  if spec is None:
+    raise UsageError(f"--config: missing, e.g. {EXAMPLE}")
+  if not isinstance(flag_values["config"].value, ml_collections.ConfigDict):
+    raise UsageError(f"--config: {spec} did not load")  # A config that loads only once.
+  if len(rest) > 1:
+    raise UsageError(f"unexpected argument {rest[1]!r} (flags are written --name=value)")
+  return rest
+
+
+def _scan(args: list[str]) -> tuple[str | None, dict[str, str | None]]:
+  """The last `--config` value (None if absent) and {override path: its last raw value}."""
+  spec, overrides = None, {}
+  for i, arg in enumerate(args[1:], 1):
+    if arg == "--":
+      break
+    nxt = args[i + 1] if i + 1 < len(args) else None
+    if m := re.match(r"^--?config(?:=(.*))?$", arg, re.S):
+      spec = m.group(1) if m.group(1) is not None else (nxt or "")
+    elif m := re.match(r"^--?(no)?config\.([^=]+)(?:=(.*))?$", arg, re.S):
+      value = m.group(3) if m.group(3) is not None else (None if m.group(1) else nxt)
+      overrides.pop(m.group(2), None)
+      overrides[m.group(2)] = value
+  return spec, overrides
+
+
+def load_config(spec: str) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of `PATH[:arg]` as ml_collections loads it; UsageError if it fails."""
+  path, colon, arg = spec.partition(":")
+  if not path:
+    raise UsageError(f"--config: no config file given, e.g. {EXAMPLE}")
+  if os.path.isdir(path):
+    raise UsageError(f"--config: {path} is a directory, not a config file")
+  if not os.path.isfile(path):
+    raise UsageError(f"--config: no such file {path!r}")
+  loader = importlib.machinery.SourceFileLoader("xsens_cli_config", path)
+  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+  try:
+    loader.exec_module(module)
+  except SyntaxError as e:
+    raise UsageError(f"--config: {e.filename}:{e.lineno}: {e.msg}") from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(f"--config: {_describe(e, path)}") from None
+  if not callable(getattr(module, "get_config", None)):
+    raise UsageError(f"--config: {path} defines no get_config()")
+  try:
+    config = module.get_config(*([arg] if colon else []))
+  except ConfigError as e:
+    raise UsageError(f"{e.flag}: {e.message}") from None
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(f"--config: {_describe(e, spec)}") from None
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise UsageError(f"--config: {spec}: get_config() returned a {type(config).__name__}, "
+                     "not a ConfigDict")
+  return config
+
+
+def check_field(config: ml_collections.ConfigDict, path: str) -> None:
+  """UsageError unless `config.<path>` exists (with a did-you-mean naming the closest)."""
+  if "[" in path:  # Indexing (`a[0]`): left to ml_collections.
+    return
+  parts = path.split(".")
+  node = config
+  for i, part in enumerate(parts):
+    if not isinstance(node, ml_collections.ConfigDict):
+      raise UsageError(f"--config.{path}: no such field; config.{'.'.join(parts[:i])} holds "
+                       f"a value ({type(node).__name__}), not a block of fields")
+    if part not in node:
+      tips = _suggestions(config, parts)
+      if tips:
+        raise UsageError(f"--config.{path}: no such field; did you mean "
+                         f"{' or '.join('--config.' + t for t in tips)}?")
+      where = "config" + "".join(f".{p}" for p in parts[:i])
+      raise UsageError(f"--config.{path}: no such field; {where} has: "
+                       f"{', '.join(sorted(node.keys()))}")
+    node = node[part]
+
+
+def check_tuple(config: ml_collections.ConfigDict, path: str, value: str | None) -> None:
+  """UsageError for `(a,b)` given to a tuple field with unquoted strings: ml_collections
+  would silently read it as the one string `"(a,b)"`."""
+  if value is None or _field_type(config, path) is not tuple or not value.strip().startswith("("):
+    return
+  try:
+    ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    raise UsageError(f"--config.{path}: expected {_EXPECTED[tuple]} (strings quoted: "
+                     f"'(\"a\",\"b\")'), got {value!r}") from None
+
+
+def _suggestions(config: ml_collections.ConfigDict, parts: list[str]) -> list[str]:
+  """Existing dotted paths close to `parts` (difflib): each part matched among its
+  siblings; else up to two paths whose last part is (or is close to) the wanted one."""
+  fixed, node = [], config
+  for part in parts:
+    keys = list(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+    match = [part] if part in keys else difflib.get_close_matches(part, keys, n=1)
+    if not match:
+      break
+    fixed.append(match[0])
+    node = node[match[0]]
+  else:
+    return [".".join(fixed)]
+  paths = list(_dotted_paths(config))
+  leaves = {p: p.rsplit(".", 1)[-1] for p in paths}
+  same = ([p for p in paths if leaves[p] == parts[-1]]
+          or [p for p in paths if difflib.get_close_matches(parts[-1], [leaves[p]])])
+  return difflib.get_close_matches(".".join(parts), same, n=2, cutoff=0.0)
+
+
+def _dotted_paths(config: ml_collections.ConfigDict, prefix: str = ""):
+  for key in config.keys():
+    yield prefix + key
+    if isinstance(config[key], ml_collections.ConfigDict):
+      yield from _dotted_paths(config[key], f"{prefix}{key}.")
+
+
+def _illegal_value(e: flags.IllegalFlagValueError, config, overrides: dict) -> str:
+  """`--config.<field>: expected <type>, got '<value>'` for a value its type cannot parse."""
+  m = re.match(r"^flag --(\S+?)=", str(e))
+  name = m.group(1) if m else None
+  if name and name.startswith("config.") and config is not None:
+    path = name[len("config."):]
+    expected = _EXPECTED.get(_field_type(config, path))
+    if expected:
+      return f"--{name}: expected {expected}, got {overrides.get(path)!r}"
+  message = str(e)[m.end():].partition(": ")[2] if m else str(e)
+  return f"--{name}: {_one_line(message)}" if name else _one_line(e)
+
+
+def _field_type(config: ml_collections.ConfigDict, path: str) -> type | None:
+  *parents, leaf = path.split(".")
+  node = config
+  for part in parents:
+    node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+  return node.get_type(leaf) if isinstance(node, ml_collections.ConfigDict) else None
+
+
+def _unsupported(e: Exception) -> str | None:
+  """The line for ml_collections' "Type ... of field ... is not supported for overriding"."""
+  m = re.match(r"^Type (.+?) of field (\S+) is not supported", str(e))
+  if not m:
+    return None
+  kind = re.sub(r"<class '(?:.*\.)?([^'.]+)'>", r"\1", m.group(1))
+  return (f"--{m.group(2)}: cannot be set from the command line (a {kind} field); "
+          "the config file should hold a tuple, int, float, bool or str there")
+
+
+def _describe(e: Exception, where: str) -> str:
+  """One line for an exception from loading a config: `where: message` for a ValueError (a
+  refused variant), else `file:line: Type: message` at the innermost frame (a bug)."""
+  if isinstance(e, ValueError):
+    return f"{where}: {_one_line(e)}"
+  frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<")]
+  if frames:
+    where = f"{frames[-1].filename}:{frames[-1].lineno}"
+  return f"{where}: {type(e).__name__}: {_one_line(e)}"
+
+
+def _one_line(message) -> str:
+  return " ".join(str(message).split())
 
 
 def _fail(message: str) -> None:
@@ -54,7 +293,7 @@ def _fail(message: str) -> None:
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, require_finite
 
 # Study name -> module (imported lazily: a study pulls only what it uses).
 STUDIES = {
@@ -24,8 +24,13 @@ STUDIES = {
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
-  """Runs the study named by `config.study` in `workdir` and returns its results."""
+  """Runs the study named by `config.study` in `workdir` and returns its results.
+
+  A NaN or infinite float anywhere in `config` is refused first (ConfigError naming its
+  path), whatever the study: no field of any study means anything by one.
+  """
   name = config.get("study")
   if name not in STUDIES:
     raise ConfigError("study", f"unknown study {name!r}; allowed: {', '.join(sorted(STUDIES))}")
+  require_finite(config)
   return importlib.import_module(STUDIES[name]).run(config, workdir, overwrite=overwrite)

@@ -79,6 +79,24 @@ def _runs(config, plan) -> dict:
   return runs
 
 
+def field_path(config, plan):
+  """`(run, field) -> full config path` of the plan's runs (see `compare.validate_runs`): a
+  seed is `churn.base_seed`, a field the run's method sets `churn.methods.<method>.<field>`,
+  anything else `train.<field>`."""
+  method_of = {name: m for m, by_source in plan.items() for names in by_source.values()
+               for name in names}
+  base = config.train.to_dict()
+
+  def path(name: str, field: str) -> str:
+    method = method_of[name]
+    if field in SOURCES.values():
+      return "churn.base_seed"
+    if compare.overrides_field(base, config.churn.methods[method].to_dict(), field):
+      return f"churn.methods.{method}.{field}"
+    return f"train.{field}"
+  return path
+
+
 def _is_codistill(exp) -> bool:
   return exp.config.get("codistill") is not None
 
@@ -90,26 +108,27 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   plan = run_plan(cc)
   derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
                                        "runs": _runs(config, plan)})
-  experiments = compare.validate_runs(derived)
+  paths = field_path(config, plan)
+  experiments = compare.validate_runs(derived, paths)
   co_cfg = {}
   for name, exp in experiments.items():
     if _is_codistill(exp):
-      try:
+      with compare.run_errors(derived, name, paths):
         co_cfg[name] = codistill.validate_codistill_config(exp.config)
-      except ConfigError as e:
-        raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
   workdirs = compare.check_run_workdirs(workdir, experiments, overwrite)
 
   logits, peer_churn, accuracy = {}, {}, {}
   for name, exp in experiments.items():
     wd = workdirs[name]
     wd.prepare(exp.config, overwrite=overwrite)
-    if name in co_cfg:
-      out = codistill.run_experiment(exp, co_cfg[name], wd)
-      res = out.a
-      peer = distill_lib.predict_logits(out.b.model, out.b.variables, exp.test.images)
-    else:
-      res, peer = trainer.run_experiment(exp, wd), None
+    with compare.run_errors(derived, name, paths):
+      if name in co_cfg:
+        out = codistill.run_experiment(exp, co_cfg[name], wd)
+        res = out.a
+      else:
+        res, out = trainer.run_experiment(exp, wd), None
+    peer = None if out is None else distill_lib.predict_logits(out.b.model, out.b.variables,
+                                                                 exp.test.images)
     logits[name] = distill_lib.predict_logits(res.model, res.variables, exp.test.images)
     accuracy[name] = res.summary["test_accuracy"]
     if peer is not None:

@@ -7,10 +7,14 @@ resumes there independently, so an interrupted study picks up where it stopped.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+from collections.abc import Callable, Iterator
 
 from xsens.config_utils import run_config
-from xsens.errors import ConfigError
+from xsens.errors import NOT_CONFIG_FIELDS, ConfigError
+from xsens.models.vit import ViT
 from xsens.report import tables
 from xsens.train import trainer
 from xsens.train.workdir import Workdir
@@ -31,35 +35,97 @@ def check_run_workdirs(workdir: str, experiments: dict[str, trainer.Experiment],
   """
   out = {}
   for name, exp in experiments.items():
-    out[name] = Workdir(run_workdir(workdir, name), keep_checkpoints=exp.config.keep_checkpoints)
+    out[name] = trainer.make_workdir(run_workdir(workdir, name), exp.config)
     out[name].check(exp.config, overwrite=overwrite)
   return out
 
 
-def validate_runs(config) -> dict[str, trainer.Experiment]:
-  """Builds (validates, loads data for) every run; errors name `runs.<run>.<field>`."""
+def overrides_field(base: dict, overrides: dict, field: str) -> bool:
+  """Whether a run's `overrides` set `field` (a dotted path) of its training config, as
+  `run_config` merges them over `base` (`config.train`): the run sets the field or a value
+  above it that replaces the base's whole (a leaf, a block the base lacks, a model block
+  that names a model); blocks both hold are merged key by key."""
+  if field.split(".")[0] == "model" and "name" in (overrides.get("model") or {}):
+    return True
+  for part in field.split("."):
+    if part not in overrides:
+      return False
+    overrides = overrides[part]
+    base = base.get(part) if isinstance(base, dict) else None
+    if not (isinstance(overrides, dict) and isinstance(base, dict)):
+      return True
+  return True
+
+
+def run_field(config, name: str, field: str) -> str:
+  """The full config path of `field` of run `name`'s training config: `runs.<name>.<field>`
+  where the run sets it, else `train.<field>` (shared by every run)."""
+  if overrides_field(config.train.to_dict(), config.runs[name].to_dict(), field):
+    return f"runs.{name}.{field}"
+  return f"train.{field}"
+
+
+# `(run name, field of its merged training config) -> full config path`.
+FieldPath = Callable[[str, str], str]
+
+
+@contextlib.contextmanager
+def run_errors(config, name: str, field_path: FieldPath | None = None) -> Iterator[None]:
+  """Context: a ConfigError about run `name`'s merged training config is re-raised naming
+  the field's full path (`field_path`, default `run_field`), and the run where that path
+  does not name it. Errors on the workdir pass through."""
+  try:
+    yield
+  except ConfigError as e:
+    if e.field in NOT_CONFIG_FIELDS:
+      raise
+    full = (field_path or functools.partial(run_field, config))(name, e.field)
+    note = "" if full.startswith((f"runs.{name}.", f"{name}.")) else f" (run {name})"
+    raise ConfigError(full, e.message + note) from None
+
+
+def validate_runs(config, field_path: FieldPath | None = None
+                  ) -> dict[str, trainer.Experiment]:
+  """Builds (validates, loads data for) every run; errors name the field's full path.
+
+  `field_path(run, field)` maps a field of a run's merged training config to the path the
+  user sets (default `run_field`: `runs.<run>.<field>` or `train.<field>`).
+  """
   experiments = {}
   for name in config.runs:
-    try:
+    with run_errors(config, name, field_path):
       experiments[name] = trainer.build_experiment(run_config(config, name))
-    except ConfigError as e:
-      raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
   return experiments
 
 
+def require_vit_patch_size(config, experiments: dict[str, trainer.Experiment], field: str,
+                           patch_size) -> None:
+  """Refuses `field` (a measure's patch size) unless it is the patch size of every ViT run,
+  so the patches measured are the ViT's tokens."""
+  for name, exp in experiments.items():
+    if isinstance(exp.model, ViT) and exp.model.patch_size != patch_size:
+      raise ConfigError(field, f"{patch_size} differs from the patch size of the ViT of run "
+                        f"{name!r} ({run_field(config, name, 'model.patch_size')}="
+                        f"{exp.model.patch_size}); the measured patches must be the ViT's "
+                        f"tokens: use {exp.model.patch_size}")
+
+
 def train_runs(config, workdir: str, *, overwrite: bool = False,
-               experiments: dict[str, trainer.Experiment] | None = None
-               ) -> dict[str, trainer.TrainResult]:
+               experiments: dict[str, trainer.Experiment] | None = None,
+               field_path: FieldPath | None = None) -> dict[str, trainer.TrainResult]:
   """Validates every run first (nothing compiled or written on bad input), then trains each.
 
   `experiments` are the already-validated runs (from `validate_runs`), if the caller has them.
+  `field_path` as in `validate_runs` (a run can still refuse a field while it starts, e.g. a
+  pretrained checkpoint that does not fit its model).
   """
-  experiments = validate_runs(config) if experiments is None else experiments
+  experiments = validate_runs(config, field_path) if experiments is None else experiments
   workdirs = check_run_workdirs(workdir, experiments, overwrite)
   results = {}
   for name, exp in experiments.items():
     workdirs[name].prepare(exp.config, overwrite=overwrite)
-    results[name] = trainer.run_experiment(exp, workdirs[name])
+    with run_errors(config, name, field_path):
+      results[name] = trainer.run_experiment(exp, workdirs[name])
   return results
 
 

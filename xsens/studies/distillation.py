@@ -142,6 +142,36 @@ def student_overrides(config, variant: str, seed: int, teacher_workdir: str | No
   return out
 
 
+# A student's `distill.<field>` -> the `config.distillation` field it comes from (the
+# per-class α and margins are derived from the teacher with `alpha` and `margin_scale`; the
+# teacher's workdir is the teacher run's).
+_DISTILL_SOURCES = {"alpha": "distillation.alpha", "temperature": "distillation.temperature",
+                    "teacher_mode": "distillation.teacher_mode",
+                    "per_class_alpha": "distillation.alpha",
+                    "margin": "distillation.margin_scale"}
+
+
+def field_path(config):
+  """`(run, field) -> full config path` of the teacher and student runs (see
+  `compare.validate_runs`): a field the run's block sets is `teacher.<field>` /
+  `student.<field>`, a seed `distillation.seeds`, the distill block's fields come from
+  `config.distillation` (`_DISTILL_SOURCES`; the rest from the teacher), anything else
+  `train.<field>`."""
+  base = config.train.to_dict()
+
+  def path(name: str, field: str) -> str:
+    block = TEACHER if name == TEACHER else "student"
+    if block == "student":
+      if field in ("init_seed", "order_seed", "augment_seed"):
+        return "distillation.seeds"
+      if field.split(".")[0] == "distill":
+        return _DISTILL_SOURCES.get(field.partition(".")[2], TEACHER)
+    if compare.overrides_field(base, config[block].to_dict(), field):
+      return f"{block}.{field}"
+    return f"train.{field}"
+  return path
+
+
 def _with_runs(config, runs: dict) -> ml_collections.ConfigDict:
   derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
                                        "runs": runs})
@@ -161,19 +191,18 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   dc = config.distillation
   variants, seeds = list(dc.variants), [int(s) for s in dc.seeds]
   teacher_cfg = _with_runs(config, {TEACHER: config.teacher.to_dict()})
+  paths = field_path(config)
   # Validate every run before training anything (students without their teacher's files).
-  teacher_exp = compare.validate_runs(teacher_cfg)
+  teacher_exp = compare.validate_runs(teacher_cfg, paths)
   probe = {run_name(v, s): student_overrides(config, v, s, "<teacher>") for v in variants
            for s in seeds}
   probe_cfg = _with_runs(config, probe)
   for name in probe:
-    try:
+    with compare.run_errors(probe_cfg, name, paths):
       trainer.build_experiment(run_config(probe_cfg, name), check_teacher=False)
-    except ConfigError as e:
-      raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
 
   teacher = compare.train_runs(teacher_cfg, workdir, overwrite=overwrite,
-                               experiments=teacher_exp)[TEACHER]
+                               experiments=teacher_exp, field_path=paths)[TEACHER]
   teacher_dir = os.path.abspath(compare.run_workdir(workdir, TEACHER))
   num_classes = teacher.train.num_classes
   val, ev = split_val_eval(len(teacher.test), dc.val_fraction, dc.split_seed)
@@ -189,7 +218,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   students_cfg = _with_runs(config, {
       run_name(v, s): student_overrides(config, v, s, teacher_dir, mitigation)
       for v in variants for s in seeds})
-  students = compare.train_runs(students_cfg, workdir, overwrite=overwrite)
+  students = compare.train_runs(students_cfg, workdir, overwrite=overwrite, field_path=paths)
 
   train_counts = np.asarray(subgroups.class_counts(teacher.train.labels, num_classes))
   head = subgroups.head_mask(train_counts, dc.head_fraction)

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens.errors import ConfigError
 from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval
 from xsens.measures import perturbations as pert
@@ -35,6 +36,16 @@ from xsens.studies import robustness_common as common
 PIXEL_SCALE = common.PIXEL_SCALE
 PIXEL_RANGE = common.PIXEL_RANGE
 validate_robustness_config = common.validate_robustness_config
+
+
+def validate_patch_size(config, experiments) -> None:
+  """`robustness.patch_size` is the grid of the perturbation-structure measures: it must
+  divide the images and be the ViT's patch size."""
+  p = config.robustness.patch_size
+  h, w, _ = next(iter(experiments.values())).train.image_shape
+  if h % p or w % p:
+    raise ConfigError("robustness.patch_size", f"{p} must divide the image size {h}x{w}")
+  compare.require_vit_patch_size(config, experiments, "robustness.patch_size", p)
 
 
 # --------------------------------------------------------------------------- corruptions
@@ -189,6 +200,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   rc = config.robustness
   experiments = compare.validate_runs(config)
   common.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
+  validate_patch_size(config, experiments)
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
   key = jax.random.key(rc.seed)
   normalize = config.train.data.normalize

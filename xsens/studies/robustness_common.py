@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.data import batching
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, is_finite_number, is_int, require
+from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
 
@@ -51,15 +52,38 @@ def validate_robustness_config(rc, run_names, normalize) -> None:
   if normalize not in PIXEL_SCALE:
     raise ConfigError("train.data.normalize", f"the robustness study needs pixel-range "
                       f"inputs; allowed: {', '.join(PIXEL_SCALE)}, got {normalize!r}")
-  if not rc.adversarial.epsilons or any(e <= 0 for e in rc.adversarial.epsilons):
+  ac = rc.adversarial
+  if not ac.epsilons or not all(is_finite_number(e) and e > 0 for e in ac.epsilons):
     raise ConfigError("robustness.adversarial.epsilons",
-                      f"must be a non-empty list of ε > 0, got {list(rc.adversarial.epsilons)}")
-  if rc.adversarial.main_epsilon not in rc.adversarial.epsilons:
+                      f"must be a non-empty list of finite ε > 0, got {list(ac.epsilons)}")
+  if ac.main_epsilon not in ac.epsilons:
     raise ConfigError("robustness.adversarial.main_epsilon",
-                      f"must be one of {list(rc.adversarial.epsilons)}")
-  for field in ("num_examples", "batch_size"):
-    if not rc[field] > 0:
-      raise ConfigError(f"robustness.{field}", f"must be > 0, got {rc[field]}")
+                      f"must be one of {list(ac.epsilons)}")
+  if ac.norm not in adv.NORMS:
+    raise ConfigError("robustness.adversarial.norm",
+                      f"got {ac.norm!r}; allowed: {', '.join(adv.NORMS)}")
+  require(is_int(ac.pgd_steps) and ac.pgd_steps > 0, "robustness.adversarial.pgd_steps",
+          f"must be an int > 0, got {ac.pgd_steps!r}")
+  for field in ("step_size_fraction", "low_freq_cutoff"):
+    require(is_finite_number(ac[field]) and ac[field] > 0, f"robustness.adversarial.{field}",
+            f"must be a finite number > 0, got {ac[field]!r}")
+  for field in ("num_examples", "batch_size", "patch_size"):
+    require(is_int(rc[field]) and rc[field] > 0, f"robustness.{field}",
+            f"must be an int > 0, got {rc[field]!r}")
+  pc = rc.get("perturbations")  # Not in the ImageNet setup.
+  if pc is not None:
+    for field in ("relative_scale", "sharpness_sigma"):
+      require(is_finite_number(pc[field]) and pc[field] >= 0,
+              f"robustness.perturbations.{field}",
+              f"must be a finite number >= 0, got {pc[field]!r}")
+    for field in ("num_draws", "sharpness_examples"):
+      require(is_int(pc[field]) and pc[field] > 0, f"robustness.perturbations.{field}",
+              f"must be an int > 0, got {pc[field]!r}")
+  reps = rc.get("representations")
+  if reps is not None:
+    require(is_int(reps.num_examples) and reps.num_examples > 0,
+            "robustness.representations.num_examples",
+            f"must be an int > 0, got {reps.num_examples!r}")
 
 
 @contextlib.contextmanager

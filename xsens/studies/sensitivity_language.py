@@ -40,7 +40,7 @@ from xsens.config_utils import run_config
 from xsens.data import batching
 from xsens.data import pipeline
 from xsens.data import text as text_data
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.measures import text_sensitivity as ts
 from xsens.models import text as text_models
 from xsens.report import plots, tables
@@ -59,7 +59,7 @@ SPECIAL_IDS = (text_data.BOS_ID, text_data.EOS_ID)
 def validate_sensitivity_config(sc, num_train: int) -> None:
   """Checks `config.sensitivity` (before anything trains or compiles)."""
   for field in ("sigma", "global_sigma"):
-    if isinstance(sc[field], bool) or not isinstance(sc[field], (int, float)) or sc[field] < 0:
+    if not (is_finite_number(sc[field]) and sc[field] >= 0):
       raise ConfigError(f"sensitivity.{field}", f"must be a standard deviation >= 0, got "
                         f"{sc[field]!r}")
   for field in ("num_draws", "final_num_draws", "global_num_draws", "num_examples",
@@ -72,8 +72,9 @@ def validate_sensitivity_config(sc, num_train: int) -> None:
   if sc.num_examples > num_train:
     raise ConfigError("sensitivity.num_examples", f"{sc.num_examples} exceeds the "
                       f"{num_train} training examples; allowed: 1..{num_train}")
-  if sc.chunk_size is not None and not sc.chunk_size >= 1:
-    raise ConfigError("sensitivity.chunk_size", f"must be >= 1 or None, got {sc.chunk_size}")
+  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size >= 1):
+    raise ConfigError("sensitivity.chunk_size", f"must be an int >= 1 or None, got "
+                      f"{sc.chunk_size!r}")
   if sc.noise_scale not in NOISE_SCALES:
     raise ConfigError("sensitivity.noise_scale", f"unknown value {sc.noise_scale!r}; "
                       f"allowed: {', '.join(NOISE_SCALES)}")
@@ -90,8 +91,9 @@ def validate(config) -> dict[str, trainer.Experiment]:
   for name in config.runs:
     model_name = run_config(config, name).model.name
     if model_name not in text_models.TEXT_MODELS:
-      raise ConfigError(f"runs.{name}.model.name", f"{model_name!r} is not a text model; "
-                        f"allowed: {', '.join(text_models.TEXT_MODELS)}")
+      raise ConfigError(compare.run_field(config, name, "model.name"),
+                        f"{model_name!r} is not a text model (run {name}); allowed: "
+                        f"{', '.join(text_models.TEXT_MODELS)}")
   experiments = compare.validate_runs(config)
   validate_sensitivity_config(config.sensitivity,
                               min(len(e.train) for e in experiments.values()))
@@ -230,7 +232,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     ids = exp.train.images[:sc.num_examples]
     labels = exp.train.labels[:sc.num_examples]
     hook = make_hook(exp.model, ids, labels, sc, key)
-    results[name] = trainer.run_experiment(exp, wd, hooks=(hook,))
+    with compare.run_errors(config, name):
+      results[name] = trainer.run_experiment(exp, wd, hooks=(hook,))
     t0 = time.time()
     measured[name] = measure(exp.model, results[name].variables, ids, labels, sc, key,
                              sc.final_num_draws)

@@ -22,8 +22,7 @@ from xsens.train import sharding
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run, measures corrupted accuracy and sensitivity, writes the report."""
   experiments = compare.validate_runs(config)
-  image_shape = next(iter(experiments.values())).train.image_shape
-  sensitivity_vision.validate_sensitivity_config(config.sensitivity, image_shape)
+  sensitivity_vision.validate(config, experiments)
   robustness.validate_robustness_config(config.robustness, list(experiments),
                                         config.train.data.normalize)
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)

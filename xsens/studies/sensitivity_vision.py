@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.data import batching
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.measures import sensitivity as sens
 from xsens.report import plots, tables
 from xsens.studies import compare
@@ -33,21 +33,45 @@ def validate_sensitivity_config(sc, image_shape) -> None:
   """Checks `config.sensitivity` against the data's image shape (before any compile)."""
   h, w, _ = image_shape
   p = sc.patch_size
-  if not (isinstance(p, int) and p > 0 and h % p == 0 and w % p == 0):
+  if not (is_int(p) and p > 0 and h % p == 0 and w % p == 0):
     allowed = [d for d in range(1, min(h, w) + 1) if h % d == 0 and w % d == 0]
     raise ConfigError("sensitivity.patch_size",
                       f"{p} must divide the image size {h}x{w}; allowed: {allowed}")
-  if not sc.sigmas or any(s < 0 for s in sc.sigmas):
-    raise ConfigError("sensitivity.sigmas", f"must be a non-empty list of σ >= 0, got "
+  if not sc.sigmas or not all(is_finite_number(s) and s >= 0 for s in sc.sigmas):
+    raise ConfigError("sensitivity.sigmas", f"must be a non-empty list of finite σ >= 0, got "
                       f"{list(sc.sigmas)}")
   if sc.main_sigma not in sc.sigmas:
     raise ConfigError("sensitivity.main_sigma",
                       f"{sc.main_sigma} must be one of sensitivity.sigmas {list(sc.sigmas)}")
   for field in ("num_draws", "num_examples", "batch_size"):
-    if not sc[field] > 0:
-      raise ConfigError(f"sensitivity.{field}", f"must be > 0, got {sc[field]}")
-  if sc.chunk_size is not None and not sc.chunk_size > 0:
-    raise ConfigError("sensitivity.chunk_size", f"must be > 0 or None, got {sc.chunk_size}")
+    if not (is_int(sc[field]) and sc[field] > 0):
+      raise ConfigError(f"sensitivity.{field}", f"must be an int > 0, got {sc[field]!r}")
+  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
+    raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
+                      f"{sc.chunk_size!r}")
+  validate_scattered_config(sc.scattered)
+
+
+def validate_scattered_config(scattered) -> None:
+  """Checks `config.sensitivity.scattered` (the official code's estimator, spec §2.2)."""
+  path = "sensitivity.scattered"
+  if not isinstance(scattered.enabled, bool):
+    raise ConfigError(f"{path}.enabled", f"must be True or False, got {scattered.enabled!r}")
+  if not (is_finite_number(scattered.sigma) and scattered.sigma >= 0):
+    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0, got {scattered.sigma!r}")
+  if not (is_int(scattered.num_draws) and scattered.num_draws > 0):
+    raise ConfigError(f"{path}.num_draws", f"must be an int > 0, got {scattered.num_draws!r}")
+  if not (is_int(scattered.num_pixels) and scattered.num_pixels > 0):
+    raise ConfigError(f"{path}.num_pixels", f"must be an int > 0 (positions drawn with "
+                      f"replacement per mask), got {scattered.num_pixels!r}")
+
+
+def validate(config, experiments) -> None:
+  """`config.sensitivity` against the runs: the image shape, and the ViT's patch size (the
+  tokens measured are the ViT's tokens)."""
+  sc = config.sensitivity
+  validate_sensitivity_config(sc, next(iter(experiments.values())).train.image_shape)
+  compare.require_vit_patch_size(config, experiments, "sensitivity.patch_size", sc.patch_size)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -128,7 +152,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   sc = config.sensitivity
   # Bad sensitivity settings are refused before anything trains or compiles.
   probe = compare.validate_runs(config)
-  validate_sensitivity_config(sc, next(iter(probe.values())).train.image_shape)
+  validate(config, probe)
   mesh = sharding.data_mesh()
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
   key = jax.random.key(sc.seed)

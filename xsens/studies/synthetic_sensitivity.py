@@ -232,11 +232,11 @@ def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
   total = -(-max_steps // eval_every) * eval_every  # Whole chunks, as many as reach max_steps.
   schedule = loop.Schedule(total, eval_every=eval_every, max_chunk=eval_every,
                            checkpoint_every=eval_every * CHECKPOINT_CHUNKS)
-  latest = wd.latest_step()
-  done = [r for r in read_metrics(wd.path) if _ACC in r and latest is not None
-          and r["step"] <= latest]
-  finished = ("target_train_accuracy" if done and done[-1]["step"] == latest
-              and reached(done[-1]) else None)
+  def finished(restored):
+    done = [r for r in read_metrics(wd.path) if _ACC in r and r["step"] <= restored]
+    return ("target_train_accuracy" if done and done[-1]["step"] == restored
+            and reached(done[-1]) else None)
+
   out = loop.run(wd, program, schedule, finished_reason=finished, max_chunks=max_chunks)
   curve = [(r["step"], r[_LOSS], r[_ACC]) for r in read_metrics(wd.path) if _ACC in r]
   return out.state["params"], out.step, curve[-1][2], curve, _train_s(wd, out)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from xsens.errors import prefixed
 from xsens.report import tables
 from xsens.studies.compare import TABLE_COLUMNS
-from xsens.train import trainer
+from xsens.train import sharding, trainer
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
-  result = trainer.train_and_evaluate(config.train, workdir, overwrite=overwrite)
+  """`trainer.train_and_evaluate` on `config.train`; its errors name `train.<field>`."""
+  sharding.maybe_initialize_distributed()
+  mesh = sharding.data_mesh()
+  with prefixed("train"):
+    exp = trainer.build_experiment(config.train, mesh.size)
+  wd = trainer.open_workdir(workdir, config.train, overwrite)
+  with prefixed("train"):  # A field refused while the run starts (e.g. pretrained.path).
+    result = trainer.run_experiment(exp, wd, mesh)
   s = result.summary
   row = {"run": s["model"], "model": s["model"], "params": s["num_params"], "steps": s["steps"],
          "stop_reason": s["stop_reason"], "train_accuracy": s["train_accuracy"],

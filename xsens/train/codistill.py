@@ -216,14 +216,16 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str | Workdir, me
   schedule = loop.Schedule(exp.total_steps, log_every=config.log_every,
                            eval_every=config.eval_every,
                            checkpoint_every=config.checkpoint_every)
-  finished = trainer._finished_summary(  # pylint: disable=protected-access
-      wd.file(trainer.SUMMARY_FILE), wd.latest_step())
-  out = loop.run(wd, program, schedule, finished_reason=finished.get("stop_reason"),
+  finished_at = lambda s: trainer._finished_summary(  # pylint: disable=protected-access
+      wd.file(trainer.SUMMARY_FILE), s, exp.total_steps)
+  out = loop.run(wd, program, schedule,
+                 finished_reason=lambda s: finished_at(s).get("stop_reason"),
                  progress=bool(config.get("progress", True)),
                  desc=f"codistill {config.model.name}", max_chunks=max_chunks)
   state, step = out.state, out.step
 
   tr, te = evaluate_both(state, exp.train), evaluate_both(state, exp.test)
+  finished = finished_at(out.restored_step) if out.new_steps == 0 else {}
   wall = finished.get("wall_s", time.time() - t_start)
   per_model = {}
   for p in PEERS:

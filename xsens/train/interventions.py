@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, is_finite_number, is_int
 
 REGULARIZERS = ("none", "sensitivity", "min_entropy")
 
@@ -34,10 +34,11 @@ REGULARIZERS = ("none", "sensitivity", "min_entropy")
 def validate_intervention_config(config, image_shape) -> None:
   """Checks `config.augment` and `config.regularizer` (no compile)."""
   aug = config.augment
-  if aug.gaussian_std < 0:
-    raise ConfigError("augment.gaussian_std", f"must be >= 0, got {aug.gaussian_std}")
-  if not 0 <= aug.gaussian_prob <= 1:
-    raise ConfigError("augment.gaussian_prob", f"must be in [0, 1], got {aug.gaussian_prob}")
+  if not (is_finite_number(aug.gaussian_std) and aug.gaussian_std >= 0):
+    raise ConfigError("augment.gaussian_std", f"must be >= 0 and finite (0: off), got "
+                      f"{aug.gaussian_std!r}")
+  if not (is_finite_number(aug.gaussian_prob) and 0 <= aug.gaussian_prob <= 1):
+    raise ConfigError("augment.gaussian_prob", f"must be in [0, 1], got {aug.gaussian_prob!r}")
   reg = config.regularizer
   if reg.name not in REGULARIZERS:
     raise ConfigError("regularizer.name",
@@ -45,17 +46,18 @@ def validate_intervention_config(config, image_shape) -> None:
   if reg.name == "none":
     return
   if reg.name == "min_entropy":
-    if not reg.weight >= 0:
-      raise ConfigError("regularizer.weight", f"must be >= 0 (λ of the entropy term), got "
-                        f"{reg.weight}")
+    if not (is_finite_number(reg.weight) and reg.weight >= 0):
+      raise ConfigError("regularizer.weight", f"must be >= 0 and finite (λ of the entropy "
+                        f"term), got {reg.weight!r}")
     return
-  if not 0 <= reg.weight <= 1:
-    raise ConfigError("regularizer.weight", f"must be in [0, 1] (the paper's p), got {reg.weight}")
-  if reg.sigma < 0:
-    raise ConfigError("regularizer.sigma", f"must be >= 0, got {reg.sigma}")
+  if not (is_finite_number(reg.weight) and 0 <= reg.weight <= 1):
+    raise ConfigError("regularizer.weight", f"must be in [0, 1] (the paper's p), got "
+                      f"{reg.weight!r}")
+  if not (is_finite_number(reg.sigma) and reg.sigma >= 0):
+    raise ConfigError("regularizer.sigma", f"must be >= 0 and finite, got {reg.sigma!r}")
   h, w, _ = image_shape
   q = reg.patch_size
-  if not 0 < q <= min(h, w) or (reg.grid_aligned and (h % q or w % q)):
+  if not (is_int(q) and 0 < q <= min(h, w)) or (reg.grid_aligned and (h % q or w % q)):
     raise ConfigError("regularizer.patch_size",
                       f"{q} must be in [1, {min(h, w)}]" + (
                           f" and divide {h}x{w} when grid_aligned" if reg.grid_aligned else ""))

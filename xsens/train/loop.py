@@ -12,19 +12,32 @@ and the synthetic study (chunks of full-batch steps). What differs is the `Progr
       `logs` are per-step arrays whose LAST axis has `length` entries (the workdir keeps
       them as array logs), either may be None.
 
-What the loop owns (and no study repeats): restore of the newest checkpoint into the
-abstract state's shapes and shardings or `init()`; truncation of the logs to the restored
-step; the step counter; the log / evaluation / checkpoint schedule, with `advance` never
-crossing a boundary; the divergence stop that keeps the last good checkpoint; hooks;
-early stop; the progress bar; the final commit of asynchronous saves.
+What the loop owns (and no study repeats): restore of the newest checkpoint that restores
+(`Workdir.restore_latest`: a damaged one is named and moved aside) into the abstract
+state's shapes and shardings, or `init()`; truncation of the logs to the restored step
+(all of them on a start from step 0; TensorBoard purges the later steps); the step counter;
+the log / evaluation / checkpoint schedule, with `advance` never crossing a boundary; the
+divergence stop that keeps the last good checkpoint; hooks; early stop; the progress bar;
+preemption; the final commit of asynchronous saves and the release of the workdir lock.
+
+Preemption: while `run` is active, SIGTERM and SIGINT (Cloud TPU / GCE preemption, most
+schedulers, Ctrl-C) do not kill the process. The loop finishes the current chunk, flushes
+the metrics, saves a checkpoint at that step, waits for every save to commit and raises
+`Preempted` (the CLI prints one line and exits with 128 + the signal number: 143 for
+SIGTERM, 130 for SIGINT). A second signal restores the default action. With several
+processes, all stop at the same step (`multihost_utils.reached_preemption_sync_point`, JAX's
+preemption service, when `jax.distributed` runs it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import signal
 import sys
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -38,6 +51,65 @@ Hook = Callable[[int, Any], "dict | None"]
 
 class TrainingDivergedError(RuntimeError):
   """The training loss became NaN or inf; the last good checkpoint is kept."""
+
+
+class Preempted(RuntimeError):
+  """A SIGTERM / SIGINT stopped the run after a checkpoint at `step` was committed."""
+
+  def __init__(self, step: int, signum: int, workdir: str):
+    self.step, self.signum = step, signum
+    self.exit_code = 128 + signum
+    super().__init__(f"preempted ({signal.Signals(signum).name}) at step {step}; checkpoint "
+                     f"saved in {workdir}; rerun the same command to resume")
+
+
+class _SignalFlag:
+  """Records SIGTERM / SIGINT while installed (main thread only; elsewhere a no-op)."""
+
+  SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+  def __init__(self):
+    self.signum = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:   # The second signal: the default action, now.
+      self.uninstall()
+      signal.raise_signal(signum)
+      return
+    self.signum = signum
+    print(f"xsens: {signal.Signals(signum).name} received; saving a checkpoint after the "
+          "current step (send it again to stop at once)", file=sys.stderr, flush=True)
+
+  @contextlib.contextmanager
+  def installed(self):
+    if threading.current_thread() is not threading.main_thread():
+      yield self
+      return
+    self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    try:
+      yield self
+    finally:
+      self.uninstall()
+
+  def uninstall(self):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}
+
+
+def _preempted(flag: _SignalFlag, step: int) -> bool:
+  """Whether to stop at `step`: this process got a signal, or (several processes) JAX's
+  preemption service says all processes reached the sync point."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    try:
+      if multihost_utils.reached_preemption_sync_point(step):
+        return True
+    except RuntimeError:   # The preemption service is not running.
+      pass
+  return flag.signum is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,27 +154,42 @@ class LoopResult:
 
 
 def run(workdir: Workdir, program: Program, schedule: Schedule, *,
-        hooks: Sequence[Hook] = (), finished_reason: str | None = None,
+        hooks: Sequence[Hook] = (),
+        finished_reason: str | Callable[[int], str | None] | None = None,
         progress: bool = False, desc: str = "train",
         max_chunks: int | None = None) -> LoopResult:
   """Runs (or resumes) `program` in `workdir` until `schedule.total_steps` or a stop.
 
-  `finished_reason`: the run already finished at its newest checkpoint for this reason
-  (e.g. a target accuracy), so nothing is trained. Each hook is called as
-  `hook(step, state)` at step 0 of a fresh run and after every chunk; its scalars are
-  written at that step. `max_chunks` stops after that many chunks (an interruption, for
-  tests), with the last chunk checkpointed.
+  `finished_reason(restored_step)` (or a constant): the run already finished at that
+  checkpoint for this reason (e.g. a target accuracy), so nothing is trained. Each hook is
+  called as `hook(step, state)` at step 0 of a fresh run and after every chunk; its scalars
+  are written at that step. `max_chunks` stops after that many chunks (an interruption, for
+  tests), with the last chunk checkpointed. Raises `Preempted` after a SIGTERM / SIGINT
+  (module docstring) and `TrainingDivergedError`.
   """
-  restored = workdir.latest_step()
+  try:
+    return _run(workdir, program, schedule, hooks, finished_reason, progress, desc,
+                max_chunks)
+  finally:
+    workdir.release_lock()
+
+
+def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max_chunks):
+  workdir.acquire_lock()
+  state, restored = workdir.restore_latest(program.abstract_state)
   if restored is None:
     state, step = program.init(), 0
+    workdir.truncate(-1)   # Logs of an earlier start that saved no checkpoint.
   else:
-    state, step = workdir.restore(restored, program.abstract_state), restored
+    step = restored
     workdir.truncate(restored)
     logging.info("Resumed %s from step %d", workdir.path, restored)
-  writer = workdir.metric_writer()
+  writer = workdir.metric_writer(purge_step=step + 1 if restored is not None else 0)
   total = schedule.total_steps
-  stop_reason = finished_reason
+  stop_reason = None
+  if restored is not None:
+    stop_reason = (finished_reason(restored) if callable(finished_reason)
+                   else finished_reason)
   if stop_reason is None and step >= total:
     stop_reason = "max_steps"
   bar = _progress_bar(desc, total, step) if progress and stop_reason is None else None
@@ -125,10 +212,12 @@ def run(workdir: Workdir, program: Program, schedule: Schedule, *,
     if not all(math.isfinite(v) for v in means.values()):
       workdir.close()  # Commit the last good (async) checkpoint.
       writer.close()
+      kept = (f"The last good checkpoint (step {last_good}) is kept in "
+              f"{workdir.file(CHECKPOINT_DIR)}" if last_good is not None else
+              "No checkpoint was saved before it")
       raise TrainingDivergedError(
           f"training diverged ({_describe(means)}) between steps {window_start} and {at}; "
-          f"stopped. The last good checkpoint (step {last_good}) is kept in "
-          f"{workdir.file(CHECKPOINT_DIR)}")
+          f"stopped. {kept}")
     means["train/steps_per_sec"] = n / max(time.time() - t_window, 1e-9)
     if program.log_scalars is not None:
       means.update({f"train/{k}": v for k, v in program.log_scalars(at).items()})
@@ -140,44 +229,51 @@ def run(workdir: Workdir, program: Program, schedule: Schedule, *,
       bar.set_postfix(**postfix)
     pending, window_start, t_window = None, at, time.time()
 
+  flag = _SignalFlag()
   try:
-    if restored is None and stop_reason is None:
-      run_hooks(0)
-    while stop_reason is None:
-      end = schedule.chunk_end(step)
-      t0 = time.perf_counter()
-      state, sums, logs = program.advance(state, step, end - step)
-      if logs is not None:
-        logs = jax.device_get(logs)
-        workdir.write_step_log(step, end, logs)
-      if sums is not None:
-        pending = sums if pending is None else jax.tree.map(jnp.add, pending, sums)
-      dt = time.perf_counter() - t0
-      wall += dt
-      if program.on_chunk is not None:
-        program.on_chunk(step, end, logs, dt)
-      step, chunks = end, chunks + 1
-      if bar is not None:
-        bar.update(end - bar.n)
-      last = step >= total
-      if last or _at(step, schedule.log_every):
-        flush(step)
-      if program.evaluate is not None and (last or _at(step, schedule.eval_every)):
-        scalars = program.evaluate(state, step)
-        if scalars:
-          writer.write(step, scalars)
-        if program.should_stop is not None:
-          stop_reason = program.should_stop(step, scalars)
-      run_hooks(step)
-      if last and stop_reason is None:
-        stop_reason = "max_steps"
-      interrupted = max_chunks is not None and chunks >= max_chunks
-      if stop_reason or interrupted or _at(step, schedule.checkpoint_every):
-        flush(step)  # Never checkpoint a state whose loss went non-finite.
-        workdir.save(step, state)
-        last_good = step
-      if interrupted:
-        break
+    with flag.installed():
+      if restored is None and stop_reason is None:
+        run_hooks(0)
+      while stop_reason is None:
+        end = schedule.chunk_end(step)
+        t0 = time.perf_counter()
+        state, sums, logs = program.advance(state, step, end - step)
+        if logs is not None:
+          logs = jax.device_get(logs)
+          workdir.write_step_log(step, end, logs)
+        if sums is not None:
+          pending = sums if pending is None else jax.tree.map(jnp.add, pending, sums)
+        dt = time.perf_counter() - t0
+        wall += dt
+        if program.on_chunk is not None:
+          program.on_chunk(step, end, logs, dt)
+        step, chunks = end, chunks + 1
+        if bar is not None:
+          bar.update(end - bar.n)
+        last = step >= total
+        if last or _at(step, schedule.log_every):
+          flush(step)
+        if program.evaluate is not None and (last or _at(step, schedule.eval_every)):
+          scalars = program.evaluate(state, step)
+          if scalars:
+            writer.write(step, scalars)
+          if program.should_stop is not None:
+            stop_reason = program.should_stop(step, scalars)
+        run_hooks(step)
+        if last and stop_reason is None:
+          stop_reason = "max_steps"
+        interrupted = max_chunks is not None and chunks >= max_chunks
+        preempted = _preempted(flag, step)
+        if (stop_reason or interrupted or preempted
+            or _at(step, schedule.checkpoint_every)):
+          flush(step)  # Never checkpoint a state whose loss went non-finite.
+          workdir.save(step, state)
+          last_good = step
+        if preempted:
+          workdir.close()  # Waits until the checkpoint is committed.
+          raise Preempted(step, flag.signum or signal.SIGTERM, workdir.path)
+        if interrupted:
+          break
   finally:
     if bar is not None:
       bar.close()

@@ -1,11 +1,19 @@
-"""Metric sinks: a JSON-lines file and TensorBoard event files in the workdir."""
+"""Metric sinks: a JSON-lines file and TensorBoard event files in the workdir.
+
+A kill during a write can leave a partial last line in metrics.jsonl: readers skip it, and
+`truncate_metrics` (run by the loop before every start or resume) drops it with a message.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 
 import numpy as np
+
+from xsens.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -13,16 +21,20 @@ METRICS_FILE = "metrics.jsonl"
 class MetricWriter:
   """Writes `{"step": s, **scalars}` records to `workdir/metrics.jsonl` and `workdir/tb/`.
 
-  Only the process that is given `enabled=True` (process 0) writes anything.
+  Only the process that is given `enabled=True` (process 0) writes anything. Each record is
+  one `write` of one line, flushed at once. `purge_step`: TensorBoard drops the events of
+  earlier event files at steps >= it (a resumed run rewrites those steps exactly once).
   """
 
-  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True):
+  def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
+               purge_step: int | None = None):
     self.enabled = enabled
     self._path = os.path.join(workdir, METRICS_FILE)
     self._tb = None
     if enabled and tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"), flush_secs=10)
+      self._tb = SummaryWriter(os.path.join(workdir, "tb"), flush_secs=10,
+                               purge_step=purge_step)
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.enabled:
@@ -40,22 +52,49 @@ class MetricWriter:
       self._tb = None
 
 
+def _read(path: str) -> tuple[list[dict], bool]:
+  """(records, whether a partial last line was skipped). A bad line elsewhere raises."""
+  with open(path) as f:
+    lines = f.read().split("\n")
+  records, partial = [], False
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i < len(lines) - 1 and any(l.strip() for l in lines[i + 1:]):
+        raise ConfigError("workdir", f"line {i + 1} of {path} is not JSON (edited by hand, "
+                          "or written by two processes); remove that line, or pass "
+                          "--overwrite to start again") from None
+      partial = True
+  return records, partial
+
+
 def read_metrics(workdir: str) -> list[dict]:
-  """All records of `workdir/metrics.jsonl` (empty if absent)."""
+  """All records of `workdir/metrics.jsonl` (empty if absent; a partial last line, left by
+  a kill during a write, is skipped)."""
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.exists(path):
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return _read(path)[0]
 
 
 def truncate_metrics(workdir: str, last_step: int) -> None:
-  """Drops records after `last_step`: a resumed run rewrites those steps."""
-  records = read_metrics(workdir)
-  kept = [r for r in records if r["step"] <= last_step]
-  if len(kept) == len(records):
-    return
+  """Drops records after `last_step` (-1: all) and a partial last line, with a message for
+  the latter: a restarted run rewrites those steps exactly once."""
   path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return
+  records, partial = _read(path)
+  if partial:
+    message = (f"xsens: dropped a partial last line of {path} (a write was interrupted); "
+               f"the run rewrites the steps after {last_step}")
+    logging.warning(message)
+    print(message, file=sys.stderr)
+  kept = [r for r in records if r["step"] <= last_step]
+  if len(kept) == len(records) and not partial:
+    return
   with open(path + ".tmp", "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in kept)
   os.replace(path + ".tmp", path)

@@ -30,6 +30,10 @@ def validate_optimizer_config(opt_config, total_steps: int) -> None:
   if not 0 <= warmup <= total_steps:
     raise ConfigError("optimizer.warmup_steps",
                       f"must be in [0, total steps={total_steps}], got {warmup}")
+  decay = opt_config.get("decay_steps", None)
+  if decay is not None and (not isinstance(decay, int) or isinstance(decay, bool) or decay < 1):
+    raise ConfigError("optimizer.decay_steps", f"must be None (total steps - warmup_steps) "
+                      f"or an int >= 1, got {decay!r}")
   if opt_config.schedule == "step":
     if not opt_config.get("step_every", 0) > 0:
       raise ConfigError("optimizer.step_every",
@@ -40,11 +44,14 @@ def validate_optimizer_config(opt_config, total_steps: int) -> None:
 
 
 def make_schedule(opt_config, total_steps: int) -> optax.Schedule:
-  """Learning-rate schedule: warmup then constant / cosine / step decay / linear."""
+  """Learning-rate schedule: warmup then constant / cosine / step decay / linear.
+
+  Cosine and linear decay over `optimizer.decay_steps` steps after the warmup (default:
+  the rest of the run, total_steps - warmup_steps) and keep their final value after it."""
   lr = float(opt_config.learning_rate)
   warmup = int(opt_config.get("warmup_steps", 0))
   name = opt_config.schedule
-  decay_steps = max(total_steps - warmup, 1)
+  decay_steps = opt_config.get("decay_steps", None) or max(total_steps - warmup, 1)
   if name == "constant":
     main = optax.constant_schedule(lr)
   elif name == "cosine":
@@ -84,3 +91,11 @@ def make_optimizer(opt_config, total_steps: int) -> optax.GradientTransformation
   if wd and name != "adamw":  # Coupled L2 for the SGD family and Adam (PyTorch semantics).
     parts.append(optax.add_decayed_weights(wd))
   return optax.chain(*parts, tx)
+
+
+def schedule_depends_on_total_steps(opt_config) -> bool:
+  """Whether the learning rate at a step depends on the run's length: cosine and linear
+  decay without an explicit `decay_steps`. A run whose schedule does not may be extended
+  (trained for more steps) on resume."""
+  return (opt_config.schedule in ("cosine", "linear")
+          and opt_config.get("decay_steps", None) is None)

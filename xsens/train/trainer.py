@@ -32,7 +32,7 @@ from xsens.errors import ConfigError, require
 from xsens.train import distill as distill_lib
 from xsens.train import evaluators, interventions, loop, losses, objectives, optim, sharding
 from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
-from xsens.train.workdir import Workdir
+from xsens.train.workdir import MAY_CHANGE_ON_RESUME, Workdir
 
 SUMMARY_FILE = "train_summary.json"
 
@@ -223,6 +223,9 @@ def load_pretrained(config, model, image_shape, key) -> dict | None:
                                  reinit_head=config.pretrained.reinit_head, key=key)["params"]
   except models_lib.pretrained.CheckpointError as e:
     raise ConfigError("pretrained.path", f"{path!r} does not fit the model: {e}") from None
+  except (OSError, ValueError) as e:   # Not an .npz (numpy: "pickled data", "not a zip").
+    raise ConfigError("pretrained.path", f"{path!r} cannot be read as a checkpoint .npz: "
+                      f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 # ----------------------------------------------------------------------------- jitted parts
@@ -353,10 +356,29 @@ def _round_up(x: int, m: int) -> int:
 # ----------------------------------------------------------------------------- the run
 
 
+LENGTH_FIELDS = ("total_steps", "total_epochs")
+
+
+def make_workdir(path: str, config) -> Workdir:
+  """The run's (unchecked) `Workdir`. The run's length may change on a resume (a finished
+  run is extended) when the learning-rate schedule does not depend on it."""
+  extendable = () if optim.schedule_depends_on_total_steps(config.optimizer) else LENGTH_FIELDS
+  return Workdir(path, keep_checkpoints=config.keep_checkpoints,
+                 may_change=MAY_CHANGE_ON_RESUME + extendable,
+                 hints={f: EXTEND_HINT for f in LENGTH_FIELDS})
+
+
+EXTEND_HINT = ("to train a finished run longer, its learning rate must not depend on the "
+               "length: use a constant or step schedule, or set optimizer.decay_steps to "
+               "the old decay length (the rate then stays at its final value)")
+
+
 def open_workdir(workdir: str, config, overwrite: bool = False) -> Workdir:
   """The run's `Workdir`: refuses one written by another config, then prepares it."""
-  return Workdir.open(workdir, config, overwrite=overwrite,
-                      keep_checkpoints=config.keep_checkpoints)
+  wd = make_workdir(workdir, config)
+  wd.check(config, overwrite=overwrite)
+  wd.prepare(config, overwrite=overwrite)
+  return wd
 
 
 def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
@@ -392,8 +414,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   """
   config = exp.config
   t_start = time.time()
-  wd = workdir if isinstance(workdir, Workdir) else Workdir(
-      workdir, keep_checkpoints=config.keep_checkpoints)
+  wd = workdir if isinstance(workdir, Workdir) else make_workdir(workdir, config)
   mesh = sharding.data_mesh() if mesh is None else mesh
   repl = sharding.replicated(mesh)
   seeds = run_seeds(config)
@@ -469,13 +490,13 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
                            eval_every=evaluators.schedule_every(exp.evaluators),
                            checkpoint_every=config.checkpoint_every)
   summary_name = SUMMARY_FILE
-  restored = wd.latest_step()
-  finished = _finished_summary(wd.file(summary_name), restored)
+  finished_at = lambda s: _finished_summary(wd.file(summary_name), s, exp.total_steps)
   out = loop.run(wd, program, schedule,
                  hooks=[lambda step, state, h=h: h(step, eval_variables(state)) for h in hooks],
-                 finished_reason=finished.get("stop_reason"),
+                 finished_reason=lambda s: finished_at(s).get("stop_reason"),
                  progress=bool(config.get("progress", True)), desc=config.model.name)
   state, step = out.state, out.step
+  finished = finished_at(out.restored_step) if out.new_steps == 0 else {}
 
   variables = eval_variables(state)
   tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh)
@@ -492,10 +513,17 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   return TrainResult(exp.model, variables, exp.train, exp.test, summary)
 
 
-def _finished_summary(summary_path: str, step: int | None) -> dict:
-  """The summary of a run that already finished at `step` (a rerun trains no more), or {}."""
+def _finished_summary(summary_path: str, step: int | None, total_steps: int) -> dict:
+  """The summary of a run that already finished at `step` (a rerun trains no more), or {}.
+
+  A run that stopped at its old `total_steps` is not finished when `total_steps` grew (an
+  extended run, see `extendable_fields`)."""
   if step is None or not os.path.exists(summary_path):
     return {}
   with open(summary_path) as f:
     summary = json.load(f)
-  return summary if summary.get("steps") == step else {}
+  if summary.get("steps") != step:
+    return {}
+  if summary.get("stop_reason") == "max_steps" and step < total_steps:
+    return {}
+  return summary

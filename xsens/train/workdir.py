@@ -9,17 +9,37 @@ step, so a resumed run rewrites those steps exactly once.
 
 Layout of `path`:
   config.json          the fingerprint of the config that wrote the checkpoints
+  lock.json            who runs here now (pid, host, start time; see `acquire_lock`)
   checkpoints/<step>/  orbax checkpoints of the state
+  damaged_checkpoints/<step>/  checkpoints that failed to restore, moved aside (never
+                       deleted) when an older one restored instead
   metrics.jsonl, tb/   scalar metrics by step (`MetricWriter`)
   logs/epochs_<a>_<b>.npz   array logs of steps [a, b) (the name is historical: grokking's)
   anything else        the study's outputs (results.md/json, plots, summaries)
+
+Faults (each tested in tests/faults_test.py):
+- a second process on the same workdir gets a ConfigError naming `workdir` (the holder's
+  pid, host and start time); the lock of a dead process on the same host, or of another host
+  not refreshed for `STALE_LOCK_S`, is taken over with a message;
+- a checkpoint that fails to restore is named with the reason, moved to
+  damaged_checkpoints/ and the next older one is tried; if none restores, ConfigError;
+- a workdir with any run files (checkpoints, metrics, array logs) is guarded by the
+  fingerprint even before its first checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import errno
 import json
+import logging
 import os
 import shutil
+import socket
+import sys
+import threading
+import time
 from typing import Any, Iterable
 
 import jax
@@ -30,7 +50,11 @@ from xsens.errors import ConfigError
 from xsens.train.metrics import METRICS_FILE, MetricWriter, truncate_metrics
 
 CHECKPOINT_DIR = "checkpoints"
+DAMAGED_DIR = "damaged_checkpoints"
 CONFIG_FILE = "config.json"
+LOCK_FILE = "lock.json"
+LOCK_HEARTBEAT_S = 30.0   # The holder refreshes the lock's mtime this often ...
+STALE_LOCK_S = 300.0      # ... so a lock of another host older than this is stale.
 STEP_LOG_DIR = "logs"
 _STEP_LOG_PREFIX = "epochs_"
 
@@ -45,7 +69,8 @@ MAY_CHANGE_ON_RESUME = (
     "train.keep_checkpoints",
 )
 # Files of a previous run that --overwrite removes (study outputs are rewritten anyway).
-RUN_FILES = (CHECKPOINT_DIR, METRICS_FILE, "tb", STEP_LOG_DIR, "train_summary.json")
+RUN_FILES = (CHECKPOINT_DIR, DAMAGED_DIR, METRICS_FILE, "tb", STEP_LOG_DIR,
+             "train_summary.json")
 
 
 def config_fingerprint(config, may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> dict:
@@ -81,12 +106,16 @@ class Workdir:
   """A run's directory (see the module docstring). Only process 0 writes files."""
 
   def __init__(self, path: str, *, keep_checkpoints: int = 3,
-               may_change: Iterable[str] = MAY_CHANGE_ON_RESUME):
+               may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
+               hints: dict[str, str] | None = None):
+    """`hints`: field -> a sentence added to the refusal when that field differs."""
     self.path = path
     self.keep_checkpoints = int(keep_checkpoints)
     self.may_change = tuple(may_change)
+    self.hints = dict(hints or {})
     self.is_writer = jax.process_index() == 0
     self._manager = None
+    self._heartbeat = None    # (thread, stop event) while this object holds the lock
 
   # --------------------------------------------------------------------------- the guard
 
@@ -109,23 +138,32 @@ class Workdir:
     `has_state` (default: a checkpoint exists) says whether there is a run to protect.
     """
     if has_state is None:
-      has_state = self.latest_step() is not None
+      has_state = self.has_run()
     if overwrite or not has_state:
       return
     saved = self.read_json(CONFIG_FILE)
     if saved is None:
       raise ConfigError(
-          "workdir", f"{self.path!r} holds checkpoints but no {CONFIG_FILE}; pass --overwrite "
+          "workdir", f"{self.path!r} holds a run but no {CONFIG_FILE}; pass --overwrite "
           "to start again there, or choose another --workdir")
     diff = diff_fields(_without(saved, self.may_change), self.fingerprint(config))
     if diff:
+      hints = "".join(f"; {h}" for h in dict.fromkeys(self.hints[f] for f in diff
+                                                        if f in self.hints))
       raise ConfigError(
-          "workdir", f"{self.path!r} holds a checkpoint written by a different config "
-          f"(differing fields: {', '.join(diff[:8])}); pass --overwrite to start again "
-          "there, or choose another --workdir")
+          "workdir", f"{self.path!r} holds a run of a different config "
+          f"(differing fields: {', '.join(diff[:8])}){hints}; pass --overwrite to start "
+          "again there, or choose another --workdir")
+
+  def has_run(self) -> bool:
+    """Whether the directory holds a run to protect: checkpoints, metrics or array logs."""
+    return (self.latest_step() is not None or self.exists(METRICS_FILE)
+            or bool(self.step_log_files()))
 
   def prepare(self, config, *, overwrite: bool = False) -> None:
-    """Creates the directory and writes config.json; `overwrite` removes the old run."""
+    """Takes the lock, creates the directory and writes config.json; `overwrite` removes
+    the old run's files first."""
+    self.acquire_lock()
     if overwrite and self.is_writer and os.path.isdir(self.path):
       for name in RUN_FILES:
         target = self.file(name)
@@ -135,6 +173,69 @@ class Workdir:
           os.remove(target)
     os.makedirs(self.path, exist_ok=True)
     self.write_json(CONFIG_FILE, self.fingerprint(config), sort_keys=True)
+
+  # --------------------------------------------------------------------------- the lock
+
+  def acquire_lock(self) -> None:
+    """Makes this process the only one writing here (process 0 only; re-entrant).
+
+    Creates the directory if needed and `lock.json` atomically ({"pid", "host",
+    "started"}). A lock held by this process is accepted as is. A lock of a dead process on
+    this host, or of another host not refreshed for STALE_LOCK_S, is taken over with a
+    message; otherwise ConfigError naming `workdir`. While held, a daemon thread refreshes
+    the lock's mtime every LOCK_HEARTBEAT_S; `release_lock` (the loop calls it when a run
+    ends) removes it.
+    """
+    if not self.is_writer or self._heartbeat is not None:
+      return
+    ensure_directory(self.path)
+    path = self.file(LOCK_FILE)
+    me = {"pid": os.getpid(), "host": socket.gethostname(),
+          "started": datetime.datetime.now().isoformat(timespec="seconds")}
+    tmp = self.file(f".tmp.lock.{me['pid']}")
+    try:
+      with open(tmp, "w") as f:
+        json.dump(me, f)
+      for _ in range(3):
+        try:
+          os.link(tmp, path)   # Atomic: fails if the lock exists.
+          break
+        except FileExistsError:
+          holder = _read_lock(path)
+          if holder.get("pid") == me["pid"] and holder.get("host") == me["host"]:
+            return           # Held by this process (another Workdir object, e.g. a study's).
+          why = _stale_reason(holder, path)
+          if why is None:
+            raise ConfigError(
+                "workdir", f"{self.path!r} is in use by process {holder.get('pid')} on "
+                f"{holder.get('host')} since {holder.get('started')}; wait for it, stop it, "
+                f"or choose another --workdir (if it is gone, delete {path})") from None
+          _say(f"xsens: taking over the lock of {self.path} from process "
+               f"{holder.get('pid')} on {holder.get('host')} ({why})")
+          _remove(path)
+      else:
+        raise ConfigError("workdir", f"could not take the lock {path}; another process keeps "
+                          "taking it")
+    except OSError as e:
+      raise ConfigError("workdir", f"{self.path!r} cannot be written: {e.strerror or e}"
+                        ) from None
+    finally:
+      _remove(tmp)
+    stop = threading.Event()
+    thread = threading.Thread(target=_heartbeat, args=(path, stop), daemon=True,
+                              name="xsens-workdir-lock")
+    thread.start()
+    self._heartbeat = (thread, stop)
+
+  def release_lock(self) -> None:
+    """Removes the lock if this object took it."""
+    if self._heartbeat is None:
+      return
+    thread, stop = self._heartbeat
+    stop.set()
+    thread.join()
+    self._heartbeat = None
+    _remove(self.file(LOCK_FILE))
 
   # --------------------------------------------------------------------------- files
 
@@ -185,13 +286,57 @@ class Workdir:
                                             options=options)
     return self._manager
 
-  def latest_step(self) -> int | None:
-    """The newest committed checkpoint step, or None (creates no manager)."""
+  def checkpoint_steps(self) -> list[int]:
+    """The committed checkpoint steps, oldest first (creates no manager)."""
     path = self.file(CHECKPOINT_DIR)
     if not os.path.isdir(path):
-      return None
-    steps = [int(n) for n in os.listdir(path) if n.isdigit()]
-    return max(steps) if steps else None
+      return []
+    return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+
+  def latest_step(self) -> int | None:
+    """The newest committed checkpoint step, or None (creates no manager)."""
+    steps = self.checkpoint_steps()
+    return steps[-1] if steps else None
+
+  def restore_latest(self, abstract_state) -> tuple[Any, int | None]:
+    """(state, step) of the newest checkpoint that restores, or (None, None) if none exists.
+
+    A checkpoint that fails (truncated or missing files) is named with the reason on
+    stderr and the next older one is tried; once one restores, the failed ones are moved to
+    damaged_checkpoints/ (a later save at their step must not collide with them). If none
+    restores: ConfigError naming `workdir` (nothing moved).
+    """
+    failed = []
+    for step in reversed(self.checkpoint_steps()):
+      try:
+        state = self.restore(step, abstract_state)
+      except Exception as e:  # pylint: disable=broad-except  (orbax raises many kinds)
+        reason = _first_line(e)
+        failed.append((step, reason))
+        _say(f"xsens: checkpoint {step} in {self.file(CHECKPOINT_DIR)} cannot be restored "
+             f"({reason}); trying an older one")
+        continue
+      if failed:
+        self._move_damaged([s for s, _ in failed])
+      return state, step
+    if failed:
+      raise ConfigError(
+          "workdir", f"no checkpoint in {self.file(CHECKPOINT_DIR)} can be restored (step "
+          f"{failed[0][0]}: {failed[0][1]}); pass --overwrite to start again, or choose "
+          "another --workdir")
+    return None, None
+
+  def _move_damaged(self, steps: list[int]) -> None:
+    self.close()   # The manager lists steps when created: make a new one.
+    if not self.is_writer:
+      return
+    for step in steps:
+      target = self.file(os.path.join(DAMAGED_DIR, str(step)))
+      if os.path.exists(target):
+        target += f".{int(time.time())}"
+      os.makedirs(self.file(DAMAGED_DIR), exist_ok=True)
+      os.replace(self.file(os.path.join(CHECKPOINT_DIR, str(step))), target)
+      _say(f"xsens: moved the damaged checkpoint {step} to {target}")
 
   def save(self, step: int, state) -> None:
     self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
@@ -209,11 +354,13 @@ class Workdir:
 
   # --------------------------------------------------------------------------- logs
 
-  def metric_writer(self, tensorboard: bool = True) -> MetricWriter:
-    return MetricWriter(self.path, enabled=self.is_writer, tensorboard=tensorboard)
+  def metric_writer(self, tensorboard: bool = True, purge_step: int | None = None
+                    ) -> MetricWriter:
+    return MetricWriter(self.path, enabled=self.is_writer, tensorboard=tensorboard,
+                        purge_step=purge_step)
 
   def truncate(self, step: int) -> None:
-    """Drops metrics and array logs after `step` (a resume rewrites those steps)."""
+    """Drops metrics and array logs after `step` (-1: all; a restart rewrites them)."""
     if not self.is_writer:
       return
     truncate_metrics(self.path, step)
@@ -250,3 +397,93 @@ class Workdir:
         for k in out:
           out[k][..., start:end] = z[k]
     return out
+
+
+@contextlib.contextmanager
+def locked(path: str):
+  """Holds `path`'s lock for the block (a whole study: its runs' own locks are then this
+  process's). A directory this created is removed again if it is empty at the end (bad
+  input leaves nothing behind)."""
+  created = not os.path.exists(path)
+  wd = Workdir(path)
+  try:
+    wd.acquire_lock()
+    yield wd
+  finally:
+    wd.release_lock()
+    if created and os.path.isdir(path) and not os.listdir(path):
+      os.rmdir(path)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def ensure_directory(path: str) -> None:
+  """Creates `path` (and parents); ConfigError naming `workdir` if that is impossible."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise ConfigError("workdir", f"{path!r} exists and is not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise ConfigError("workdir", f"cannot create {path!r}: "
+                      f"{e.strerror or e}") from None
+
+
+def _say(message: str) -> None:
+  logging.warning(message)
+  print(message, file=sys.stderr, flush=True)
+
+
+def _remove(path: str) -> None:
+  try:
+    os.remove(path)
+  except FileNotFoundError:
+    pass
+
+
+def _first_line(e: BaseException, limit: int = 160) -> str:
+  text = (str(e).strip().splitlines() or [""])[0]
+  text = text if len(text) <= limit else text[:limit] + "..."
+  return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _read_lock(path: str) -> dict:
+  try:
+    with open(path) as f:
+      holder = json.load(f)
+    return holder if isinstance(holder, dict) else {}
+  except (OSError, ValueError):
+    return {}   # Removed meanwhile, or damaged: judged by its age.
+
+
+def _pid_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def _stale_reason(holder: dict, path: str) -> str | None:
+  """Why the lock at `path` held by `holder` may be taken over, or None if it is live."""
+  try:
+    age = time.time() - os.path.getmtime(path)
+  except OSError:
+    return "it was just released"
+  pid = holder.get("pid")
+  if holder.get("host") == socket.gethostname() and isinstance(pid, int):
+    return None if _pid_alive(pid) else "that process no longer exists"
+  if age > STALE_LOCK_S:
+    return f"not refreshed for {age:.0f} s"
+  return None
+
+
+def _heartbeat(path: str, stop: threading.Event) -> None:
+  while not stop.wait(LOCK_HEARTBEAT_S):
+    try:
+      os.utime(path)
+    except OSError as e:
+      if e.errno != errno.ENOENT:
+        logging.warning("cannot refresh the workdir lock %s: %s", path, e)
