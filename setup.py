@@ -23,7 +23,8 @@ CORE = [
     "tokenizers>=0.15",     # trains the BPE tokenizer of the text datasets offline
 ]
 EXTRAS = {
-    "test": ["pytest>=8", "nbformat>=5.9", "nbclient>=0.10", "ipykernel>=6.29"],
+    "test": ["pytest>=8", "pytest-xdist>=3.5", "nbformat>=5.9", "nbclient>=0.10",
+             "ipykernel>=6.29"],
 }
 
 setup(

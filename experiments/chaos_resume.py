@@ -11,8 +11,9 @@ exit code, newest checkpoint) and whether the final parameters and optimizer sta
 two runs are equal bit for bit (exit code 0 if they are, 1 if not).
 
 Expected outcomes: SIGTERM inside the loop -> exit 143 after a checkpoint at the current
-step; SIGTERM before the loop starts, or SIGKILL -> the process dies (exit -15 / -9) and the
-rerun resumes from the newest committed checkpoint.
+step; SIGTERM before the loop starts -> exit 143 at once (nothing to save); SIGKILL -> the
+process dies (exit -9). Each rerun resumes from the newest committed checkpoint (taking over
+a killed process's lock with a message).
 """
 
 from __future__ import annotations
@@ -62,20 +63,23 @@ def checkpoint_steps(workdir: str) -> list[int]:
   return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
 
 
-def attempt(workdir: str, total_steps: int, rng: random.Random, fire: bool) -> dict:
-  """One run of the command; if `fire`, one signal at a random moment. A dict of what
-  happened."""
+def attempt(workdir: str, total_steps: int, rng: random.Random, fire: bool,
+            spread: int) -> dict:
+  """One run of the command; if `fire`, one signal at a random moment (at most `spread`
+  steps after the step it resumes from). A dict of what happened."""
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.Popen(command(workdir, total_steps), cwd=REPO, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
   sent, at_step = None, None
   if fire:
     sig = rng.choice([signal.SIGKILL, signal.SIGTERM])
-    start = metrics_step(workdir)
-    if rng.random() < 0.2:                       # During start-up (imports, compile).
+    start = (checkpoint_steps(workdir) or [0])[-1]   # Where this attempt resumes.
+    if rng.random() < 0.2 or start >= total_steps - 1:  # During start-up (imports, compile).
       time.sleep(rng.uniform(0.5, 4.0))
     else:                                        # Inside the loop, at a random step.
-      target = rng.randint(max(start, 0) + 1, total_steps - 1)
+      # Past the metrics a killed attempt left (this one truncates them once it starts).
+      base = max(start, metrics_step(workdir))
+      target = rng.randint(min(base + 1, total_steps - 1), min(base + spread, total_steps - 1))
       while proc.poll() is None and metrics_step(workdir) < target:
         time.sleep(0.005)
     if proc.poll() is None:
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--kills", type=int, default=20)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--total_steps", type=int, default=600)
+  parser.add_argument("--total_steps", type=int, default=2000)
   parser.add_argument("--root", default=None, help="where the two workdirs go (default: a "
                       "temporary directory)")
   args = parser.parse_args(argv)
@@ -117,14 +121,15 @@ def main(argv=None) -> int:
   rng = random.Random(args.seed)
   straight, chaos = os.path.join(root, "straight"), os.path.join(root, "chaos")
   t0 = time.time()
-  ref = attempt(straight, args.total_steps, rng, fire=False)
+  spread = max(2, 2 * args.total_steps // max(args.kills, 1))  # Kills spread over the run.
+  ref = attempt(straight, args.total_steps, rng, fire=False, spread=spread)
   if ref["exit"] != 0:
     print(f"the uninterrupted run failed: {ref}")
     return 1
   sent, attempts = 0, []
   while True:
-    fire = sent < args.kills
-    out = attempt(chaos, args.total_steps, rng, fire=fire)
+    fire = sent < args.kills and (checkpoint_steps(chaos) or [0])[-1] < args.total_steps
+    out = attempt(chaos, args.total_steps, rng, fire=fire, spread=spread)
     attempts.append(out)
     sent += out["signal"] is not None
     print(f"attempt {len(attempts):3d}: signal {str(out['signal']):8s} at metrics step "

@@ -51,7 +51,10 @@ def train_config() -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict({
       "name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
       "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,
-      "grad_clip_norm": ml_collections.FieldReference(None, field_type=float)})
+      "grad_clip_norm": ml_collections.FieldReference(None, field_type=float),
+      # Cosine / linear decay length after the warmup (None: the rest of the run). Set, the
+      # schedule no longer depends on the run's length, so a finished run can be extended.
+      "decay_steps": ml_collections.FieldReference(None, field_type=int)})
   # Start from public weights: a vit_jax (ViT) or big_transfer (bit_resnet) .npz file.
   c.pretrained = ml_collections.ConfigDict({
       "path": ml_collections.FieldReference(None, field_type=str), "reinit_head": True})

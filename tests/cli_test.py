@@ -218,3 +218,20 @@ def test_config_error_from_the_study_names_the_flag(monkeypatch, capsys, field, 
   assert e.value.code == 2
   assert capsys.readouterr().err == line + "\n"
   assert not os.path.exists("/nonexistent/wd")
+
+
+@pytest.mark.parametrize("kind", ["regular_file", "not_creatable"])
+def test_unusable_workdir_is_one_line_and_exit_code_2(tmp_path, kind):
+  if kind == "regular_file":
+    target = tmp_path / "f"
+    target.write_text("keep me")
+    line = f"--workdir: '{target}' exists and is not a directory"
+  else:
+    target = tmp_path / "f" / "sub"
+    (tmp_path / "f").write_text("keep me")   # A parent that is a file: never creatable.
+    line = f"--workdir: cannot create '{target}': "
+  proc = run_cli(f"{TRAIN}:model=mlp,smoke", f"--workdir={target}", timeout=120)
+  assert proc.returncode == 2, proc.stderr
+  [got] = proc.stderr.splitlines()
+  assert got.startswith("xsens: error: " + line), got
+  assert (tmp_path / "f").read_text() == "keep me"

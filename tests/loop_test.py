@@ -147,3 +147,11 @@ def test_leftovers_of_a_killed_write_do_not_break_a_resume(tmp_path):
   (folder / ".tmp.epochs_0000002_0000004.npz").write_bytes(b"partial")
   assert [(a, b) for a, b, _ in wd.step_log_files()] == [(0, 2)]
   np.testing.assert_array_equal(wd.read_step_log(2, ["x"])["x"], [0, 1])
+
+
+def test_divergence_before_any_checkpoint_says_so(tmp_path):
+  program = _counter_program()
+  good = program.advance
+  program.advance = lambda s, step, n: (good(s, step, n)[0], {"loss": jnp.nan}, None)
+  with pytest.raises(loop.TrainingDivergedError, match="No checkpoint was saved before it"):
+    loop.run(Workdir(str(tmp_path)), program, loop.Schedule(10, log_every=2, max_chunk=2))

@@ -17,6 +17,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import signal
 import sys
 import traceback
 
@@ -64,6 +65,8 @@ def main(argv) -> None:
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("workdirs", str(config.get("study", "run")))
   logging.set_verbosity(logging.WARNING)
+  for signum in (signal.SIGTERM, signal.SIGINT):  # Outside the loop (which saves first).
+    signal.signal(signum, _stop_on_signal)
   try:
     with workdir_lib.locked(workdir):  # One process per workdir, before anything else.
       out = studies.run(config, workdir, overwrite=_OVERWRITE.value)
@@ -284,6 +287,16 @@ def _describe(e: Exception, where: str) -> str:
 
 def _one_line(message) -> str:
   return " ".join(str(message).split())
+
+
+def _stop_on_signal(signum, frame) -> None:
+  """SIGTERM / SIGINT outside the training loop: nothing to save (the newest checkpoint
+  and every file written so far are complete); exits with 128 + the signal number, running
+  `finally` blocks (the workdir lock is released)."""
+  del frame
+  print(f"xsens: {signal.Signals(signum).name} outside the training loop; stopped (nothing "
+        "unsaved is lost); rerun the same command to resume", file=sys.stderr, flush=True)
+  sys.exit(128 + signum)
 
 
 def _fail(message: str) -> None:

@@ -242,12 +242,12 @@ def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
   return out.state["params"], out.step, curve[-1][2], curve, _train_s(wd, out)
 
 
-def _sensitivity_fn(model, params, *, num_draws: int, chunk_size: int):
-  """jit (tokens [B, n, d], key, sigma) -> token_sensitivity's dict for this model."""
-  variables = {"params": params}
+def _sensitivity_fn(model, *, num_draws: int, chunk_size: int):
+  """jit (variables, tokens [B, n, d], key, sigma) -> token_sensitivity's dict for `model`
+  (the weights are an argument, not a constant of the compiled function)."""
 
   @jax.jit
-  def measure(tokens, key, sigma):
+  def measure(variables, tokens, key, sigma):
     return sens_lib.token_sensitivity(model.apply, variables, tokens, key=key, sigma=sigma,
                                       num_draws=num_draws, chunk_size=chunk_size,
                                       example_chunk_size=None)
@@ -283,11 +283,12 @@ def run_sparse(config, workdir: str, *, overwrite: bool = False, log=print,
         max_chunks=max_chunks)
     curves[name] = curve
     test_acc = float(jnp.mean(jnp.argmax(model.apply({"params": params}, xt), -1) == yt))
-    measure = _sensitivity_fn(model, params, num_draws=int(s.num_draws), chunk_size=int(s.n))
+    measure = _sensitivity_fn(model, num_draws=int(s.num_draws), chunk_size=int(s.n))
     profiles[name] = {}
     for j, sigma in enumerate(s.sigmas):
       # Common random numbers: the same noise for both models at each sigma.
-      out = measure(x, jax.random.fold_in(jax.random.key(seed + 1000), j), float(sigma))
+      out = measure({"params": params}, x, jax.random.fold_in(jax.random.key(seed + 1000), j),
+                    float(sigma))
       per_pos = np.asarray(out["per_token"]).mean(0)
       profiles[name][float(sigma)] = per_pos.tolist()
       rows.append({"model": name, "params": _num_params(params), "steps": steps,
