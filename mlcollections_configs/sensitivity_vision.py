@@ -18,8 +18,13 @@ Set-ups (`setup=`):
 The TFDS set-ups read their data from `data_dir` and never download.
 
 Shows: results.md with, per model, params, steps, train/test accuracy and the train-set
-sensitivity ± s.e. at each σ (and the official code's scattered-pixel estimate), plus
-sensitivity_bar.png, sensitivity_vs_sigma.png and sensitivity_patches.png. The paper's
+sensitivity ± s.e. at each σ (and the official code's scattered-pixel estimate), the global
+sensitivity (noise on every patch at once, App. A.2) at each σ, the sharpness (N(0, 0.05²)
+weight noise; ± s.e. over draws) and its Spearman ρ with the sensitivity across the models,
+each σ as noise-to-signal σ·√(p·p·C) / RMS patch norm, plus sensitivity_bar.png,
+sensitivity_vs_sigma.png (token-wise solid, global dashed), sharpness_vs_sensitivity.png and
+sensitivity_patches.png. `sensitivity.*` fields change only the measurement, never a run's
+training fingerprint, so a finished workdir is re-measured without retraining. The paper's
 claim: transformers have lower sensitivity than CNNs and MLPs at comparable accuracy.
 """
 
@@ -76,6 +81,10 @@ def get_config(arg=None):
   # CIFAR-10 (paper set-ups); on mnist5k σ=0.1 never flips a label, so it uses main σ.
   sc.scattered = ml_collections.ConfigDict(
       {"enabled": True, "sigma": 4.0, "num_pixels": 16, "num_draws": 5})
+  # Global noise (App. A.2): every patch noised at once, same examples and σ grid.
+  sc.global_noise = ml_collections.ConfigDict({"enabled": True, "num_draws": 8})
+  # Sharpness (the official `check_sharpness`, spec §4): N(0, 0.05²) on every parameter.
+  sc.sharpness = ml_collections.ConfigDict({"enabled": True, "sigma": 0.05, "num_draws": 5})
 
   if arg.setup == "mnist5k":
     c.data.name = "mnist5k"
@@ -127,4 +136,6 @@ def get_config(arg=None):
     sc.batch_size = 32
     sc.patch_size = patch
     sc.scattered.num_draws = 2
+    sc.global_noise.num_draws = 2
+    sc.sharpness.num_draws = 2
   return config

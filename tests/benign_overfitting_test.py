@@ -146,7 +146,8 @@ def test_gd_step_equals_finite_difference_step():
   with jax.enable_x64(True):
     p64 = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     args = [jnp.asarray(np.asarray(a), jnp.float64) for a in (w_o, x, y, mask)]
-    loss = lambda p: float(gd.loss_fn(vit.apply, p, *args))
+    loss_fn = jax.jit(lambda p: gd.loss_fn(vit.apply, p, *args))  # Compiled once, in x64.
+    loss = lambda p: float(loss_fn(p))
     h = 1e-6
     for name in p64:
       fd = np.zeros_like(p64[name])

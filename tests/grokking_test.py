@@ -128,9 +128,254 @@ def test_last_position_forward_equals_full_numpy_forward_without_residual():
   np.testing.assert_allclose(np.asarray(again), out, rtol=1e-6, atol=1e-6)
 
 
+def test_paper_variant_with_five_seeds():
+  """`paper,seeds=5`: the script's seeds 42..46 at p 113, vmapped (shapes only)."""
+  config = grok_config.get_config("paper,seeds=5")
+  grokking.validate(config)
+  assert grokking.seeds_of(config) == [42, 43, 44, 45, 46]
+  assert (config.data.modulus, config.optimizer.learning_rate, config.train.epochs) == (
+      113, 1e-3, 20000)
+  assert config.model.init_npz is None and tuple(config.report.grok_thresholds) == (0.5, 0.95)
+  data = grokking.stacked_data(config)
+  assert data["train_ids"].shape == (5, 3830, 3) and data["test_ids"].shape == (5, 8939, 3)
+  init_keys, _ = grokking.seed_keys(config)
+  state = jax.eval_shape(lambda k: grokking.initial_state(config, k), init_keys)
+  assert state["params"]["fc1"]["kernel"].shape == (5, 128, 512)
+  assert state["params"]["token_embed"].shape == (5, 114, 128)
+
+
 def test_bad_head_count_is_a_config_error():
   with pytest.raises(ConfigError, match="num_heads"):
     gt.GrokkingTransformer(width=10, num_heads=4).check_config()
+
+
+# ------------------------------------------------------ official layout (model.init_npz)
+# The official model is PyTorch's (language/sens_addition.py); these references compute it
+# from its state_dict arrays alone, in float64 NumPy, with no JAX and no PyTorch.
+
+
+def _official_random(rng, p, d, m, lead=()):
+  """Random arrays of the official state_dict's keys and shapes (vocab = classes = p + 1)."""
+  out = {}
+  for k, shape in gt.official_shapes(p + 1, p + 1, d, m).items():
+    scale = (1.0 if k == "token_embed.weight" else 0.3 if k == "pos_embed" else 0.1
+             if k.endswith("bias") else 1 / np.sqrt(shape[-1]))
+    out[k] = (scale * rng.standard_normal(lead + shape)).astype(np.float32)
+  return out
+
+
+def _official_forward(st, ids, heads):
+  """PyTorch's SimpleTransformer.forward: embeddings, nn.MultiheadAttention (packed
+  in_proj, q scaled by 1/sqrt(head_dim)), fc1, ReLU, fc2 at every position, no residual,
+  the last position through fc_out. Returns (logits, cache for `_official_grads`)."""
+  f = {k: np.asarray(v, np.float64) for k, v in st.items()}
+  b, t = ids.shape
+  d = f["pos_embed"].shape[1]
+  hd = d // heads
+  x = f["token_embed.weight"][ids] + f["pos_embed"][None, :t]
+  qkv = x @ f["attention.in_proj_weight"].T + f["attention.in_proj_bias"]
+  q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(b, t, heads, hd) for i in range(3))
+  a = np.einsum("bqhc,bkhc->bhqk", q, k) / np.sqrt(hd)
+  a = np.exp(a - a.max(-1, keepdims=True))
+  a /= a.sum(-1, keepdims=True)
+  o = np.einsum("bhqk,bkhc->bqhc", a, v).reshape(b, t, d)
+  y = o @ f["attention.out_proj.weight"].T + f["attention.out_proj.bias"]
+  z1 = y @ f["fc1.weight"].T + f["fc1.bias"]
+  r = np.maximum(z1, 0)
+  z2 = r @ f["fc2.weight"].T + f["fc2.bias"]
+  logits = z2[:, -1] @ f["fc_out.weight"].T + f["fc_out.bias"]
+  return logits, dict(f=f, x=x, q=q, k=k, v=v, a=a, o=o, y=y, z1=z1, r=r, z2=z2, hd=hd)
+
+
+def _official_loss_and_grads(st, ids, labels, heads):
+  """Mean cross-entropy and its gradient for every state_dict array (hand backprop)."""
+  logits, c = _official_forward(st, ids, heads)
+  f, (b, t, d) = c["f"], c["x"].shape
+  z = logits - logits.max(-1, keepdims=True)
+  logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  loss = -logp[np.arange(b), labels].mean()
+  dl = np.exp(logp)
+  dl[np.arange(b), labels] -= 1
+  dl /= b
+  g = {"fc_out.weight": dl.T @ c["z2"][:, -1], "fc_out.bias": dl.sum(0)}
+  dz2 = np.zeros_like(c["z2"])
+  dz2[:, -1] = dl @ f["fc_out.weight"]
+  lin = lambda name, dout, inp: g.update({f"{name}.weight": np.einsum("bto,bti->oi", dout, inp),
+                                          f"{name}.bias": dout.sum((0, 1))})
+  lin("fc2", dz2, c["r"])
+  dz1 = (dz2 @ f["fc2.weight"]) * (c["z1"] > 0)
+  lin("fc1", dz1, c["y"])
+  dy = dz1 @ f["fc1.weight"]
+  lin("attention.out_proj", dy, c["o"])
+  do = (dy @ f["attention.out_proj.weight"]).reshape(b, t, heads, c["hd"])
+  a = c["a"]
+  da = np.einsum("bqhc,bkhc->bhqk", do, c["v"])
+  dv = np.einsum("bhqk,bqhc->bkhc", a, do)
+  ds = a * (da - (da * a).sum(-1, keepdims=True)) / np.sqrt(c["hd"])
+  dq = np.einsum("bhqk,bkhc->bqhc", ds, c["k"])
+  dk = np.einsum("bhqk,bqhc->bkhc", ds, c["q"])
+  dqkv = np.concatenate([u.reshape(b, t, d) for u in (dq, dk, dv)], -1)
+  lin("attention.in_proj", dqkv, c["x"])
+  g["attention.in_proj_weight"] = g.pop("attention.in_proj.weight")
+  g["attention.in_proj_bias"] = g.pop("attention.in_proj.bias")
+  dx = dqkv @ f["attention.in_proj_weight"]
+  g["pos_embed"] = dx.sum(0)
+  g["token_embed.weight"] = np.zeros_like(f["token_embed.weight"])
+  np.add.at(g["token_embed.weight"], ids, dx)
+  return loss, g
+
+
+def _official_adamw(st, ids, labels, heads, steps, lr, wd, b1=0.9, b2=0.999, eps=1e-8):
+  """torch.optim.AdamW (decoupled decay on every array) for `steps` full-batch steps from
+  `st`: (the arrays after each step, the loss before each step)."""
+  p = {k: np.asarray(v, np.float64) for k, v in st.items()}
+  m = {k: np.zeros_like(v) for k, v in p.items()}
+  v = {k: np.zeros_like(x) for k, x in p.items()}
+  losses = []
+  for t in range(1, steps + 1):
+    loss, g = _official_loss_and_grads(p, ids, labels, heads)
+    losses.append(loss)
+    for k in p:
+      p[k] = p[k] * (1 - lr * wd)
+      m[k] = b1 * m[k] + (1 - b1) * g[k]
+      v[k] = b2 * v[k] + (1 - b2) * g[k] ** 2
+      p[k] = p[k] - lr / (1 - b1 ** t) * m[k] / (np.sqrt(v[k] / (1 - b2 ** t)) + eps)
+  return p, np.asarray(losses)
+
+
+def test_hand_gradients_of_the_official_reference_match_finite_differences():
+  """The reference's own check (float64): central differences on a few entries of each."""
+  rng = np.random.default_rng(0)
+  st = {k: v.astype(np.float64) for k, v in _official_random(rng, 5, 8, 12).items()}
+  ids = np.array([[1, 2, 5], [4, 0, 5], [3, 3, 5]])
+  labels = np.array([3, 4, 1])
+  _, g = _official_loss_and_grads(st, ids, labels, 2)
+  loss_at = lambda s: _official_loss_and_grads(s, ids, labels, 2)[0]
+  for k, w in st.items():
+    for i in rng.choice(w.size, 3, replace=False):
+      idx = np.unravel_index(i, w.shape)
+      up, down = dict(st, **{k: w.copy()}), dict(st, **{k: w.copy()})
+      up[k][idx] += 1e-6
+      down[k][idx] -= 1e-6
+      fd = (loss_at(up) - loss_at(down)) / 2e-6
+      assert abs(fd - g[k][idx]) <= 1e-7 + 1e-5 * abs(fd), (k, idx, fd, g[k][idx])
+
+
+def _write_npz(path, arrays):
+  np.savez(path, **arrays)
+  return str(path)
+
+
+def _init_npz_config(path, seeds=2):
+  config = grok_config.get_config(f"smoke,init_npz={path},seeds={seeds}")
+  assert config.model.init_npz == path and config.train.num_seeds == seeds
+  return config
+
+
+def test_official_layout_round_trip_and_forward_match_the_official_forward(tmp_path):
+  """An .npz of the official layout -> our params: same forward as the official model."""
+  config = grok_config.get_config("smoke")  # p 11, d 16, 2 heads, MLP 32
+  p, d, m, heads = 11, 16, 32, 2
+  st = _official_random(np.random.default_rng(1), p, d, m)
+  # The converter and its inverse, with and without a leading seed axis.
+  back = gt.to_official(gt.from_official(st))
+  assert set(back) == set(st)
+  for k in st:
+    np.testing.assert_array_equal(back[k], st[k], err_msg=k)
+  stacked = {k: np.stack([v, 2 * v]) for k, v in st.items()}
+  for k, v in gt.to_official(gt.from_official(stacked)).items():
+    np.testing.assert_array_equal(v, stacked[k], err_msg=k)
+  # Transposes and the Q/K/V split by hand.
+  ours = gt.from_official(st)
+  np.testing.assert_array_equal(ours["k_proj"]["kernel"],
+                                st["attention.in_proj_weight"][d:2 * d].T)
+  np.testing.assert_array_equal(ours["v_proj"]["bias"], st["attention.in_proj_bias"][2 * d:])
+  np.testing.assert_array_equal(ours["fc1"]["kernel"], st["fc1.weight"].T)
+  # The study loads the file: every seed gets the arrays, float32, in model.init's tree.
+  path = _write_npz(tmp_path / "init.npz", st)
+  loaded = grokking.load_init_npz(_init_npz_config(path))
+  model = grokking.make_model(config)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 3), jnp.int32)))
+  assert jax.tree.structure(loaded) == jax.tree.structure(shapes["params"])
+  for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(shapes["params"])):
+    assert got.shape == (2, *want.shape) and got.dtype == np.float32
+  params = jax.tree.map(lambda x: x[1], loaded)
+  ids = np.array([[0, 1, p], [7, 3, p], [10, 10, p], [5, 0, p]], np.int32)
+  out = np.asarray(model.apply({"params": params}, ids))
+  ref, _ = _official_forward(st, ids, heads)
+  assert out.dtype == np.float32 and np.abs(ref).max() > 1
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda st: st.pop("fc2.bias"), r"missing \['fc2.bias'\], unexpected \[\]"),
+    (lambda st: st.update({"attention.bias_k": st["fc2.bias"]}),
+     r"missing \[\], unexpected \['attention.bias_k'\]"),
+    (lambda st: st.update({"fc1.weight": st["fc1.weight"].T}),
+     r"'fc1.weight' has shape \(16, 32\); data.modulus=11, model.width=16, model.mlp_dim=32 "
+     r"and train.num_seeds=2 need \(32, 16\) \(every seed\) or \(2, 32, 16\)"),
+    (lambda st: st.update({"fc1.weight": np.stack([st["fc1.weight"]] * 3)}),
+     r"'fc1.weight' has shape \(3, 32, 16\)"),
+    (lambda st: st.update({"fc1.weight": np.stack([st["fc1.weight"]] * 2)}),  # only one key
+     r"'fc1.weight' has shape \(2, 32, 16\)"),
+    (lambda st: st["pos_embed"].__setitem__((0, 0), np.nan), r"'pos_embed' must hold finite"),
+], ids=["missing", "unexpected", "transposed", "seeds", "one_stacked", "nan"])
+def test_bad_init_npz_is_a_config_error(tmp_path, change, match):
+  st = _official_random(np.random.default_rng(2), 11, 16, 32)
+  change(st)
+  config = _init_npz_config(_write_npz(tmp_path / "bad.npz", st))
+  with pytest.raises(ConfigError, match=r"^config\.model\.init_npz: .*" + match):
+    grokking.validate(config)
+
+
+@pytest.mark.slow
+def test_adamw_steps_from_init_npz_follow_the_official_update(tmp_path):
+  """Per-seed official arrays [S, ...]: the study's jitted, seed-vmapped epochs from them
+  give the loss and the arrays of torch.optim.AdamW's full-batch steps (hand NumPy, float64;
+  float32 in the study), each seed on its own split; and `train` starts from the file."""
+  steps, heads = 4, 2
+  rng = np.random.default_rng(3)
+  seeds = [_official_random(rng, 11, 16, 32) for _ in range(2)]
+  path = _write_npz(tmp_path / "init.npz", {k: np.stack([s[k] for s in seeds]) for k in seeds[0]})
+  config = _init_npz_config(path)
+  config.optimizer.learning_rate = 1e-3  # the paper's lr and weight decay 1.0
+  assert config.optimizer.weight_decay == 1.0
+  init_keys, noise_keys = grokking.seed_keys(config)
+  state = grokking.initial_state(config, init_keys)
+  _, _, chunk, _ = grokking.make_fns(config)
+  data = grokking.stacked_data(config)
+  state, logs = jax.jit(jax.vmap(lambda s, d, k: chunk(s, d, k, jnp.int32(0), steps)))(
+      state, data, noise_keys)
+  assert int(state["step"][0]) == steps
+  got = gt.to_official(state["params"])
+  for i, (seed, st) in enumerate(zip(grokking.seeds_of(config), seeds)):
+    sp = grokking.split(11, 0.3, seed)
+    ref, losses = _official_adamw(st, sp["train_ids"], sp["train_labels"], heads, steps,
+                                  lr=1e-3, wd=1.0)
+    np.testing.assert_allclose(np.asarray(logs["train_loss"][i]), losses, rtol=2e-6)
+    # Adam moves an entry by lr g / (|g| + eps): where |g| is near eps = 1e-8 the step
+    # amplifies rounding (float32 here, float64 in the reference). That is the key bias
+    # (in_proj_bias[d:2d]: it adds q·b_k to every score of a query, softmax ignores it, so
+    # its gradient is 0 up to rounding in any implementation, PyTorch's too, and it changes
+    # no output) and a few entries whose first gradient happens to be tiny: those only
+    # within the steps' reach; every other entry (exact zeros too, e.g. a dead ReLU unit's)
+    # to 2e-6 (a step moves an entry by about lr = 1e-3).
+    _, g0 = _official_loss_and_grads(st, sp["train_ids"], sp["train_labels"], heads)
+    tiny = {k: (np.abs(g) < 1e-6) & (g != 0) for k, g in g0.items()}
+    assert np.all(tiny["attention.in_proj_bias"][16:32])
+    assert sum(t.sum() for t in tiny.values()) <= 16 + 5
+    for k in ref:
+      diff = np.abs(got[k][i] - ref[k])
+      assert np.all(diff[tiny[k]] <= steps * 1e-3), (seed, k)
+      np.testing.assert_allclose(np.where(tiny[k], 0, diff), 0, atol=2e-6, err_msg=(seed, k))
+      assert np.abs(ref[k] - st[k]).max() > 3e-3, k  # the arrays did move
+  # The study's run starts from the file: the logged norm at epoch 0 is the file's.
+  config.train.epochs = config.train.chunk_epochs = 2
+  out = grokking.train(config, str(tmp_path / "w"), log=lambda *_: None)
+  norms = [np.sqrt(sum(np.sum(np.square(v.astype(np.float64))) for v in st.values()))
+           for st in seeds]
+  np.testing.assert_allclose(out["logs"]["weight_norm"][:, 0], norms, rtol=1e-6)
+  np.testing.assert_allclose(out["logs"]["train_loss"], logs["train_loss"][:, :2], rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------- sensitivity
@@ -208,11 +453,43 @@ def test_rolling_mean_and_events():
   test[::10] = np.where(np.arange(0, e, 10) >= 330, 0.9, 0.01)
   logs = {"sensitivity": sens, "test_accuracy": test,
           "train_accuracy": np.where(np.arange(e) >= 50, 1.0, 0.5)}
-  ev = grokking.events(logs, window=1, grok_threshold=0.5, fall_fraction=0.5)
+  test[::10][np.arange(0, e, 10) >= 370] = 0.97
+  ev = grokking.events(logs, window=1, grok_thresholds=(0.5, 0.95, 0.99), fall_fraction=0.5)
   assert ev["memorised_epoch"] == 50 and ev["grok_epoch"] == 330
   assert 99 <= ev["sens_peak_epoch"] <= 199
   assert ev["sens_fall_epoch"] == 300 and ev["lead_epochs"] == 30
   assert ev["sens_drop10_epoch"] == 220 and ev["test_rise_epoch"] == 330
+  # Every threshold under its own key; the first also under the old keys.
+  assert ev["grok_epoch_0.5"] == 330 and ev["lead_epochs_0.5"] == 30
+  assert ev["grok_epoch_0.95"] == 370 and ev["lead_epochs_0.95"] == 70
+  assert ev["grok_epoch_0.99"] is None and ev["lead_epochs_0.99"] is None
+  assert ev["grokked"] is True and ev["sens_at_grok"] == pytest.approx(0.4 * 69 / 199)
+  late = grokking.events(logs, window=1, grok_thresholds=(0.95, 0.5), fall_fraction=0.5)
+  assert late["grok_epoch"] == 370 and late["lead_epochs"] == 70
+
+
+def test_summary_across_seeds_counts_and_mean_se():
+  def ev(g5, g95, fall):
+    lead = lambda g: None if g is None or fall is None else g - fall
+    return {"grok_epoch_0.5": g5, "lead_epochs_0.5": lead(g5), "grok_epoch_0.95": g95,
+            "lead_epochs_0.95": lead(g95)}
+  evs = [ev(1000, 1200, 900), ev(2000, None, 1500), ev(None, None, 3000),
+         ev(3000, 3100, None)]
+  rows = grokking.summary(evs, (0.5, 0.95))
+  r5, r95 = rows
+  assert (r5["seeds"], r5["grokked"], r5["fraction_grokked"]) == (4, 3, 0.75)
+  assert r5["grok_epoch_mean"] == 2000 and r5["grok_epoch_n"] == 3
+  assert r5["grok_epoch_se"] == pytest.approx(1000 / np.sqrt(3))  # std 1000, n 3
+  assert (r5["lead_epochs_mean"], r5["lead_epochs_n"]) == (300, 2)  # leads 100, 500
+  assert r5["lead_epochs_se"] == pytest.approx(200)
+  assert (r95["grokked"], r95["fraction_grokked"], r95["grok_epoch_mean"]) == (2, 0.5, 2150)
+  assert (r95["lead_epochs_mean"], r95["lead_epochs_se"], r95["lead_epochs_n"]) == (300, None, 1)
+  md = grokking.summary_markdown(rows)
+  assert "| 0.5 | 3 of 4 (0.75) | 2,000 ± 577 (n = 3) | 300 ± 200 (n = 2) |" in md
+  assert "| 0.95 | 2 of 4 (0.50) | 2,150 ± 950 (n = 2) | 300 (n = 1) |" in md
+  none = grokking.summary([ev(None, None, 10)], (0.5,))[0]
+  assert none["fraction_grokked"] == 0 and none["grok_epoch_mean"] is None
+  assert "— (n = 0)" in grokking.summary_markdown([none])
 
 
 # ---------------------------------------------------------------------------- validation
@@ -225,6 +502,10 @@ def test_rolling_mean_and_events():
     ("data.modulus", 1, r"data\.modulus"),
     ("optimizer.b2", 1.0, r"optimizer\.b2"),
     ("train.chunk_epochs", 0, r"train\.chunk_epochs"),
+    ("report.grok_thresholds", (0.5, 0.5), r"report\.grok_thresholds: must be distinct"),
+    ("report.grok_thresholds", (), r"report\.grok_thresholds"),
+    ("report.grok_thresholds", (0.5, 1.5), r"report\.grok_thresholds"),
+    ("model.init_npz", "/nonexistent/init.npz", r"model\.init_npz: no file"),
 ])
 def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value, match):
   config = grok_config.get_config("smoke")
@@ -265,6 +546,12 @@ def test_smoke_study_writes_logs_table_and_plot(smoke):
   assert os.path.exists(os.path.join(workdir, "grokking.png"))
   payload = json.load(open(os.path.join(workdir, "results.json")))
   assert len(payload["rows"]) == s and len(payload["events"]) == s
+  assert [r["test_acc_threshold"] for r in payload["summary"]] == [0.5, 0.95]
+  for row, ev in zip(payload["rows"], payload["events"]):
+    assert row["grokked"] == (ev["grok_epoch"] is not None) and "grok_epoch_0.95" in row
+  assert payload["summary"][0]["grokked"] == sum(r["grokked"] for r in payload["rows"])
+  assert payload["init_npz_sha256"] is None
+  assert "| test acc ≥ | grokked | grokking epoch |" in md
   assert out["num_params"] == gt.num_params(12, 12, 16, 32)
   # Weight norm logged in the scan equals the norm of the initial parameters at row 0.
   model, init_state, _, _ = grokking.make_fns(config)

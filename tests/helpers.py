@@ -19,7 +19,11 @@ def snapshot(path: str) -> dict:
 
 
 def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300):
-  """Runs `python -m xsens ARGS` from the repo root; returns the CompletedProcess."""
-  env = dict(os.environ, **(env_extra or {}))
+  """Runs `python -m xsens ARGS` from the repo root; returns the CompletedProcess.
+
+  With fast XLA compiles, as in the test process (tests/conftest.py), unless `env_extra`
+  sets JAX_DISABLE_MOST_OPTIMIZATIONS.
+  """
+  env = {**os.environ, "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", **(env_extra or {})}
   return subprocess.run([sys.executable, "-m", "xsens", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)

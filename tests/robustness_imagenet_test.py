@@ -356,15 +356,17 @@ def test_adversarial_and_removal_subset_match_direct_computation(fake, study):
   n = SMOKE.robustness.num_examples
   x, labels = _subset(fake, n)
   model, variables = fake["vit"].model, fake["vit"].variables
-  predict = lambda z: model.apply(variables, z, train=False)
+  predict = jax.jit(lambda z: model.apply(variables, z, train=False))
   acc = lambda z: float(np.mean(np.asarray(jnp.argmax(predict(z), -1)) == labels))
   # Layer removal's intact baseline is the clean accuracy of the first num_examples images.
   assert out["layer_removal"]["vit_b16"]["baseline"] == pytest.approx(acc(x))
   from xsens.measures import adversarial  # pylint: disable=g-import-not-at-top
   apply_fn = fake["vit"].apply_fn
+  fgsm = jax.jit(lambda x, eps: adversarial.fgsm(
+      apply_fn, variables, x, labels=jnp.asarray(labels), epsilon=eps, clip_min=-1.0,
+      clip_max=1.0)["adv_inputs"])
   for e, eps in enumerate(SMOKE.robustness.adversarial.epsilons):
-    x_f = adversarial.fgsm(apply_fn, variables, x, labels=jnp.asarray(labels),
-                           epsilon=2 * eps, clip_min=-1.0, clip_max=1.0)["adv_inputs"]
+    x_f = fgsm(x, 2 * eps)
     assert out["adversarial"]["fgsm"]["vit_b16"][e] == pytest.approx(acc(x_f)), eps
 
 
@@ -440,17 +442,20 @@ def test_bit_unit_removal_equals_a_zero_residual_branch():
   model = bit_lib.BiTResNet(num_classes=7, block_units=(1, 3, 1, 1), width_factor=0.125,
                             num_groups=4)
   x = jax.random.normal(jax.random.key(0), (2, 32, 32, 3))
-  variables = model.init(jax.random.key(1), x)
+  variables = jax.jit(model.init)(jax.random.key(1), x)
   assert bit_lib.identity_units(model.block_units) == (2, 3)
   assert pert.removable_layers(model) == ((2, "block"), (3, "block"))
+  # Jitted, not op by op: the intact forward compiles once for the original and both
+  # zeroed variable trees.
+  apply = jax.jit(lambda m, v: m.apply(v, x), static_argnums=0)
   for k, name in ((2, "unit02"), (3, "unit03")):
     zeroed = jax.tree_util.tree_map_with_path(
         lambda p, v, name=name: jnp.zeros_like(v) if (
             name in jax.tree_util.keystr(p) and "'c'" in jax.tree_util.keystr(p)
             and "block2" in jax.tree_util.keystr(p)) else v, variables)
-    got = pert.remove_layers(model, [(k, "block")]).apply(variables, x)
-    np.testing.assert_allclose(got, model.apply(zeroed, x), rtol=1e-5, atol=1e-5)
-    assert not np.allclose(got, model.apply(variables, x), atol=1e-3)
+    got = apply(pert.remove_layers(model, [(k, "block")]), variables)
+    np.testing.assert_allclose(got, apply(model, zeroed), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(got, apply(model, variables), atol=1e-3)
   with pytest.raises(ConfigError, match="block2/unit01 has a projection shortcut"):
     model.clone(skip=(1,)).check_input((32, 32, 3))
 

@@ -4,15 +4,22 @@ import json
 import math
 import os
 
+import types
+
+import flax.linen as nn
+import jax
+import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
 from mlcollections_configs import sensitivity_vision as sv_cfg
 from tests.helpers import snapshot
-from xsens import studies
-from xsens.data import pipeline
+from xsens import measures, studies
+from xsens.data import batching, pipeline
 from xsens.errors import ConfigError
 from xsens.studies import compare
+from xsens.studies import sensitivity_vision as sv
+from xsens.train import sharding
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +54,41 @@ def test_smoke_study_writes_table_and_plots(smoke_run):
 
 
 @pytest.mark.slow
+def test_smoke_study_reports_global_noise_sharpness_and_noise_to_signal(smoke_run):
+  workdir, out = smoke_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    results = json.load(f)
+  for row in results["rows"]:
+    for sigma in (1.0, 4.0):
+      s, se = row[f"S_global(σ={sigma:g})"], row[f"s.e._global(σ={sigma:g})"]
+      assert 0.0 <= s <= 1.0 and se >= 0.0 and math.isfinite(se)
+    for name in ("sharpness_l1", "sharpness_flip"):
+      assert row[name] >= 0.0 and math.isfinite(row[f"s.e._{name}"])
+  # One noise-to-signal number per σ, from the evaluated examples' patches (7x7x1 = 49).
+  images = np.asarray(studies_images(), np.float64)
+  rms = float(np.sqrt(49 * np.mean(images ** 2)))
+  ns = results["noise_to_signal"]
+  assert ns["token_dim"] == 49 and ns["num_examples"] == 40
+  assert ns["token_rms"] == pytest.approx(rms, rel=1e-12)
+  assert ns["by_sigma"] == pytest.approx({"1": 7 / rms, "4": 28 / rms}, rel=1e-12)
+  link = results["sharpness_vs_sensitivity"]
+  s4 = [r["S(σ=4)"] for r in results["rows"]]
+  assert (link["spearman_sharpness_l1"], link["p_sharpness_l1"]) == pytest.approx(
+      sv.spearman([r["sharpness_l1"] for r in results["rows"]], s4), nan_ok=True)
+  assert link["num_models"] == 5 and link["sigma"] == 4.0
+  assert os.path.getsize(os.path.join(workdir, "sharpness_vs_sensitivity.png")) > 1000
+  md = open(os.path.join(workdir, "results.md")).read()
+  assert "S_global(σ=4)" in md and "s.e._sharpness_l1" in md and "noise-to-signal" in md
+
+
+def studies_images():
+  """The smoke study's evaluated examples (the first 40 training images of mnist5k)."""
+  config = sv_cfg.get_config("smoke")
+  exp = compare.validate_runs(config)["vit"]
+  return exp.train.images[:config.sensitivity.num_examples]
+
+
+@pytest.mark.slow
 def test_more_noise_flips_more(smoke_run):
   """Averaged over models, sensitivity grows with σ (same draws: common random numbers)."""
   _, out = smoke_run
@@ -57,13 +99,26 @@ def test_more_noise_flips_more(smoke_run):
 
 @pytest.mark.slow
 def test_rerun_resumes_without_training(smoke_run):
+  """A re-run with other `sensitivity.*` fields (global noise and sharpness off, as in a
+  config written before they existed) resumes every run without training, and the
+  token-wise numbers are those measured with them on: they use their own keys."""
   workdir, out = smoke_run
-  again = studies.run(sv_cfg.get_config("smoke"), workdir)
+  config = sv_cfg.get_config("smoke")
+  config.sensitivity.global_noise.enabled = False
+  del config.sensitivity["sharpness"]
+  ckpts = lambda: {r: snapshot(os.path.join(compare.run_workdir(workdir, r), "checkpoints"))
+                   for r in ("vit", "cnn")}
+  before = ckpts()
+  again = studies.run(config, workdir)
   assert [r["steps"] for r in again["rows"]] == [r["steps"] for r in out["rows"]]
-  # Same trained weights and same keys: the same measurements.
+  assert ckpts() == before and before["vit"]
   timing = ("wall_s", "measure_s")
+  new = ("S_global", "s.e._global", "sharpness", "s.e._sharpness")
   assert ([{k: v for k, v in r.items() if k not in timing} for r in again["rows"]] ==
-          [{k: v for k, v in r.items() if k not in timing} for r in out["rows"]])
+          [{k: v for k, v in r.items() if k not in timing and not k.startswith(new)}
+           for r in out["rows"]])
+  assert "sharpness_vs_sensitivity" not in json.load(
+      open(os.path.join(workdir, "results.json")))
 
 
 @pytest.mark.parametrize("field,value", [
@@ -77,6 +132,108 @@ def test_bad_sensitivity_settings_refused_before_training(tmp_path, field, value
   with pytest.raises(ConfigError, match=f"config.sensitivity.{field}"):
     studies.run(config, str(tmp_path / "wd"))
   assert not (tmp_path / "wd").exists()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("global_noise.num_draws", 0, "must be an int > 0 (noise draws per example and σ), got 0"),
+    ("sharpness.sigma", -0.1, "must be a finite σ >= 0 (absolute weight noise), got -0.1"),
+    ("sharpness.num_draws", 1, "must be an int > 1 (the standard error is over the draws), "
+                               "got 1"),
+])
+def test_bad_global_and_sharpness_settings(field, value, message):
+  sc = sv_cfg.get_config("smoke").sensitivity
+  block, name = field.split(".")
+  sc[block][name] = value
+  with pytest.raises(ConfigError) as e:
+    sv.validate_sensitivity_config(sc, (28, 28, 1))
+  assert str(e.value) == f"config.sensitivity.{field}: {message}"
+
+
+def test_configs_without_the_new_blocks_still_validate():
+  sc = sv_cfg.get_config("smoke").sensitivity
+  del sc["global_noise"], sc["sharpness"]
+  sv.validate_sensitivity_config(sc, (28, 28, 1))
+  assert not sv._enabled(sc, "global_noise") and not sv._enabled(sc, "sharpness")
+
+
+def test_token_rms_and_noise_to_signal():
+  images = np.full((3, 4, 4, 3), 0.5, np.float32)
+  images[0] = -0.5
+  rms = sv.token_rms(images, 2)
+  assert rms == pytest.approx(np.sqrt(12 * 0.25), rel=1e-12)
+  assert sv.noise_to_signal(1.0, 2, 3, rms) == pytest.approx(2.0, rel=1e-12)
+  assert sv.noise_to_signal(0.25, 2, 3, rms) == pytest.approx(0.5, rel=1e-12)
+
+
+def test_spearman_exact_values():
+  assert sv.spearman([1, 2, 3, 4, 5], [2, 4, 6, 8, 10]) == pytest.approx((1.0, 2 / 120))
+  assert sv.spearman([1, 2, 3, 4, 5], [5, 4, 3, 2, 1]) == pytest.approx((-1.0, 2 / 120))
+  # x ranks (1, 2.5, 2.5, 4): ρ = 4.5 / sqrt(4.5 * 5).
+  rho, p = sv.spearman([0.1, 0.2, 0.2, 0.7], [1, 2, 3, 4])
+  assert rho == pytest.approx(4.5 / np.sqrt(22.5), rel=1e-12)
+  assert 0 < p < 1
+  assert np.isnan(sv.spearman([1, 1, 1], [1, 2, 3])[0])
+  rho, p = sv.spearman(list(range(9)), list(range(9)))
+  assert rho == 1.0 and np.isnan(p)
+
+
+class _Linear(nn.Module):
+  @nn.compact
+  def __call__(self, x, train=False):
+    return nn.Dense(3)(x.reshape(x.shape[0], -1))
+
+
+def _fake_result(num=10):
+  images = np.asarray(jax.random.normal(jax.random.key(1), (num, 4, 4, 1)), np.float32)
+  model = _Linear()
+  variables = model.init(jax.random.key(0), images[:1])
+  return types.SimpleNamespace(model=model, variables=variables,
+                               train=types.SimpleNamespace(images=images))
+
+
+def _small_sc():
+  sc = sv_cfg.get_config("smoke").sensitivity
+  sc.num_examples, sc.batch_size, sc.patch_size = 10, 4, 2
+  sc.sigmas, sc.main_sigma = (0.0, 3.0), 3.0
+  sc.sharpness.num_draws = 3
+  return sc
+
+
+def test_measure_sharpness_pools_batches_per_draw():
+  """Each draw's value over padded batches equals `measures.sharpness` on all examples at
+  once with that draw's key; mean and s.e. are over the draws."""
+  res, sc = _fake_result(), _small_sc()
+  key = jax.random.key(7)
+  out = sv.measure_sharpness(res, sc, key, sharding.data_mesh())
+  draw_key = jax.random.fold_in(key, len(sc.sigmas) + 2)
+  per_draw = np.array([[float(v) for v in (d["sharpness_l1"], d["sharpness_flip"])] for d in (
+      measures.sharpness(res.model.apply, res.variables, res.train.images,
+                         key=jax.random.fold_in(draw_key, r), sigma=0.05, num_draws=1)
+      for r in range(3))])
+  for j, name in enumerate(("sharpness_l1", "sharpness_flip")):
+    mean, se = out[name]
+    assert mean == pytest.approx(per_draw[:, j].mean(), rel=1e-5, abs=1e-7)
+    assert se == pytest.approx(per_draw[:, j].std(ddof=1) / np.sqrt(3), rel=1e-4, abs=1e-7)
+  assert out["sharpness_l1"][0] > 0
+
+
+def test_measure_global_keys_and_zero_noise():
+  """σ = 0 flips nothing; batch i at σ index s uses the key fold_in(fold_in(fold_in(key,
+  len(σ) + 1), s), i) (a stream apart from the token-wise keys) on the padded batch."""
+  res, sc = _fake_result(), _small_sc()
+  key = jax.random.key(3)
+  out = sv.measure_global(res, sc, key, sharding.data_mesh())
+  assert out[0.0] == (0.0, 0.0)
+  per_example = []
+  for i, (idx, mask) in enumerate(batching.padded_index_batches(10, 4)):
+    k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 3), 1), i)
+    d = measures.global_sensitivity(res.model.apply, res.variables, res.train.images[idx],
+                                    key=k, mask=mask, sigma=3.0, patch_size=2,
+                                    num_draws=sc.global_noise.num_draws)
+    per_example.append(np.asarray(d["per_example"])[mask > 0])
+  pe = np.concatenate(per_example)
+  assert 0 < pe.mean() < 1
+  assert out[3.0] == pytest.approx((pe.mean(), pe.std(ddof=1) / np.sqrt(10)), rel=1e-6)
 
 
 def test_bad_run_model_names_the_run(tmp_path):

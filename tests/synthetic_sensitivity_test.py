@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -211,10 +212,17 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value
   assert not (tmp_path / "w").exists()
 
 
+@pytest.fixture(scope="module")
+def smoke_study(tmp_path_factory):
+  """The smoke study, run once without interruption (default chunking): (workdir, output)."""
+  workdir = tmp_path_factory.mktemp("smoke_study")
+  return workdir, syn.run(syn_config.get_config("smoke"), str(workdir), log=lambda *_: None)
+
+
 @pytest.mark.slow
-def test_smoke_study_end_to_end(tmp_path):
+def test_smoke_study_end_to_end(smoke_study):
+  tmp_path, out = smoke_study
   config = syn_config.get_config("smoke")
-  out = syn.run(config, str(tmp_path), log=lambda *_: None)
   rows = out["rows"]
   assert {r["model"] for r in rows} == {"attention", "mlp"}
   assert len(rows) == 2 * len(config.sparse.sigmas)
@@ -251,7 +259,9 @@ def _report(path):
 
 
 @pytest.mark.slow
-def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch):
+def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch, smoke_study):
+  """Cut into short checkpointed chunks, interrupted and rerun: the report of the
+  uninterrupted, default-chunked smoke study (a copy of it; `smoke_study` stays intact)."""
   monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)    # Boolean smoke: 2 chunks of 20 steps.
   monkeypatch.setattr(syn, "CHECKPOINT_CHUNKS", 1)
   config = syn_config.get_config("smoke")
@@ -263,7 +273,7 @@ def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch):
     assert Workdir(path).latest_step() == 20, part
   assert not os.path.exists(os.path.join(cut, "results.json"))
   syn.run(config, cut, log=quiet)
-  syn.run(config, straight, log=quiet)
+  shutil.copytree(smoke_study[0], straight)
   assert _report(cut) == _report(straight)
   # Another training config is refused before anything is written; --overwrite retrains.
   config.mlp.learning_rate = 2e-3

@@ -78,7 +78,7 @@ _KILL_SCRIPT = textwrap.dedent("""
     import os, signal, sys
     import jax
     jax.config.update("jax_disable_most_optimizations", True)
-    from tests.train_test import smoke_train
+    from tests.train_test import RESUME_OVERRIDES, smoke_train
     from xsens.train import trainer
     from xsens.train.workdir import Workdir
     original = Workdir.save
@@ -88,8 +88,10 @@ _KILL_SCRIPT = textwrap.dedent("""
       if step == 4:
         os.kill(os.getpid(), signal.SIGKILL)
     Workdir.save = save_then_die
-    trainer.train_and_evaluate(smoke_train("resnet18", total_steps=10), sys.argv[1])
+    trainer.train_and_evaluate(smoke_train("resnet18", **RESUME_OVERRIDES), sys.argv[1])
 """)
+# A quarter of the test split: the unoptimised (fast-compile) eval forwards dominate the run.
+RESUME_OVERRIDES = {"total_steps": 10, "data.test_split": "test[:256]"}
 
 
 @pytest.mark.slow
@@ -100,7 +102,7 @@ def test_resume_after_kill_is_bit_equal(tmp_path):
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == -9, proc.stderr[-2000:]
   assert workdir_lib.Workdir(killed).latest_step() == 4
-  config = smoke_train("resnet18", total_steps=10)
+  config = smoke_train("resnet18", **RESUME_OVERRIDES)
   resumed = trainer.train_and_evaluate(config, killed)
   reference = trainer.train_and_evaluate(config, straight)
   assert resumed.summary["steps"] == reference.summary["steps"] == 10

@@ -34,6 +34,10 @@ from xsens.measures.sensitivity import (boolean_sensitivity, global_sensitivity,
                                         token_sensitivity_loop)
 from xsens.measures.similarity import (cka_matrix, layer_features, linear_cka,
                                        linear_probe_accuracy, minibatch_cka)
+from xsens.measures.spectral import (boolean_tokens, degree_block_eigenvalues, empirical_ntk,
+                                     init_ntks, linear_attention_model, ntk_degree_spectrum,
+                                     relu_mlp_model, walsh_degree_spectrum, walsh_diagonal,
+                                     walsh_kernel)
 from xsens.measures.subgroups import subgroup_accuracy
 from xsens.measures.text_sensitivity import text_global_sensitivity, text_token_sensitivity
 
@@ -45,6 +49,10 @@ __all__ = [
     # Boolean Fourier analysis.
     "fourier_spectrum", "fourier_coefficients", "degree_spectrum",
     "fourier_average_sensitivity",
+    # NTK at initialisation and its Walsh spectrum (weak spectral bias, Prop. 2.1).
+    "empirical_ntk", "init_ntks", "ntk_degree_spectrum", "walsh_kernel", "walsh_diagonal",
+    "walsh_degree_spectrum", "degree_block_eigenvalues", "linear_attention_model",
+    "relu_mlp_model", "boolean_tokens",
     # Robustness: accuracy, attacks, corruptions, perturbations of the weights.
     "accuracy", "fgsm", "pgd", "adversarial_accuracy", "attack_accuracy", "transfer_attack",
     "perturbation_structure", "corruption_accuracy", "corrupt", "corrupt_jax",

@@ -24,15 +24,49 @@ nn.Linear layers U(±1/sqrt(fan_in)) for weight and bias.
 Token view (xsens.measures.tokens): the measured inputs are `embed`'s output (token +
 position, the point where the paper adds its noise) and the measures' apply_fn is
 `functools.partial(model.apply, method=model.from_embeddings)`.
+
+The official model's parameters (`SimpleTransformer.state_dict()`, PyTorch; V = vocab_size,
+C = num_classes (the official code has C = V = p + 1), T = seq_len, d = width, m = mlp_dim;
+PyTorch's Linear stores its weight [out, in], flax's Dense its kernel [in, out]):
+
+  official key                 shape     ours                        transform
+  token_embed.weight           [V, d]    token_embed                 as is
+  pos_embed                    [T, d]    pos_embed                   as is
+  attention.in_proj_weight     [3d, d]   q_proj / k_proj / v_proj    rows [0:d] / [d:2d] /
+                                         .kernel [d, d]              [2d:3d], each transposed
+  attention.in_proj_bias       [3d]      q_proj / k_proj / v_proj    [0:d] / [d:2d] / [2d:3d]
+                                         .bias [d]
+  attention.out_proj.weight    [d, d]    out_proj.kernel             transposed
+  attention.out_proj.bias      [d]       out_proj.bias               as is
+  fc1.weight, fc1.bias         [m, d]    fc1.kernel [d, m], .bias    transposed, as is
+  fc2.weight, fc2.bias         [d, m]    fc2.kernel [m, d], .bias    transposed, as is
+  fc_out.weight, fc_out.bias   [C, d]    fc_out.kernel [d, C], .bias transposed, as is
+
+(nn.MultiheadAttention with kdim = vdim = d packs Q, K, V in in_proj_weight, in that order;
+head h uses features [h d/H, (h + 1) d/H) of each, as our reshape does.) `from_official`
+and `to_official` convert either way, with any leading axes (e.g. a seed axis) kept. To
+write the official code's initial weights for seeds 42..46 (PyTorch; `SimpleTransformer`
+copied out of `train_and_evaluate` in language/sens_addition.py, which calls
+`torch.manual_seed(seed)` and draws nothing else from torch before building the model):
+
+  states = []
+  for seed in range(42, 47):
+    torch.manual_seed(seed)
+    model = SimpleTransformer(114, 3, 128, 4, 512)
+    states.append({k: v.detach().numpy() for k, v in model.state_dict().items()})
+  np.savez("official_init.npz", **{k: np.stack([s[k] for s in states]) for k in states[0]})
 """
 
 from __future__ import annotations
 
 import math
 
+from typing import Mapping
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
@@ -126,3 +160,60 @@ def num_params(vocab_size: int, num_classes: int, width: int, mlp_dim: int,
   d = width
   return (vocab_size * d + seq_len * d + 3 * (d * d + d) + (d * d + d)
           + (d * mlp_dim + mlp_dim) + (mlp_dim * d + d) + (d * num_classes + num_classes))
+
+
+# ------------------------------------------------------------------------------------------
+# The official (PyTorch) parameter layout; see the module docstring for the mapping.
+
+_LINEARS = (("attention.out_proj", "out_proj"), ("fc1", "fc1"), ("fc2", "fc2"),
+            ("fc_out", "fc_out"))
+
+
+def official_shapes(vocab_size: int, num_classes: int, width: int, mlp_dim: int,
+                    seq_len: int = SEQ_LEN) -> dict[str, tuple[int, ...]]:
+  """{official state_dict key: shape} of the official model with these sizes."""
+  d, m = width, mlp_dim
+  return {"token_embed.weight": (vocab_size, d), "pos_embed": (seq_len, d),
+          "attention.in_proj_weight": (3 * d, d), "attention.in_proj_bias": (3 * d,),
+          "attention.out_proj.weight": (d, d), "attention.out_proj.bias": (d,),
+          "fc1.weight": (m, d), "fc1.bias": (m,), "fc2.weight": (d, m), "fc2.bias": (d,),
+          "fc_out.weight": (num_classes, d), "fc_out.bias": (num_classes,)}
+
+
+def from_official(state: Mapping[str, np.ndarray]) -> dict:
+  """Official state_dict arrays -> our params tree (NumPy, dtypes kept).
+
+  Leading axes before the official shape (e.g. [S] seeds) are kept on every leaf. Keys
+  must be exactly those of `official_shapes`; KeyError otherwise.
+  """
+  expected = set(official_shapes(1, 1, 1, 1))
+  if set(state) != expected:
+    raise KeyError(f"official keys {sorted(expected)} expected; missing "
+                   f"{sorted(expected - set(state))}, unexpected {sorted(set(state) - expected)}")
+  t = lambda w: np.swapaxes(np.asarray(w), -1, -2)
+  w_in, b_in = np.asarray(state["attention.in_proj_weight"]), np.asarray(
+      state["attention.in_proj_bias"])
+  d = w_in.shape[-1]
+  params = {"token_embed": np.asarray(state["token_embed.weight"]),
+            "pos_embed": np.asarray(state["pos_embed"])}
+  for i, name in enumerate(("q_proj", "k_proj", "v_proj")):
+    params[name] = {"kernel": t(w_in[..., i * d:(i + 1) * d, :]),
+                    "bias": b_in[..., i * d:(i + 1) * d]}
+  for theirs, ours in _LINEARS:
+    params[ours] = {"kernel": t(state[f"{theirs}.weight"]),
+                    "bias": np.asarray(state[f"{theirs}.bias"])}
+  return params
+
+
+def to_official(params) -> dict[str, np.ndarray]:
+  """Our params tree -> the official state_dict arrays (NumPy); inverse of `from_official`."""
+  p = jax.tree.map(np.asarray, params)
+  t = lambda w: np.swapaxes(w, -1, -2)
+  qkv = ("q_proj", "k_proj", "v_proj")
+  out = {"token_embed.weight": p["token_embed"], "pos_embed": p["pos_embed"],
+         "attention.in_proj_weight": np.concatenate([t(p[n]["kernel"]) for n in qkv], -2),
+         "attention.in_proj_bias": np.concatenate([p[n]["bias"] for n in qkv], -1)}
+  for theirs, ours in _LINEARS:
+    out[f"{theirs}.weight"] = t(p[ours]["kernel"])
+    out[f"{theirs}.bias"] = p[ours]["bias"]
+  return out

@@ -35,7 +35,10 @@ fold_in(key, t), a pure function of the step).
 Events (per seed, on the logs; all reported in results.md):
   * memorised: the first epoch with train accuracy >= 0.99.
   * grokked: the first test evaluation (every `test_every` epochs) with test accuracy >=
-    `report.grok_threshold` (0.5).
+    t, for each t in `report.grok_thresholds` (0.5, 0.95): keys `grok_epoch_<t>` and
+    `lead_epochs_<t>`; the first threshold (0.5) also gives the unsuffixed `grok_epoch`,
+    `lead_epochs`, `sens_at_grok` and `grokked` (it grokked within the run's epochs), the
+    keys of the single-threshold reports before, so they stay comparable.
   * sensitivity peak: the epoch of the maximum of the trailing rolling mean (window
     `report.window` = 50, as the notebook's plots) of the sensitivity, searched from
     `window` epochs after memorisation on (this skips the transient while the training
@@ -46,13 +49,31 @@ Events (per seed, on the logs; all reported in results.md):
   * test accuracy starts rising (`test_rise_epoch`): the first test evaluation after
     memorisation at least 0.05 above the first one after memorisation.
   * lead = grokked − sensitivity falls (> 0: sensitivity falls before test accuracy jumps).
+
+Across seeds (`summary`, one row per threshold): the fraction that grokked within the
+run's epochs, and mean ± standard error (sample std / sqrt n) of the grokking epoch and of
+the lead over the n seeds where each is defined (n stated; no s.e. for n = 1).
+
+Initial weights (`model.init_npz`, None by default: the seeds' own draws): an `.npz` of the
+official model's state_dict (keys and shapes in `xsens.models.grokking_transformer`,
+converted by its `from_official`), cast to float32, replaces the initial parameters; the
+AdamW state starts at zero as PyTorch's. Each array either has the official shape (every
+seed starts from it) or a leading seed axis of length `train.num_seeds` (index i for seed
+`seed + i`; the split of seed i is still RandomState(seed + i)'s, as the official code's).
+The workdir's guard sees the path, not the file's contents; results.json records the
+file's sha256. Training from these weights follows the official code's steps; its
+sensitivity noise is a different random stream (it does not affect training).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import math
+import os
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -90,13 +111,16 @@ def validate(config) -> None:
     require(is_int(m[f]) and m[f] >= 1, f"model.{f}", f"must be a positive int, got {m[f]!r}")
   require(m.width % m.num_heads == 0, "model.num_heads",
         f"must divide model.width={m.width}, got {m.num_heads}")
+  require(m.init_npz is None or (isinstance(m.init_npz, str) and m.init_npz), "model.init_npz",
+          f"must be None or the path of an .npz file, got {m.init_npz!r}")
   o = config.optimizer
   require(is_finite_number(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
         f"must be > 0, got {o.learning_rate!r}")
   require(is_finite_number(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
         f"must be >= 0, got {o.weight_decay!r}")
   for f in ("b1", "b2"):
-    require(is_finite_number(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}", f"must be in [0, 1), got {o[f]!r}")
+    require(is_finite_number(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}",
+            f"must be in [0, 1), got {o[f]!r}")
   require(is_finite_number(o.eps) and o.eps > 0, "optimizer.eps", f"must be > 0, got {o.eps!r}")
   t = config.train
   for f in ("epochs", "chunk_epochs", "test_every", "num_seeds", "keep_checkpoints"):
@@ -113,12 +137,16 @@ def validate(config) -> None:
   r = config.report
   require(is_int(r.window) and r.window >= 1, "report.window",
         f"must be a positive int, got {r.window!r}")
-  require(is_finite_number(r.grok_threshold) and 0 < r.grok_threshold <= 1, "report.grok_threshold",
-        f"must be in (0, 1], got {r.grok_threshold!r}")
+  th = r.grok_thresholds
+  require(isinstance(th, (tuple, list)) and th and len(set(th)) == len(th)
+          and all(is_finite_number(x) and 0 < x <= 1 for x in th), "report.grok_thresholds",
+          f"must be distinct test accuracies in (0, 1] (the first gives grok_epoch), got {th!r}")
   require(is_finite_number(r.fall_fraction) and 0 < r.fall_fraction < 1, "report.fall_fraction",
         f"must be in (0, 1), got {r.fall_fraction!r}")
   require(all(is_int(e) and e >= 0 for e in r.markers), "report.markers",
         f"must be epochs (ints >= 0), got {list(r.markers)!r}")
+  if m.init_npz is not None:
+    load_init_npz(config)  # Refuses a missing file, wrong keys, shapes or values.
 
 
 # ------------------------------------------------------------------------------------------
@@ -145,6 +173,49 @@ def split(p: int, train_fraction: float, seed: int) -> dict:
   tr, te = order[:n_train], order[n_train:]
   return {"train_ids": ids[tr], "train_labels": labels[tr], "test_ids": ids[te],
           "test_labels": labels[te], "train_index": tr, "test_index": te}
+
+
+# ------------------------------------------------------------------------------------------
+# Initial weights from the official model's layout.
+
+
+def load_init_npz(config) -> dict:
+  """`model.init_npz` -> our params tree, every leaf float32 [S, ...] (S = train.num_seeds).
+
+  The file holds the official state_dict arrays (`grokking_transformer.official_shapes`),
+  each of the official shape (broadcast to every seed) or [S, *shape]. ConfigError naming
+  `model.init_npz` for a missing file or key, an extra key, a shape of other sizes or
+  seeds, or a non-finite value.
+  """
+  path, m = config.model.init_npz, config.model
+  p, num_seeds = int(config.data.modulus), int(config.train.num_seeds)
+  require(os.path.isfile(path), "model.init_npz", f"no file {path!r}")
+  shapes = gt.official_shapes(p + 1, p + 1, int(m.width), int(m.mlp_dim))
+  with np.load(path) as f:
+    state = {k: f[k] for k in f.files}
+  missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
+  require(not missing and not extra, "model.init_npz",
+          f"{path!r} must hold exactly the official keys {sorted(shapes)}; missing {missing}, "
+          f"unexpected {extra}")
+  stacked = all(state[k].shape == (num_seeds, *shapes[k]) for k in shapes)
+  for k, shape in shapes.items():
+    ok = state[k].shape == shape or state[k].shape == (num_seeds, *shape)
+    require(ok and (stacked or state[k].shape == shape), "model.init_npz",
+            f"{path!r}: {k!r} has shape {state[k].shape}; data.modulus={p}, model.width="
+            f"{m.width}, model.mlp_dim={m.mlp_dim} and train.num_seeds={num_seeds} need "
+            f"{shape} (every seed) or {(num_seeds, *shape)} (one per seed), the same for "
+            "every key")
+    require(np.issubdtype(state[k].dtype, np.floating) and np.all(np.isfinite(state[k])),
+            "model.init_npz", f"{path!r}: {k!r} must hold finite floats")
+  state = {k: np.asarray(v, np.float32) if stacked else
+           np.broadcast_to(np.asarray(v, np.float32), (num_seeds, *v.shape))
+           for k, v in state.items()}
+  return gt.from_official(state)
+
+
+def file_sha256(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------
@@ -189,10 +260,16 @@ def embedding_sensitivity(apply_fn, variables, inputs, *, labels, key, sigma, to
   return out["mean"]
 
 
+def state_from_params(tx: optax.GradientTransformation, params) -> dict:
+  """The training state at step 0 from parameters: {"params", "opt" (fresh), "step"}."""
+  return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+
 def make_fns(config):
   """(model, init_state(key) -> state, chunk(state, data, key, start, length) -> (state,
   logs [length]), evaluate(params, data, key, step) -> metrics); pure, for one seed (vmap
-  them over seeds, `start` unbatched)."""
+  them over seeds, `start` unbatched). `init_state` draws the parameters (PyTorch's
+  initialisation); `initial_state` applies `model.init_npz`."""
   model = make_model(config)
   tx = make_optimizer(config)
   sigma = float(config.sensitivity.sigma)
@@ -203,7 +280,7 @@ def make_fns(config):
 
   def init_state(key):
     params = model.init(key, jnp.zeros((1, gt.SEQ_LEN), jnp.int32))["params"]
-    return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    return state_from_params(tx, params)
 
   def sensitivity(params, ids, clean, key):
     variables = {"params": params}
@@ -268,6 +345,16 @@ def stacked_data(config) -> dict:
   return {k: jnp.asarray(np.stack([s[k] for s in splits])) for k in keys}
 
 
+def initial_state(config, init_keys):
+  """The seeds' step-0 state [S, ...]: drawn from `init_keys`, or `model.init_npz`'s weights."""
+  _, init_state, _, _ = make_fns(config)
+  if config.model.init_npz is None:
+    return jax.jit(jax.vmap(init_state))(init_keys)
+  tx = make_optimizer(config)
+  params = jax.tree.map(jnp.asarray, load_init_npz(config))
+  return jax.jit(jax.vmap(functools.partial(state_from_params, tx)))(params)
+
+
 def seed_keys(config):
   """(init keys, noise keys) [S]: key(seed) folded with 0 / 1."""
   base = [jax.random.key(s) for s in seeds_of(config)]
@@ -292,9 +379,10 @@ def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> 
   end at multiples of `train.chunk_epochs`, and after each the per-epoch logs
   (`logs/epochs_<a>_<b>.npz`, {field: [S, b - a]} float32) and the full state (params,
   AdamW state, step) are saved. `max_chunks` stops after that many new chunks (at least
-  one). Returns {"logs" {field: [S, E]}, "final" ({field: [S]} after the last epoch, None
-  if interrupted), "wall_s", "compile_s", "epochs_done", "resumed_from",
-  "chunks_computed", "num_params"}.
+  one). A new run starts from `initial_state` (`model.init_npz`'s weights when set); a
+  resumed one from its checkpoint. Returns {"logs" {field: [S, E]}, "final" ({field: [S]}
+  after the last epoch, None if interrupted), "wall_s", "compile_s", "epochs_done",
+  "resumed_from", "chunks_computed", "num_params"}.
   """
   epochs, size = int(config.train.epochs), int(config.train.chunk_epochs)
   wd = Workdir(workdir, keep_checkpoints=int(config.train.keep_checkpoints))
@@ -335,7 +423,7 @@ def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> 
         f"ms/epoch): train acc {np.round(logs['train_accuracy'][:, -1], 3)}, test acc "
         f"{np.round(last_test, 3)}, sensitivity {np.round(logs['sensitivity'][:, -1], 3)}")
 
-  program = loop.Program(init=lambda: v_init(init_keys), abstract_state=abstract,
+  program = loop.Program(init=lambda: initial_state(config, init_keys), abstract_state=abstract,
                          advance=advance, on_chunk=on_chunk)
   schedule = loop.Schedule(total_steps=epochs, checkpoint_every=size, max_chunk=size)
   res = loop.run(wd, program, schedule, desc="grokking", max_chunks=max_chunks)
@@ -369,9 +457,18 @@ def _first(mask: np.ndarray, offset: int = 0):
   return int(hits[0]) + offset if len(hits) else None
 
 
-def events(logs: dict, *, window: int, grok_threshold: float, fall_fraction: float,
-           rise: float = 0.05) -> dict:
-  """The epochs defined in the module docstring for ONE seed (logs: {field: [E]})."""
+def threshold_key(name: str, threshold: float) -> str:
+  """`name` for one grokking threshold, e.g. ("grok_epoch", 0.95) -> "grok_epoch_0.95"."""
+  return f"{name}_{threshold:g}"
+
+
+def events(logs: dict, *, window: int, grok_thresholds: Sequence[float],
+           fall_fraction: float, rise: float = 0.05) -> dict:
+  """The epochs defined in the module docstring for ONE seed (logs: {field: [E]}).
+
+  Per threshold t: `grok_epoch_<t>`, `lead_epochs_<t>`; the first threshold also gives
+  `grok_epoch`, `lead_epochs`, `sens_at_grok` and `grokked` (grok_epoch is not None).
+  """
   sens = rolling_mean(logs["sensitivity"], window)
   test = np.asarray(logs["test_accuracy"])
   tested = ~np.isnan(test)
@@ -382,7 +479,6 @@ def events(logs: dict, *, window: int, grok_threshold: float, fall_fraction: flo
   peak = start + int(np.argmax(sens[start:]))
   after = sens[peak:]
   out = {"memorised_epoch": memorised,
-         "grok_epoch": _first(tested & (np.nan_to_num(test) >= grok_threshold)),
          "sens_peak_epoch": peak, "sens_peak": float(sens[peak]),
          "sens_drop10_epoch": _first(after <= 0.9 * sens[peak], peak),
          "sens_fall_epoch": _first(after <= fall_fraction * sens[peak], peak)}
@@ -392,10 +488,60 @@ def events(logs: dict, *, window: int, grok_threshold: float, fall_fraction: flo
                             if len(evals) else None)
   if out["test_rise_epoch"] is not None:
     out["test_rise_epoch"] = int(evals[out["test_rise_epoch"]])
-  g, f = out["grok_epoch"], out["sens_fall_epoch"]
-  out["lead_epochs"] = (g - f) if g is not None and f is not None else None
+  f = out["sens_fall_epoch"]
+  for t in grok_thresholds:
+    g = _first(tested & (np.nan_to_num(test) >= t))
+    out[threshold_key("grok_epoch", t)] = g
+    out[threshold_key("lead_epochs", t)] = (g - f) if g is not None and f is not None else None
+  first = grok_thresholds[0]
+  out["grok_epoch"] = g = out[threshold_key("grok_epoch", first)]
+  out["lead_epochs"] = out[threshold_key("lead_epochs", first)]
+  out["grokked"] = g is not None
   out["sens_at_grok"] = float(sens[g]) if g is not None else None
   return out
+
+
+def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
+  """(mean, standard error = sample std / sqrt(n), n) over the values that are not None;
+  (None, None, 0) for none, s.e. None for one."""
+  x = np.asarray([v for v in values if v is not None], np.float64)
+  if not len(x):
+    return None, None, 0
+  se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None
+  return float(x.mean()), se, len(x)
+
+
+def summary(ev: Sequence[dict], grok_thresholds: Sequence[float]) -> list[dict]:
+  """One row per threshold across the seeds' `events`: how many grokked within the run
+  (fraction), and mean ± s.e. (n) of the grokking epoch and of the lead."""
+  rows = []
+  for t in grok_thresholds:
+    grok = [e[threshold_key("grok_epoch", t)] for e in ev]
+    lead = [e[threshold_key("lead_epochs", t)] for e in ev]
+    g_mean, g_se, g_n = mean_se(grok)
+    l_mean, l_se, l_n = mean_se(lead)
+    rows.append({"test_acc_threshold": float(t), "seeds": len(ev), "grokked": g_n,
+                 "fraction_grokked": g_n / len(ev) if ev else None,
+                 "grok_epoch_mean": g_mean, "grok_epoch_se": g_se, "grok_epoch_n": g_n,
+                 "lead_epochs_mean": l_mean, "lead_epochs_se": l_se, "lead_epochs_n": l_n})
+  return rows
+
+
+def _mean_se_text(mean, se, n) -> str:
+  if n == 0:
+    return "— (n = 0)"
+  return f"{mean:,.0f}" + (f" ± {se:,.0f}" if se is not None else "") + f" (n = {n})"
+
+
+def summary_markdown(rows: Sequence[dict]) -> str:
+  """The `summary` rows as a markdown table (mean ± s.e. (n))."""
+  return tables.markdown_table([
+      {"test acc ≥": f"{r['test_acc_threshold']:g}",
+       "grokked": f"{r['grokked']} of {r['seeds']} ({r['fraction_grokked']:.2f})",
+       "grokking epoch": _mean_se_text(r["grok_epoch_mean"], r["grok_epoch_se"],
+                                       r["grok_epoch_n"]),
+       "lead (grokked − sensitivity falls)": _mean_se_text(
+           r["lead_epochs_mean"], r["lead_epochs_se"], r["lead_epochs_n"])} for r in rows])
 
 
 def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
@@ -422,7 +568,7 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
     for i, evs in enumerate(ev):
       if evs["grok_epoch"] is not None:
         ax.axvline(evs["grok_epoch"], color="tab:green", ls="--", lw=0.8,
-                   label="test acc ≥ {:g}".format(config.report.grok_threshold)
+                   label="test acc ≥ {:g}".format(config.report.grok_thresholds[0])
                    if i == 0 else None)
       if evs["sens_fall_epoch"] is not None:
         ax.axvline(evs["sens_fall_epoch"], color="tab:red", ls=":", lw=0.9,
@@ -453,16 +599,17 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   total = time.perf_counter() - t0
   logs, final = out["logs"], out["final"]
   rcfg = config.report
+  thresholds = [float(t) for t in rcfg.grok_thresholds]
   ev = [events({k: v[s] for k, v in logs.items()}, window=int(rcfg.window),
-                grok_threshold=float(rcfg.grok_threshold),
-                fall_fraction=float(rcfg.fall_fraction))
+                grok_thresholds=thresholds, fall_fraction=float(rcfg.fall_fraction))
         for s in range(logs["train_loss"].shape[0])]
+  more = [threshold_key(n, t) for t in thresholds[1:] for n in ("grok_epoch", "lead_epochs")]
   rows = []
   for s, (seed, evs) in enumerate(zip(seeds_of(config), ev)):
     row = {"seed": seed}
     row.update({k: evs[k] for k in ("memorised_epoch", "sens_peak_epoch", "sens_drop10_epoch",
                                     "sens_fall_epoch", "test_rise_epoch", "grok_epoch",
-                                    "lead_epochs")})
+                                    "lead_epochs", *more, "grokked")})
     row["sens_peak_%"] = 100 * evs["sens_peak"]
     if final is not None:
       row["final_train_acc"] = float(final["train_accuracy"][s])
@@ -482,20 +629,31 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       f"decay {config.optimizer.weight_decay}, full batch, {config.train.epochs} epochs.",
       f"Sensitivity: N(0, {config.sensitivity.sigma}²) on the embeddings of positions "
       f"{list(config.sensitivity.positions)}, one draw, flip fraction on the training set.",
-      f"Events: grokked = first test evaluation with accuracy ≥ {rcfg.grok_threshold}; "
-      f"sensitivity falls = first epoch after the peak of its rolling mean (window "
-      f"{rcfg.window}) at ≤ {rcfg.fall_fraction} × peak; lead = grokked − falls.",
+      f"Events: grok_epoch = first test evaluation with accuracy ≥ {thresholds[0]:g}"
+      + "".join(f" ({threshold_key('grok_epoch', t)}: ≥ {t:g})" for t in thresholds[1:])
+      + f"; grokked = grok_epoch within the {out['epochs_done']} epochs; sensitivity falls "
+      f"= first epoch after the peak of its rolling mean (window {rcfg.window}) at ≤ "
+      f"{rcfg.fall_fraction} × peak; lead = grokked − falls.",
       f"Sensitivity fell before test accuracy jumped in {before} of {len(rows)} seed(s).",
       f"Training wall time {out['wall_s']:.1f} s for {out['epochs_done'] - out['resumed_from']} "
       f"new epochs × {len(rows)} seed(s) (+{out['compile_s']:.1f} s compile); "
       f"resumed from epoch {out['resumed_from']}."]
-  extra = {"events": ev, "config": json.loads(config.to_json_best_effort()),
+  sha = file_sha256(config.model.init_npz) if config.model.init_npz is not None else None
+  if sha is not None:
+    notes.append(f"Initial weights: {config.model.init_npz} (official layout, sha256 "
+                 f"{sha[:16]}…).")
+  across = summary(ev, thresholds)
+  notes.append(f"\nAcross the {len(rows)} seed(s) (mean ± s.e. over the n seeds where "
+               "defined):\n\n" + summary_markdown(across))
+  extra = {"events": ev, "summary": across, "config": json.loads(config.to_json_best_effort()),
            "wall_s": out["wall_s"], "compile_s": out["compile_s"],
            "ms_per_epoch": 1e3 * out["wall_s"] / max(out["epochs_done"] - out["resumed_from"], 1),
-           "num_params": out["num_params"]}
+           "num_params": out["num_params"],
+           "init_npz_sha256": sha}
   md = tables.write_results(workdir, f"Grokking and sensitivity, (a+b) mod "
                             f"{config.data.modulus}", rows, notes="\n".join(notes),
                             extra=extra, plots=[fig])
-  return {"rows": rows, "markdown": md, "logs": logs, "events": ev, "final": final,
+  return {"rows": rows, "summary": across, "markdown": md, "logs": logs, "events": ev,
+          "final": final,
           "wall_s": total, **{k: out[k] for k in ("resumed_from", "epochs_done",
                                                   "num_params")}}
