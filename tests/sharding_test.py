@@ -32,7 +32,9 @@ _SCRIPT = textwrap.dedent("""
     sgd = {"optimizer.name": "sgd", "optimizer.learning_rate": 0.1}
     cases = [("resnet18", sgd, 1e-3), ("vit", sgd, 1e-3)]
     for model, overrides, tol in cases:
-      config = smoke_train(model, total_steps=2, batch_size=32, **overrides)
+      # test_loss over the first 256 test images: one eval batch (32 per device).
+      config = smoke_train(model, total_steps=2, batch_size=32,
+                           **{"data.test_split": "test[:256]"}, **overrides)
       one = trainer.train_and_evaluate(
           config, f"{workdir}/{model}_one", mesh=sharding.data_mesh(jax.devices()[:1]))
       eight = trainer.train_and_evaluate(config, f"{workdir}/{model}_eight")

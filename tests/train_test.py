@@ -34,7 +34,10 @@ def smoke_train(model="vit", **overrides):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["vit", "cnn", "mlp", "resnet18", "densenet", "convmixer"])
 def test_every_model_trains_and_writes_checkpoint_and_metrics(tmp_path, model):
-  result = trainer.train_and_evaluate(smoke_train(model), str(tmp_path))
+  # The smoke block on a quarter of the test split (a large share of the run is the eval
+  # forwards, compiled unoptimised); the CLI test below runs the smoke config as it is.
+  result = trainer.train_and_evaluate(smoke_train(model, **{"data.test_split": "test[:256]"}),
+                                      str(tmp_path))
   assert result.summary["steps"] == 4
   assert result.summary["stop_reason"] == "max_steps"
   assert workdir_lib.Workdir(str(tmp_path)).latest_step() == 4
@@ -90,7 +93,8 @@ _KILL_SCRIPT = textwrap.dedent("""
     Workdir.save = save_then_die
     trainer.train_and_evaluate(smoke_train("resnet18", **RESUME_OVERRIDES), sys.argv[1])
 """)
-# A quarter of the test split: the unoptimised (fast-compile) eval forwards dominate the run.
+# A quarter of the test split: a large share of the run is the eval forwards, compiled
+# unoptimised (fast compiles).
 RESUME_OVERRIDES = {"total_steps": 10, "data.test_split": "test[:256]"}
 
 
