@@ -21,6 +21,7 @@ CORE = [
     "tqdm>=4.66",
     "pillow>=10",           # decodes the JPEGs of streamed TFDS datasets (ImageNet)
     "tokenizers>=0.15",     # trains the BPE tokenizer of the text datasets offline
+    "safetensors>=0.4",     # reads timm's ConvNeXt ImageNet weights (NumPy, no PyTorch)
 ]
 EXTRAS = {
     "test": ["pytest>=8", "pytest-xdist>=3.5", "nbformat>=5.9", "nbclient>=0.10",

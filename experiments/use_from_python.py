@@ -12,7 +12,7 @@ from xsens import measures
 from xsens.train import trainer
 
 
-def main(workdir: str = "/tmp/xsens_use_from_python") -> dict:
+def main(workdir: str = "workdirs/use_from_python") -> dict:
   config = train_cfg.get_config("model=vit,smoke").train
   config.model.depth, config.total_steps, config.eval_every = 2, 60, 0
   run = trainer.train_and_evaluate(config, workdir)   # Resumes if workdir holds the run.

@@ -19,7 +19,9 @@ Set-ups (`setup=`):
 Shows: results.md with, per run, params, test accuracy, forward and attention FLOPs
 (XLA cost analysis), peak temp memory and time of one training step, plus
 accuracy_vs_flops.png, similarity_layers.png (layer x layer attention similarity of
-the trained baseline, the same ViT at random init and the full-reuse run) and
+the trained baseline, its two controls, the same ViT at random init and the same ViT
+trained on randomly labelled data (run `vit_random_labels`, `data.random_labels=1`: the
+paper's "trained on random data" control), and the full-reuse run) and
 similarity_kth_best.png. The paper's claim: reuse matches or beats the baseline's
 accuracy at lower compute and memory.
 """
@@ -33,9 +35,16 @@ from xsens.config_utils import parse_arg
 SETUPS = ("mnist5k", "cifar10")
 
 
+RANDOM_LABELS_RUN = "vit_random_labels"
+
+
 def _runs(vit: dict, heads: tuple[int, ...], layers: tuple[int, ...]
           ) -> ml_collections.ConfigDict:
-  runs = {"vit": {"model": common.model_config(name="vit", **vit)}}
+  runs = {"vit": {"model": common.model_config(name="vit", **vit)},
+          # The similarity control: the baseline ViT trained on randomly labelled data
+          # (every train label drawn uniformly, `data.random_labels`; test labels true).
+          RANDOM_LABELS_RUN: {"model": common.model_config(name="vit", **vit),
+                              "data": {"random_labels": 1.0}}}
   for p in heads:
     for k in layers:
       runs[f"reuse_p{p}_k{k}"] = {"model": common.model_config(
@@ -64,6 +73,9 @@ def get_config(arg=None):
   rc.cost_batch_size = 128    # batch of the FLOPs / memory / step-time measurements
   rc.timing_repeats = 5
   rc.similarity_runs = ()     # more trained runs in the similarity heat map
+  # Similarity controls of the trained baseline: the same ViT at random init (`seed`) and
+  # trained on random labels (this run; None: no such control).
+  rc.random_labels_run = ml_collections.FieldReference(RANDOM_LABELS_RUN, field_type=str)
 
   if arg.setup == "mnist5k":
     vit = dict(patch_size=4, width=64, depth=4, num_heads=4, mlp_dim=128)

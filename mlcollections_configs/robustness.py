@@ -4,6 +4,7 @@ Classification", Bhojanapalli et al., ICCV 2021, arXiv 2103.14586).
 
   xsens --config=mlcollections_configs/robustness.py --workdir=workdirs/robustness
   xsens --config=mlcollections_configs/robustness.py:smoke --workdir=/tmp/rob_smoke
+  xsens --config=mlcollections_configs/robustness.py:scale --workdir=workdirs/rob_scale
   xsens --config=mlcollections_configs/robustness.py:setup=cifar10 \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/rob_c10
   xsens --config=mlcollections_configs/robustness.py:imagenet \
@@ -11,12 +12,31 @@ Classification", Bhojanapalli et al., ICCV 2021, arXiv 2103.14586).
         --config.runs.vit_b16.pretrained.path=/path/to/ViT-B_16.npz \
         --config.runs.bit_m_r50x1.pretrained.path=/path/to/BiT-M-R50x1-ILSVRC2012.npz \
         --workdir=workdirs/rob_imagenet
+  xsens --config=mlcollections_configs/robustness.py:imagenet,scale \
+        --config.imagenet.data_dir=/path/to/tensorflow_datasets \
+        --config.runs.vit_b16_i1k.pretrained.path=/path/to/ViT-B_16-i1k.npz \
+        --config.runs.vit_b16_i21k.pretrained.path=/path/to/ViT-B_16.npz \
+        --config.runs.bit_s_r50x1.pretrained.path=/path/to/BiT-S-R50x1-ILSVRC2012.npz \
+        --config.runs.bit_m_r50x1.pretrained.path=/path/to/BiT-M-R50x1-ILSVRC2012.npz \
+        --workdir=workdirs/rob_imagenet_scale
 
 Set-ups: `mnist5k` (default, embedded, CPU: a 4-block ViT and a narrow ResNet-18);
-`cifar10` (ViT and ResNet-18 trained from scratch; GPU/TPU-sized); `imagenet` (`:imagenet`
-or `:setup=imagenet`; no training: public ViT-B/16 and BiT-M-R50x1 checkpoints fine-tuned on
-ImageNet, evaluated on streamed TFDS imagenet2012 validation and imagenet2012_corrupted, see
-`xsens.studies.robustness_imagenet`; GPU-sized; `:imagenet,smoke` is a tiny variant for tests).
+`cifar10` (ViT and ResNet-18 trained from scratch; GPU/TPU-sized; corrupted images read from
+TFDS `cifar10_corrupted` (CIFAR-10-C) in `train.data.data_dir` when all needed sets are
+prepared there, else synthesised: `robustness.corruptions.source` auto | tfds | synthesize);
+`imagenet` (`:imagenet` or `:setup=imagenet`; no training: public ViT-B/16 and BiT-M-R50x1
+checkpoints fine-tuned on ImageNet, evaluated on streamed TFDS imagenet2012 validation and
+imagenet2012_corrupted, see `xsens.studies.robustness_imagenet`; GPU-sized;
+`:imagenet,smoke` is a tiny variant for tests).
+Data scale: `:imagenet,scale` compares ViT-B/16 and BiT ResNet-50x1 checkpoints pre-trained on
+ImageNet-1k (ViT-B/16 i1k, BiT-S) and on ImageNet-21k (ViT-B/16 i21k, BiT-M), all fine-tuned
+on ImageNet-1k (`SCALE_RUNS`); `:scale` trains the mnist5k ViT and ResNet-18 from scratch on
+10 %, 30 % and 100 % of the training split (`data.num_train`; 6 runs, about 3x the default
+study's CPU time, without CKA / probes; `:scale,smoke` for tests) and reports the measures
+per training-set size.
+Corruptions: the 15 of Hendrycks & Dietterich (2019), which include defocus blur; Gaussian
+blur is one of their 4 extra validation corruptions (not synthesised here; see
+`xsens.data.corrupted`).
 Shows: results.md with clean accuracy, mean corruption accuracy, mCE (vs the ResNet),
 accuracy per corruption category, FGSM/PGD accuracy, perturbation structure (low-frequency
 share, patch alignment), the worst single-layer removal and sharpness per model; plots of
@@ -52,11 +72,28 @@ def robustness_config() -> ml_collections.ConfigDict:
   })
 
 
-def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
+# `:imagenet,scale`: the same architectures pre-trained on ImageNet-1k and on ImageNet-21k
+# (then fine-tuned on ImageNet-1k), {run: (model block, pre-training data)}. Public files:
+# vit_jax (google-research/vision_transformer): ImageNet-1k only, e.g. the AugReg
+# `augreg/B_16-i1k-300ep-...--imagenet2012-...-res_224.npz` or the SAM `sam/ViT-B_16.npz`;
+# ImageNet-21k, `imagenet21k+imagenet2012/ViT-B_16.npz` (or an AugReg i21k one); big_transfer
+# (google-research/big_transfer): `BiT-S-R50x1-ILSVRC2012.npz` (ImageNet-1k) and
+# `BiT-M-R50x1-ILSVRC2012.npz` (ImageNet-21k).
+SCALE_RUNS = {
+    "vit_b16_i1k": ({"name": "vit"}, "ImageNet-1k"),
+    "vit_b16_i21k": ({"name": "vit"}, "ImageNet-21k"),
+    "bit_s_r50x1": ({"name": "bit_resnet", "num_groups": 32}, "ImageNet-1k"),
+    "bit_m_r50x1": ({"name": "bit_resnet", "num_groups": 32}, "ImageNet-21k"),
+}
+
+
+def imagenet_config(smoke: bool = False, scale: bool = False) -> ml_collections.ConfigDict:
   """Setup `imagenet`: pretrained checkpoints on streamed ImageNet; no `train` block.
 
   `runs.<run>.model` names the model kind; its other fields (if set) override the ones read
   off the checkpoint (e.g. BiT's num_groups, which the `.npz` does not record).
+  `runs.<run>.pretraining` names the pre-training data (reported; the `scale` variant
+  compares ViT vs ResNet per pre-training set, `SCALE_RUNS`).
   """
   path = lambda: ml_collections.FieldReference(None, field_type=str)
   config = ml_collections.ConfigDict()
@@ -85,9 +122,14 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
   rc.adversarial.epsilons = (0.5 / 255, 1 / 255, 2 / 255, 4 / 255)
   rc.adversarial.main_epsilon = 2 / 255
   config.runs = ml_collections.ConfigDict({
-      "vit_b16": {"model": {"name": "vit"}, "pretrained": {"path": path()}},
+      "vit_b16": {"model": {"name": "vit"}, "pretrained": {"path": path()},
+                  "pretraining": "ImageNet-21k"},
       "bit_m_r50x1": {"model": {"name": "bit_resnet", "num_groups": 32},
-                      "pretrained": {"path": path()}}})
+                      "pretrained": {"path": path()}, "pretraining": "ImageNet-21k"}})
+  if scale:
+    config.runs = ml_collections.ConfigDict({
+        name: {"model": dict(model), "pretrained": {"path": path()}, "pretraining": data}
+        for name, (model, data) in SCALE_RUNS.items()})
   if smoke:
     ic = config.imagenet
     ic.limit, ic.image_size, ic.batch_size, ic.num_workers = 12, 32, 8, 2
@@ -100,13 +142,44 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
   return config
 
 
+# From-scratch data-scale sweep (`:scale`): share of the mnist5k training split (4000
+# examples) per run, and the training-set sizes of its smoke variant (of the 256 smoke
+# examples).
+SCALE_FRACTIONS = (0.1, 0.3, 1.0)
+MNIST5K_TRAIN = 4000
+SMOKE_TRAIN = 320  # 10 % = 32 = the smoke batch size.
+
+
+def _scale_runs(runs: ml_collections.ConfigDict, total: int | None
+                ) -> ml_collections.ConfigDict:
+  """Each run once per `SCALE_FRACTIONS` share of the training split, named
+  `<run>_<percent>pct`, with `data.num_train` set (None for 100 % of the full split)."""
+  out = {}
+  for name, run in runs.items():
+    for f in SCALE_FRACTIONS:
+      n = None if (f == 1.0 and total is None) else round(f * (total or MNIST5K_TRAIN))
+      out[f"{name}_{round(100 * f)}pct"] = {
+          "model": run.model, "data": {"num_train": ml_collections.FieldReference(
+              n, field_type=int)}}
+  return ml_collections.ConfigDict(out)
+
+
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="mnist5k", smoke=False, imagenet=False)
+  arg = parse_arg(arg, setup="mnist5k", smoke=False, imagenet=False, scale=False)
   if arg.imagenet or arg.setup == "imagenet":
-    return imagenet_config(arg.smoke)
+    return imagenet_config(arg.smoke, scale=arg.scale)
+  if arg.scale and arg.setup != "mnist5k":
+    raise ValueError("the from-scratch data-scale sweep (`scale`) is defined on mnist5k; "
+                     "use `:scale` or `:imagenet,scale` (pretrained checkpoints)")
   config = common.multi_run_config("robustness", arg.setup, SETUPS)
   c = config.train
   config.robustness = rc = robustness_config()
+  # Where the corrupted test images come from: `tfds_name` (pre-computed sets
+  # `<tfds_name>/<corruption>_<severity>` in train.data.data_dir, e.g. CIFAR-10-C) read when
+  # all are prepared ("auto") or always ("tfds"), else synthesised ("synthesize"); mnist5k
+  # has no pre-computed set.
+  rc.corruptions.source = "auto"
+  rc.corruptions.tfds_name = ml_collections.FieldReference(None, field_type=str)
   if arg.setup == "mnist5k":
     c.data.name = "mnist5k"
     c.total_steps = 1500
@@ -116,6 +189,7 @@ def get_config(arg=None):
         "resnet18": {"model": common.model_config(name="resnet18", width_multiplier=0.125)}})
   else:
     c.data.name = "cifar10"
+    rc.corruptions.tfds_name = "cifar10_corrupted"  # CIFAR-10-C, see xsens.data.corrupted.
     c.total_steps = None
     c.total_epochs = 100.0
     c.batch_size = 256
@@ -150,4 +224,15 @@ def get_config(arg=None):
     rc.perturbations.num_draws = 2
     rc.perturbations.sharpness_examples = 64
     rc.representations.num_examples = 64
+  if arg.scale:
+    config.runs = _scale_runs(config.runs, SMOKE_TRAIN if arg.smoke else None)
+    rc.baseline_run = "resnet18_100pct"
+    # The sweep reports the corruption, adversarial and layer-removal measures per scale;
+    # CKA / probes (15 cross-run CKA pairs for 6 runs) are left to the default study.
+    rc.skip_sections = ("representations",)
+    if arg.smoke:  # The smoke models and batch shapes, so compiled programs are shared.
+      rc.skip_sections = ("perturbations", "representations")
+      rc.num_examples = 32
+      rc.corruptions.names, rc.corruptions.severities = ("gaussian_noise", "fog"), (5,)
+      rc.adversarial.epsilons = (rc.adversarial.main_epsilon,)
   return config

@@ -3,7 +3,7 @@
 "Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925), §5.
 
   xsens --config=mlcollections_configs/sensitivity_language.py --workdir=workdirs/sens_lang
-  xsens --config=mlcollections_configs/sensitivity_language.py:smoke --workdir=/tmp/sl_smoke
+  xsens --config=mlcollections_configs/sensitivity_language.py:smoke --workdir=workdirs/sl_smoke
   xsens --config=mlcollections_configs/sensitivity_language.py:setup=mrpc \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/sl_mrpc
 
@@ -19,6 +19,25 @@ Set-ups (`setup=`):
   StepLR(γ 0.9 per epoch), 100 epochs, R = 3, σ² = 15, and "RoBERTa (ReLU)" too
   (GPU/TPU-sized; spec §8).
 Add `relu` to also train RoBERTa with ReLU attention on the synthetic set-up.
+
+Variants (comma-separated, combinable; issue 14):
+- `task=weak_sum`: the second synthetic language (`xsens.data.text.weak_sum_sentences`):
+  label = sign of the sum of seeded weak scores of ~13 content words per sentence
+  (margin 0.5: |sum| / sqrt(#content words) >= 0.5; `margin=`, `label_noise=` set them),
+  so the evidence is spread over the whole sentence. Default `task=polarity`.
+- `seeds=N`: N training seeds per run (`config.num_seeds`; init, order and dropout seeds
+  shifted, data unchanged); results.md adds mean ± s.e. over the seeds.
+- `target=ACC`: matched train accuracy: each run trains until its accuracy on 1024
+  training examples (checked every 100 steps) is >= ACC, at most `steps=` steps (default
+  3000); without it every run trains the fixed 1500 steps (`steps=` also sets that).
+- `placement=before_norm`: noise before the embedding LayerNorm (on the raw embedding
+  sum; GPT-2, without one, is unchanged) instead of after it (the paper's).
+- `official_lstm`: adds the run `lstm_official`, the official code's LSTM as released:
+  embedding, LayerNorm and head frozen at initialisation, only the LSTM layers train
+  (spec §8 defect 5; `model.official_frozen`).
+- `noise_scale=token_rms`: σ in units of each model's clean-token RMS.
+- `only=lstm+roberta`: keep only these runs (e.g. to train the models of one study in
+  parallel processes, one workdir each).
 
 Shows: results.md with, per model, train/test accuracy, token-wise sensitivity (pooled,
 per-sentence mean, content tokens only), global sensitivity and the recency ratio,
@@ -41,7 +60,8 @@ _GLUE_TRAIN = {"mrpc": 3668, "qqp": 363846}
 
 
 def _runs(vocab_size: int, max_length: int, width: int, depth: int, heads: int,
-          mlp_dim: int, roberta_mlp_dim: int, relu: bool) -> ml_collections.ConfigDict:
+          mlp_dim: int, roberta_mlp_dim: int, relu: bool, official_lstm: bool = False
+          ) -> ml_collections.ConfigDict:
   shared = dict(vocab_size=vocab_size, width=width, depth=depth, dropout_rate=0.1)
   runs = {
       "roberta": dict(name="roberta", max_length=max_length, num_heads=heads,
@@ -52,13 +72,19 @@ def _runs(vocab_size: int, max_length: int, width: int, depth: int, heads: int,
   }
   if relu:
     runs["roberta_relu"] = dict(runs["roberta"], attention="relu")
+  if official_lstm:
+    runs["lstm_official"] = dict(runs["lstm"], official_frozen=True)
   return ml_collections.ConfigDict(
       {name: {"model": common.model_config(**m)} for name, m in runs.items()})
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="synthetic", smoke=False, relu=False)
+  arg = parse_arg(arg, setup="synthetic", smoke=False, relu=False, task="polarity",
+                  margin=0.5, label_noise=0.0, seeds=1, target=0.0, steps=0,
+                  placement="after_norm", official_lstm=False, noise_scale="absolute",
+                  only="")
   config = common.multi_run_config("sensitivity_language", arg.setup, SETUPS)
+  config.num_seeds = arg.seeds  # Training seeds per run (xsens.studies.compare.run_ids).
   c = config.train
   c.data = text.default_text_data_config()
   c.optimizer.name = "adamw"
@@ -81,7 +107,9 @@ def get_config(arg=None):
   sc.include_special_tokens = True
   # "absolute" (the paper's) or "token_rms": σ times the RMS coordinate of each model's
   # clean tokens (GPT-2's raw wte + wpe are far smaller than LayerNorm outputs).
-  sc.noise_scale = "absolute"
+  sc.noise_scale = arg.noise_scale
+  # "after_norm" (the paper's) or "before_norm" (on the raw embedding sum).
+  sc.noise_placement = arg.placement
 
   if arg.setup == "synthetic":
     c.data.name = text.SYNTHETIC
@@ -94,8 +122,17 @@ def get_config(arg=None):
     c.eval_every = 100
     c.eval_train_examples = 1024
     c.checkpoint_every = 1000
+    c.data.synthetic.task = arg.task
+    if arg.task != "polarity":
+      c.data.synthetic.update({"margin": arg.margin, "label_noise": arg.label_noise})
+    if arg.target:  # Matched train accuracy, at most `steps` (default 3000) steps.
+      c.target_train_accuracy = arg.target
+      c.total_steps = arg.steps or 3000
+    elif arg.steps:
+      c.total_steps = arg.steps
     config.runs = _runs(text.SYNTHETIC_VOCAB, c.data.max_length, width=64, depth=2, heads=4,
-                        mlp_dim=128, roberta_mlp_dim=128, relu=arg.relu)
+                        mlp_dim=128, roberta_mlp_dim=128, relu=arg.relu,
+                        official_lstm=arg.official_lstm)
   else:
     c.data.name = f"glue/{arg.setup}"
     c.data.max_length = 128
@@ -123,6 +160,9 @@ def get_config(arg=None):
     c.data.name = text.SYNTHETIC
     c.data.max_length = text.synthetic_max_tokens(2)
     c.data.synthetic.update({"num_train": 128, "num_test": 64, "max_clauses": 2})
+    c.data.synthetic.task = arg.task
+    if arg.task != "polarity":
+      c.data.synthetic.update({"margin": arg.margin, "label_noise": arg.label_noise})
     c.data.vocab_size = 8192
     c.total_steps = 4
     c.total_epochs = None
@@ -140,6 +180,17 @@ def get_config(arg=None):
     sc.final_num_draws = 1
     sc.global_num_draws = 2
     sc.batch_size = 8
+    if arg.target:
+      c.target_train_accuracy = arg.target
+      c.eval_train_examples = 128
     config.runs = _runs(text.SYNTHETIC_VOCAB, c.data.max_length, width=8, depth=1, heads=2,
-                        mlp_dim=16, roberta_mlp_dim=16, relu=arg.relu)
+                        mlp_dim=16, roberta_mlp_dim=16, relu=arg.relu,
+                        official_lstm=arg.official_lstm)
+  if arg.only:
+    keep = arg.only.split("+")
+    unknown = [k for k in keep if k not in config.runs]
+    if unknown:
+      raise ValueError(f"unknown run {unknown[0]!r} in only=; allowed: "
+                       f"{', '.join(config.runs)}")
+    config.runs = ml_collections.ConfigDict({k: config.runs[k].to_dict() for k in keep})
   return config

@@ -7,14 +7,27 @@
   xsens --config=mlcollections_configs/sensitivity_vision.py:setup=cifar10 \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/sv_cifar10
 
+Variants: `seeds=N` trains every model with N training seeds (init, batch order) on the
+same data and reports the mean ± s.e. over seeds beside the per-seed rows
+(docs/results.md uses `seeds=3`); `smoke`: seconds, what the tests run.
+
 Set-ups (`setup=`):
 - `mnist5k` (default, embedded, < 10 min on 2 CPU cores): ViT, the small CNN, MLP(relu),
   MLP(tanh) and a narrow ResNet-18.
 - `cifar10`: ResNet-18, DenseNet (densenet121 layout), ConvMixer and two ViTs (the paper's
-  App. Fig. 13 set; GPU/TPU-sized).
+  App. Fig. 13 set; GPU/TPU-sized), plus the ViT with shifted patch tokens and locality
+  self-attention (`vit_spt_lsa`).
 - `svhn`: ResNet-18 vs ViT (svhn_cropped). `fashion_mnist`: ViT, 3-layer CNN, MLP(relu),
   MLP(tanh). `mnist_binary`: ViT vs MLP on MNIST digits 3 vs 8 (the paper's pair is not
   known; 3/8 is our choice).
+- `imagenet`: no training; pretrained ConvNeXt-T (timm `.safetensors`) and ViT-B/16
+  (vit_jax `.npz`) on streamed TFDS imagenet2012 validation, the paper's ImageNet
+  comparison (xsens.studies.sensitivity_imagenet; GPU-sized):
+    xsens --config=mlcollections_configs/sensitivity_vision.py:setup=imagenet \
+          --config.imagenet.data_dir=/path/to/tensorflow_datasets \
+          --config.runs.convnext_t.pretrained.path=/path/to/convnext_tiny/model.safetensors \
+          --config.runs.vit_b16.pretrained.path=/path/to/ViT-B_16-224.npz \
+          --workdir=workdirs/sv_imagenet
 The TFDS set-ups read their data from `data_dir` and never download.
 
 Shows: results.md with, per model, params, steps, train/test accuracy and the train-set
@@ -34,7 +47,7 @@ from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
 
-SETUPS = ("mnist5k", "cifar10", "svhn", "fashion_mnist", "mnist_binary")
+SETUPS = ("mnist5k", "cifar10", "svhn", "fashion_mnist", "mnist_binary", "imagenet")
 
 
 def _runs(**models) -> ml_collections.ConfigDict:
@@ -52,7 +65,10 @@ def _paper_runs(setup: str) -> ml_collections.ConfigDict:
     return _runs(resnet18=dict(name="resnet18"), densenet=dict(name="densenet"),
                  convmixer=dict(name="convmixer", width=256, depth=8, kernel_size=3,
                                 patch_size=2),
-                 vit=vit, simple_vit=simple_vit)
+                 vit=vit, simple_vit=simple_vit,
+                 # The official code's small-dataset ViT: shifted patch tokens + locality
+                 # self-attention (Lee et al. 2021; xsens/models/vit.py).
+                 vit_spt_lsa=dict(vit, tokenizer="spt", attention="lsa"))
   if setup == "svhn":
     return _runs(resnet18=dict(name="resnet18"), vit=vit)
   if setup == "fashion_mnist":
@@ -62,9 +78,54 @@ def _paper_runs(setup: str) -> ml_collections.ConfigDict:
                mlp_relu=mlps["mlp_relu"])
 
 
+def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
+  """Setup `imagenet`: pretrained ConvNeXt-T and ViT-B/16 on streamed ImageNet validation, no
+  training and no `train` block (xsens.studies.sensitivity_imagenet).
+
+  `runs.<run>.model` names the model kind; its other fields (if set) override the ones read
+  off the checkpoint. σ is in [0, 1] pixel units, before each model's input normalisation.
+  """
+  path = lambda: ml_collections.FieldReference(None, field_type=str)
+  config = ml_collections.ConfigDict()
+  config.study = "sensitivity_imagenet"
+  config.imagenet = ml_collections.ConfigDict({
+      "name": "imagenet2012", "split": "validation",
+      "data_dir": path(),                   # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
+      "image_key": "image", "label_key": "label",
+      "seed": 0,                            # which validation images (a seeded subset)
+      "image_size": 224, "crop_fraction": 0.875, "num_workers": 8})
+  sc = config.sensitivity = ml_collections.ConfigDict()
+  sc.seed = 0
+  sc.patch_size = 16                        # ViT-B/16's tokens: 14 x 14 patches at 224²
+  sc.sigmas = (0.05, 0.1, 0.25, 0.5)
+  sc.main_sigma = 0.1
+  sc.num_draws = 1
+  sc.num_examples = 1000                    # the first of the seeded validation order
+  sc.batch_size = 50
+  sc.chunk_size = ml_collections.FieldReference(14, field_type=int)
+  sc.noise_scale = "absolute"
+  sc.scattered = ml_collections.ConfigDict(  # Not measured here.
+      {"enabled": False, "sigma": 0.1, "num_pixels": 16, "num_draws": 5})
+  sc.global_noise = ml_collections.ConfigDict({"enabled": True, "num_draws": 4})
+  config.runs = ml_collections.ConfigDict({
+      "convnext_t": {"model": {"name": "convnext"}, "pretrained": {"path": path()}},
+      "vit_b16": {"model": {"name": "vit"}, "pretrained": {"path": path()}}})
+  if smoke:
+    config.imagenet.image_size, config.imagenet.num_workers = 32, 2
+    sc.patch_size, sc.sigmas, sc.main_sigma = 8, (0.1, 1.0), 1.0
+    sc.num_examples, sc.batch_size, sc.chunk_size = 6, 4, None
+    sc.global_noise.num_draws = 2
+  return config
+
+
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="mnist5k", smoke=False)
+  arg = parse_arg(arg, setup="mnist5k", smoke=False, seeds=1)
+  if arg.setup == "imagenet":
+    return imagenet_config(arg.smoke)
   config = common.multi_run_config("sensitivity_vision", arg.setup, SETUPS)
+  # Training seeds per model (xsens.studies.compare.run_ids): >1 adds a table of the mean
+  # ± s.e. over seeds; the data and the measured examples stay the same.
+  config.num_seeds = arg.seeds
   c = config.train
 
   sc = config.sensitivity = ml_collections.ConfigDict()
@@ -77,6 +138,9 @@ def get_config(arg=None):
   sc.num_examples = 512
   sc.batch_size = 128
   sc.chunk_size = ml_collections.FieldReference(16, field_type=int)
+  # "absolute": σ in pixels (the paper's); "token_rms": σ in units of the RMS pixel of the
+  # measured examples, i.e. σ is the noise-to-signal ratio (xsens.measures.sensitivity).
+  sc.noise_scale = "absolute"
   # The official code's estimator (spec §2.2): 16 scattered pixels, 5 draws, σ=0.1 on
   # CIFAR-10 (paper set-ups); on mnist5k σ=0.1 never flips a label, so it uses main σ.
   sc.scattered = ml_collections.ConfigDict(

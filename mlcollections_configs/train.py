@@ -1,6 +1,6 @@
 """Train one model on one dataset: the building block every study calls.
 
-  python -m xsens --config=mlcollections_configs/train.py:model=vit --workdir=/tmp/xsens/vit
+  python -m xsens --config=mlcollections_configs/train.py:model=vit --workdir=workdirs/vit
   python -m xsens --config=mlcollections_configs/train.py:model=cnn,smoke --workdir=/tmp/s
 
 Variants (comma-separated): `model=NAME` (vit, cnn, mlp, resnet18, densenet, convmixer),

@@ -559,6 +559,16 @@ def test_smoke_study_writes_logs_table_and_plot(smoke):
   p0 = init_state(init_keys[0])["params"]
   assert float(grokking.weight_norm(p0)) == pytest.approx(float(logs["weight_norm"][0, 0]),
                                                           rel=1e-5)
+  # The noise-to-signal columns: σ over the RMS coordinate of the token + position
+  # embeddings at the noised positions (NumPy), at epoch 0 and at the end.
+  data = grokking.stacked_data(config)
+  ids = np.asarray(data["train_ids"][0])
+  emb = np.asarray(p0["token_embed"])[ids] + np.asarray(p0["pos_embed"])[None]
+  rms0 = np.sqrt(np.mean(emb[:, list(config.sensitivity.positions)] ** 2))
+  assert payload["rows"][0]["noise_to_signal_initial"] == pytest.approx(
+      config.sensitivity.sigma / rms0, rel=1e-5)
+  assert out["final"]["initial_embedding_rms"][0] == pytest.approx(rms0, rel=1e-5)
+  assert payload["rows"][0]["noise_to_signal_final"] > 0
 
 
 @pytest.mark.slow

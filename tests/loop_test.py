@@ -126,6 +126,29 @@ def test_workdir_guard_allows_only_the_listed_fields_to_change(tmp_path):
   assert "progress" not in config_fingerprint(config)
 
 
+def test_model_field_added_later_at_its_default_matches_an_old_workdir(tmp_path):
+  """A ViT run written before `tokenizer`/`attention` existed resumes under a config that
+  holds their defaults (the trainer's workdir knows every model field's default), and is
+  refused under a config that changes them."""
+  import dataclasses
+  from mlcollections_configs import train as train_cfg
+  from xsens.models.vit import ViT
+  from xsens.train import trainer
+  config = train_cfg.get_config("smoke").train
+  assert config.model.name == "vit" and config.model.tokenizer == "patch"
+  old = json.loads(config.to_json_best_effort())
+  del old["model"]["tokenizer"], old["model"]["attention"]
+  wd = trainer.make_workdir(str(tmp_path), config)
+  wd.write_json("config.json", old)
+  wd.save(1, {"x": jnp.zeros(())})
+  wd.close()
+  trainer.make_workdir(str(tmp_path), config).check(config)
+  assert {f.name: f.default for f in dataclasses.fields(ViT)}["attention"] == "mha"
+  config.model.attention = "lsa"
+  with pytest.raises(ConfigError, match="differing fields: model.attention"):
+    trainer.make_workdir(str(tmp_path), config).check(config)
+
+
 def test_workdir_writes_atomically_and_overwrite_clears_the_run(tmp_path):
   wd = Workdir.open(str(tmp_path), {"a": 1})
   wd.write_json("out/result.json", {"v": 1})

@@ -34,6 +34,7 @@ SMALL = {
     "cnn": dict(features=(8, 8, 8), dense_dim=16),
     "bit_resnet": dict(block_units=(1, 1, 1, 1), width_factor=0.125, num_groups=4),
     "reuse_vit": dict(patch_size=4, width=16, depth=2, num_heads=2, mlp_dim=32),
+    "convnext": dict(depths=(1, 1, 1, 1), dims=(4, 8, 8, 8), patch_size=2),
 }
 
 # Exact parameter counts on 28x28x1 with 10 classes: name -> (model, kwargs, count).
@@ -49,6 +50,9 @@ PARAM_COUNTS = {
     "bit_resnet": ("bit_resnet", {}, 23_514_570),  # BiT R50x1
     "bit_resnet_r101x1": ("bit_resnet", dict(block_units=(3, 4, 23, 3)), 42_506_698),
     "reuse_vit": ("reuse_vit", {}, 63_690),  # layer 1 reuses all 4 heads: no Q, K
+    # ConvNeXt-T with a 2x2 stem (the 4x4 one needs 32x32 inputs); tests/convnext_test.py
+    # checks the published 28,589,128 of ConvNeXt-T on 224x224x3, 1000 classes.
+    "convnext": ("convnext", dict(patch_size=2), 27_823_594),
 }
 
 BATCHNORM_MODELS = ("resnet18", "densenet", "convmixer")
@@ -131,6 +135,10 @@ def test_forward_shape_and_finite(name):
 @pytest.mark.parametrize("image_shape", [MNIST, CIFAR], ids=["28x28x1", "32x32x3"])
 @pytest.mark.parametrize("name", VISION_MODELS)
 def test_default_output_shape(name, image_shape):
+  if name == "convnext" and image_shape == MNIST:  # Stride 4 x 2³ needs 32 x 32.
+    with pytest.raises(ConfigError, match="at least 32x32; got 28x28"):
+      get_model(name, NUM_CLASSES, image_shape)
+    return
   model = get_model(name, NUM_CLASSES, image_shape)
   x = jax.ShapeDtypeStruct((2, *image_shape), jnp.float32)
   variables = jax.eval_shape(lambda x: model.init(_rngs(), x, train=False), x)
@@ -321,7 +329,8 @@ def test_refusals(name, kwargs, image_shape, field):
 def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"allowed: 1, 2, 4, 7, 14, 28$"):
     get_model("vit", NUM_CLASSES, MNIST, patch_size=5)
-  with pytest.raises(ConfigError, match=r"allowed: bit_resnet, cnn, convmixer, densenet, "
+  with pytest.raises(ConfigError, match=r"allowed: bit_resnet, cnn, convmixer, convnext, "
+                     r"densenet, "
                      r"gpt2, grokking_transformer, lstm, mlp, one_layer_attention, "
                      r"one_layer_vit, resnet18, reuse_vit, roberta, token_mlp, "
                      r"two_layer_cnn, vit$"):
@@ -331,7 +340,7 @@ def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"at least 8x8; got 4x4"):
     get_model("resnet18", NUM_CLASSES, (4, 4, 3))
   with pytest.raises(ConfigError, match=r"unknown field for model 'vit'; allowed: "
-                     r"depth, dropout_rate, mlp_dim"):
+                     r"attention, depth, dropout_rate, mlp_dim"):
     get_model("vit", NUM_CLASSES, MNIST, activation="relu")
 
 
@@ -365,7 +374,7 @@ def test_registry_entries():
   assert {n for n, e in REGISTRY.items() if e.classes_field is None} == {
       "one_layer_vit", "two_layer_cnn"}
   assert {n for n, e in REGISTRY.items() if e.supports_removal} == {
-      "vit", "reuse_vit", "resnet18", "bit_resnet"}
+      "vit", "reuse_vit", "resnet18", "bit_resnet", "convnext"}
   with pytest.raises(ConfigError, match="unknown model 'nope'"):
     get_entry("nope")
 

@@ -391,13 +391,14 @@ def test_bit_errors_and_head_reinit():
 
 def test_registry_entries_hold_the_checkpoint_formats():
   from xsens import models  # pylint: disable=g-import-not-at-top
-  assert list(models.pretrained_formats()) == ["vit", "bit_resnet"]
+  assert list(models.pretrained_formats()) == ["vit", "bit_resnet", "convnext"]
   assert models.REGISTRY["vit"].pretrained is pretrained.VIT_JAX
   assert models.REGISTRY["bit_resnet"].pretrained is pretrained.BIG_TRANSFER
+  assert models.REGISTRY["convnext"].pretrained is pretrained.TIMM_CONVNEXT
   assert all(e.pretrained is None for n, e in models.REGISTRY.items()
-             if n not in ("vit", "bit_resnet"))
+             if n not in ("vit", "bit_resnet", "convnext"))
   with pytest.raises(ValueError, match="'cnn' has no pretrained-checkpoint loader; models "
-                     "with one: vit, bit_resnet"):
+                     "with one: vit, bit_resnet, convnext"):
     models.REGISTRY["cnn"].load_pretrained("x.npz", models.get_model("cnn", 5, (8, 8, C)),
                                            (8, 8, C))
 

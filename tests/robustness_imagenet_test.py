@@ -338,6 +338,54 @@ def test_imagenet_study_end_to_end(fake, study):
   assert "Robustness of pretrained models on imagenet2012" in out["markdown"]
 
 
+@pytest.mark.slow
+def test_pretraining_scale_variant_compares_vit_and_resnet_per_pretraining_set(fake, tmp_path):
+  """`:imagenet,scale`: four checkpoints (fake files of the vit_jax / big_transfer layouts,
+  seeds standing in for the two pre-training sets), one report column and a ViT - ResNet
+  comparison per pre-training set."""
+  config = rob_cfg.get_config("imagenet,smoke,scale")
+  assert {n: r.pretraining for n, r in config.runs.items()} == {
+      "vit_b16_i1k": "ImageNet-1k", "vit_b16_i21k": "ImageNet-21k",
+      "bit_s_r50x1": "ImageNet-1k", "bit_m_r50x1": "ImageNet-21k"}
+  config.imagenet.data_dir = fake["data_dir"]
+  config.imagenet.limit = 6
+  rc = config.robustness
+  rc.num_examples, rc.corruptions.names, rc.corruptions.severities = 4, ("fog",), (5,)
+  rc.adversarial.epsilons, rc.adversarial.pgd_steps = (8 / 255,), 1
+  for seed, (vit, bit) in enumerate((("vit_b16_i1k", "bit_s_r50x1"),
+                                     ("vit_b16_i21k", "bit_m_r50x1"))):
+    np.savez(tmp_path / f"{vit}.npz", **fake_vit_checkpoint(seed=seed, num_classes=1000))
+    np.savez(tmp_path / f"{bit}.npz", **fake_bit_checkpoint(seed=seed, num_classes=1000))
+    config.runs[vit].pretrained.path = str(tmp_path / f"{vit}.npz")
+    config.runs[bit].pretrained.path = str(tmp_path / f"{bit}.npz")
+    config.runs[bit].model.num_groups = 4  # The fake BiT is 1/8 wide.
+  out = studies.run(config, str(tmp_path / "wd"))
+  rows = {r["run"]: r for r in out["rows"]}
+  assert rows["vit_b16_i1k"]["pretraining"] == "ImageNet-1k"
+  assert rows["bit_m_r50x1"]["pretraining"] == "ImageNet-21k"
+  comparison = out["pretraining_comparison"]
+  assert set(comparison) == {"ImageNet-1k", "ImageNet-21k"}
+  for data, (vit, bit) in (("ImageNet-1k", ("vit_b16_i1k", "bit_s_r50x1")),
+                           ("ImageNet-21k", ("vit_b16_i21k", "bit_m_r50x1"))):
+    entry = comparison[data]
+    assert (entry["ViT"], entry["ResNet"]) == (vit, bit)
+    for measure, key in (("mCA", "mCA"), ("PGD", "PGD@8/255"),
+                         ("clean_accuracy", "clean_accuracy")):
+      assert entry[measure]["ViT - ResNet"] == pytest.approx(rows[vit][key] - rows[bit][key])
+  md = (tmp_path / "wd" / "results.md").read_text()
+  assert "pretraining" in md and "ImageNet-21k (vit_b16_i21k vs bit_m_r50x1)" in md
+  assert os.path.getsize(tmp_path / "wd" / "pretraining_scale.png") > 1000
+  payload = json.loads((tmp_path / "wd" / "results.json").read_text())
+  assert payload["pretraining"]["bit_s_r50x1"] == "ImageNet-1k"
+
+
+def test_bad_pretraining_name_is_refused(fake, tmp_path):
+  config = _config(fake)
+  config.runs.vit_b16.pretraining = "  "
+  with pytest.raises(ConfigError, match="config.runs.vit_b16.pretraining: must be None or"):
+    studies.run(config, str(tmp_path / "wd"))
+
+
 def _subset(fake, n):
   """(model-space images, labels) of the first n stream examples, computed independently."""
   order = streaming.stream_order(N, SMOKE.imagenet.limit, SMOKE.imagenet.seed)[:n]

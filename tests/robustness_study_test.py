@@ -6,10 +6,19 @@ import os
 import numpy as np
 import pytest
 
+import types
+
+import jax.numpy as jnp
+import tensorflow_datasets as tfds
+
 from mlcollections_configs import robustness as rob_cfg
 from mlcollections_configs import sensitivity_regularization as sr_cfg
 from xsens import studies
+from xsens.data import corrupted
+from xsens.data import pipeline
 from xsens.errors import ConfigError
+from xsens.studies import robustness
+from xsens.studies import robustness_common
 from xsens.train.metrics import read_metrics
 
 
@@ -46,6 +55,38 @@ def test_robustness_report(robustness_run):
   for plot in ("corruption_severity.png", "adversarial_epsilon.png", "cka_layers.png",
                "perturbation_patch_energy.png", "layer_removal_vit.png", "linear_probes.png"):
     assert os.path.getsize(os.path.join(workdir, plot)) > 1000
+  # mnist5k has no pre-computed corruptions: synthesised, and the report says so.
+  assert results["corruption_source"] == "synthesize"
+  assert "synthesised from the clean test images" in out["markdown"]
+  assert results["data_scale"] == {}  # One training-set size per model.
+
+
+@pytest.mark.slow
+def test_data_scale_sweep_smoke(robustness_run, tmp_path):
+  """`:scale,smoke`: the ViT and the ResNet from scratch on 10 / 30 / 100 % of the (smoke)
+  training split, the measures reported per training-set size. Runs after `robustness_run`
+  (same models and shapes: its compiled programs are cached)."""
+  config = rob_cfg.get_config("scale,smoke")
+  assert {r for r in config.runs if r.endswith("_30pct")} == {"vit_30pct", "resnet18_30pct"}
+  for run in ("vit_30pct", "resnet18_30pct"):   # Two sizes suffice here (test time).
+    del config.runs[run]
+  out = studies.run(config, str(tmp_path))
+  sizes = [round(f * rob_cfg.SMOKE_TRAIN) for f in rob_cfg.SCALE_FRACTIONS if f != 0.3]
+  rows = {r["run"]: r for r in out["rows"]}
+  assert set(rows) == {f"{m}_{p}pct" for m in ("vit", "resnet18") for p in (10, 100)}
+  assert [rows[f"vit_{p}pct"]["train_examples"] for p in (10, 100)] == sizes
+  scale = out["data_scale"]
+  assert set(scale) == {"vit", "resnet18"}
+  for model, entry in scale.items():
+    assert entry["train_examples"] == sizes
+    assert entry["runs"] == [f"{model}_{p}pct" for p in (10, 100)]
+    assert entry["PGD"] == [rows[r]["PGD@0.05"] for r in entry["runs"]]
+    assert entry["mCA"] == [rows[r]["mCA"] for r in entry["runs"]]
+  assert rows["resnet18_100pct"]["mCE"] == pytest.approx(1.0)
+  assert "Data scale (runs grouped by model" in out["markdown"]
+  assert os.path.getsize(tmp_path / "data_scale.png") > 1000
+  assert out["perturbations"] is None and "cka" not in json.loads(
+      (tmp_path / "results.json").read_text())
 
 
 @pytest.mark.slow
@@ -90,3 +131,73 @@ def test_sensitivity_regularization_study(tmp_path):
   assert not any("train/penalty" in r for r in plain_metrics)
   for plot in ("corruption_categories.png", "train_sensitivity.png"):
     assert os.path.getsize(tmp_path / plot) > 1000
+
+
+# ------------------------------------------------------------------ CIFAR-10-C from TFDS
+
+
+def _linear_result(split):
+  """A TrainResult stand-in: a fixed linear classifier on the flattened images."""
+  w = np.random.default_rng(0).normal(size=(int(np.prod(split.images.shape[1:])), 10))
+  return types.SimpleNamespace(
+      test=split, variables={"w": jnp.asarray(w, jnp.float32)},
+      apply_fn=lambda v, x: x.reshape(len(x), -1) @ v["w"])
+
+
+def test_cifar10_c_read_from_tfds_when_present_else_synthesised(tmp_path, monkeypatch):
+  """`setup=cifar10`: the CIFAR-10-C sets (TFDS cifar10_corrupted `<corruption>_<severity>`)
+  are read when the data_dir serves them (`tfds.testing.mock_data`), else synthesised."""
+  config = rob_cfg.get_config("setup=cifar10,smoke")
+  rc, dc = config.robustness, config.train.data
+  assert rc.corruptions.tfds_name == "cifar10_corrupted" and rc.corruptions.source == "auto"
+  assert set(rc.corruptions.names) <= set(corrupted.BENCHMARK)
+  rc.num_examples, rc.batch_size = 20, 8
+  rc.corruptions.names, rc.corruptions.severities = ("defocus_blur", "glass_blur"), (1, 5)
+  dc.data_dir = str(tmp_path / "empty")
+  assert robustness.corruption_source(rc, dc) == "synthesize"  # Nothing prepared.
+  rc.corruptions.source = "tfds"
+  with pytest.raises(ConfigError, match="config.robustness.corruptions.source: 4 of the 4 "
+                     "cifar10_corrupted sets are not prepared"):
+    robustness.corruption_source(rc, dc)
+  rc.corruptions.source = "auto"
+  names = []
+  load = corrupted.load_cifar10_corrupted
+  monkeypatch.setattr(corrupted, "load_cifar10_corrupted",
+                      lambda d, c, s, **kw: names.append((c, s)) or load(d, c, s, **kw))
+  synthesise = robustness_common.corruption_accuracy
+  monkeypatch.setattr(robustness_common, "corruption_accuracy",
+                      lambda *a, **kw: pytest.fail("synthesised although TFDS serves the sets"))
+  try:
+    with tfds.testing.mock_data(num_examples=24, policy=tfds.testing.MockPolicy.USE_CODE):
+      assert robustness.corruption_source(rc, dc) == "tfds"
+      res = _linear_result(pipeline.load_split(dc, "test"))
+      corr = robustness.corruption_section({"resnet18": res, "vit": res}, rc, dc.normalize,
+                                           source="tfds",
+                                           data_configs={"resnet18": dc, "vit": dc})
+      expected = {}
+      for c, s in [(c, s) for c in rc.corruptions.names for s in rc.corruptions.severities]:
+        split = load(dc, c, s)
+        label_fn = robustness_common.bind(res.apply_fn, res.variables)
+        expected[(c, s)] = robustness_common.accuracy(label_fn, split.images[:20],
+                                                      split.labels[:20], 8)
+  finally:
+    pipeline.clear_cache()
+  # Each set read once (shared by the two runs), as TFDS spells it.
+  assert names == [(c, s) for c in rc.corruptions.names for s in rc.corruptions.severities]
+  assert corrupted.tfds_name("glass_blur", 5) == "cifar10_corrupted/frosted_glass_blur_5"
+  assert corr["source"] == "tfds" and corr["accuracy"]["vit"] == expected
+  assert "read from TFDS `cifar10_corrupted`" in robustness._source_note(corr, rc, dc)
+  monkeypatch.setattr(robustness_common, "corruption_accuracy", synthesise)
+  synth = robustness.corruption_section({"resnet18": res}, rc, dc.normalize)
+  assert synth["source"] == "synthesize"
+  note = robustness._source_note(synth, rc, dc)
+  assert "synthesised" in note and "`cifar10_corrupted` is not (fully) prepared" in note
+
+
+def test_official_corruption_list():
+  """The 15 benchmark corruptions of Hendrycks & Dietterich (2019) (TFDS
+  BENCHMARK_CORRUPTIONS): defocus blur is one of them, Gaussian blur an extra one."""
+  from xsens.measures import corruptions  # pylint: disable=g-import-not-at-top
+  assert corruptions.NAMES == corrupted.BENCHMARK
+  assert "defocus_blur" in corrupted.BENCHMARK and "gaussian_blur" in corrupted.EXTRA
+  assert tuple(rob_cfg.get_config().robustness.corruptions.names) == corrupted.BENCHMARK

@@ -173,6 +173,10 @@ def test_rerun_resumes_without_training(smoke_run):
     ("runs.lstm.model.name", "vit", "runs.lstm.model.name"),
     ("runs.gpt2.model.vocab_size", 8, "runs.gpt2.model.vocab_size"),
     ("train.data.max_length", 4, "train.data.max_length"),
+    ("sensitivity.noise_placement", "inside", "sensitivity.noise_placement"),
+    ("num_seeds", 0, "num_seeds"),
+    ("train.data.synthetic.task", "parity", "train.data.synthetic.task"),
+    ("train.data.synthetic.label_noise", 0.7, "train.data.synthetic.label_noise"),
 ])
 def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value, error):
   config = sl_config.get_config("smoke")
@@ -214,3 +218,70 @@ def test_measure_options(roberta):
   sc.global_sigma = sc.global_sigma / full["token_rms"]
   again = sl.measure(model, variables, ids, labels, sc, key, 1)
   np.testing.assert_allclose(again["per_token"], content["per_token"], atol=1e-6)
+
+
+def test_config_variants():
+  config = sl_config.get_config("task=weak_sum,seeds=3,target=0.95,placement=before_norm,"
+                                "official_lstm,margin=1.0")
+  assert config.num_seeds == 3 and sl_config.get_config().num_seeds == 1
+  assert config.train.data.synthetic.task == "weak_sum"
+  assert config.train.data.synthetic.margin == 1.0
+  assert config.train.target_train_accuracy == 0.95 and config.train.total_steps == 3000
+  assert config.sensitivity.noise_placement == "before_norm"
+  assert config.runs.lstm_official.model.official_frozen
+  default = sl_config.get_config()
+  assert default.train.target_train_accuracy is None and default.train.total_steps == 1500
+  assert default.sensitivity.noise_placement == "after_norm"
+  assert sl_config.get_config("steps=700").train.total_steps == 700
+
+
+def test_token_type_masks_and_seed_aggregation():
+  from xsens.data import text as text_data  # pylint: disable=g-import-not-at-top
+  from xsens.studies import sensitivity_language as sl  # pylint: disable=g-import-not-at-top
+  dc = sl_config.get_config().train.data
+  ids, _ = text_data.synthetic_language(30, seed=0)
+  masks = sl.token_type_masks(dc, 0, ids)
+  assert set(masks) == set(sl.TOKEN_TYPES)
+  total = sum(m.astype(int) for m in masks.values())
+  np.testing.assert_array_equal(total, ids != 0)
+  signal = text_data.signal_token_ids("polarity")
+  np.testing.assert_array_equal(masks["signal"], np.isin(ids, signal))
+  # Seeds: mean over the seeds that reached each report; one row per run.
+  ids_map = {"a": ("a", 0), "a_seed1": ("a", 1)}
+  hist = {"a": {"examples": np.asarray([0., 32.]), "token_pooled": np.asarray([.1, .3])},
+          "a_seed1": {"examples": np.asarray([0., 32., 64.]),
+                      "token_pooled": np.asarray([.3, .5, .6])}}
+  agg = sl.seed_history(hist, ids_map)["a"]
+  np.testing.assert_allclose(agg["examples"], [0, 32, 64])
+  np.testing.assert_allclose(agg["token_pooled"], [.2, .4, .6])
+  rows = [{"run": "a", "S_token": 0.1}, {"run": "a_seed1", "S_token": 0.3}]
+  from xsens.studies import compare  # pylint: disable=g-import-not-at-top
+  summary = compare.seed_rows(rows, ids_map, ["S_token"])
+  md = sl.seed_summary_markdown(summary, ["S_token"])
+  assert "| a | 2 | 0.2 ± 0.1 |" in md
+
+
+@pytest.mark.slow
+def test_two_seeds_matched_accuracy_and_placement(tmp_path):
+  """num_seeds=2: two rows (ids lstm, lstm_seed1) with different training, one seed row;
+  target accuracy stops at the first evaluation; noise before the LayerNorm."""
+  config = sl_config.get_config("smoke,seeds=2,target=0.01,placement=before_norm")
+  with config.unlocked():
+    config.runs = {"lstm": config.runs.lstm.to_dict()}
+  out = studies.run(config, str(tmp_path))
+  rows = {r["run"]: r for r in out["rows"]}
+  assert set(rows) == {"lstm", "lstm_seed1"}
+  assert all(r["stop_reason"] == "target_train_accuracy" and r["steps"] == 2
+             for r in rows.values())
+  assert rows["lstm"]["S_global"] != rows["lstm_seed1"]["S_global"] or (
+      rows["lstm"]["token_rms"] != rows["lstm_seed1"]["token_rms"])
+  # Before the LayerNorm the tokens are the raw N(0, 1) embeddings.
+  assert 0.8 < rows["lstm"]["token_rms"] < 1.2
+  (summary,) = out["seed_summary"]
+  assert summary["run"] == "lstm" and summary["seeds"] == 2
+  np.testing.assert_allclose(summary["S_token"],
+                             np.mean([r["S_token"] for r in rows.values()]))
+  assert summary["S_token s.e."] >= 0
+  md = (tmp_path / "results.md").read_text()
+  assert "Mean ± standard error over the training seeds" in md and "S_signal" in md
+  assert "before the embedding LayerNorm" in md

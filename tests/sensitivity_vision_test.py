@@ -255,7 +255,8 @@ def test_paper_setups_build_on_their_tfds_datasets(setup):
       experiments = compare.validate_runs(config)
   finally:
     pipeline.clear_cache()
-  expected = {"cifar10": {"resnet18", "densenet", "convmixer", "vit", "simple_vit"},
+  expected = {"cifar10": {"resnet18", "densenet", "convmixer", "vit", "simple_vit",
+                          "vit_spt_lsa"},
               "svhn": {"resnet18", "vit"}, "fashion_mnist": {"vit", "cnn", "mlp_relu",
                                                              "mlp_tanh"},
               "mnist_binary": {"vit", "mlp_relu"}}[setup]
@@ -271,3 +272,100 @@ def test_paper_setup_without_data_is_a_clear_error(tmp_path):
   config.train.data.data_dir = str(tmp_path)
   with pytest.raises(ConfigError, match=r"config.train.data.name: .*cifar10.*not found"):
     studies.run(config, str(tmp_path / "wd"))
+
+
+def test_run_ids_and_seeded_run_configs():
+  """num_seeds = 3: each run three times, index 0 as configured (its workdir name), i > 0
+  with init/order/augment seeds shifted by i and the data seed kept."""
+  config = sv_cfg.get_config("smoke,seeds=3")
+  config.runs.cnn.init_seed = 10
+  ids = compare.run_ids(config)
+  assert len(ids) == 15 and list(ids)[-3:] == ["vit", "vit_seed1", "vit_seed2"]
+  assert ids["cnn_seed2"] == ("cnn", 2)
+  base = compare.seeded_run_config(config, "vit", ids)
+  assert base.to_dict() == sv_cfg.get_config("smoke").train.to_dict() | {
+      "model": base.model.to_dict()}
+  assert base.init_seed is None and base.order_seed is None
+  s2 = compare.seeded_run_config(config, "vit_seed2", ids)
+  assert (s2.seed, s2.init_seed, s2.order_seed, s2.augment_seed) == (0, 2, 2, 2)
+  c1 = compare.seeded_run_config(config, "cnn_seed1", ids)
+  assert (c1.init_seed, c1.order_seed) == (11, 1)
+  assert compare.run_field(config, "cnn_seed1", "model.features") == "runs.cnn.model.features"
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_bad_num_seeds_refused_before_training(tmp_path, value):
+  config = sv_cfg.get_config("smoke")
+  config.num_seeds = value
+  with pytest.raises(ConfigError, match=r"config.num_seeds: must be an int >= 1"):
+    studies.run(config, str(tmp_path / "wd"))
+  assert not (tmp_path / "wd").exists()
+
+
+def test_seed_run_clashing_with_a_run_name_is_refused():
+  config = sv_cfg.get_config("smoke,seeds=2")
+  config.runs.vit_seed1 = config.runs.cnn
+  with pytest.raises(ConfigError, match=r"config.num_seeds: run 'vit_seed1'"):
+    compare.run_ids(config)
+
+
+def test_seed_rows_mean_and_standard_error():
+  ids = {"a": ("a", 0), "a_seed1": ("a", 1), "a_seed2": ("a", 2), "b": ("b", 0)}
+  rows = [{"run": "a", "x": 1.0}, {"run": "a_seed1", "x": 2.0}, {"run": "a_seed2", "x": 6.0},
+          {"run": "b", "x": 5.0}]
+  out = compare.seed_rows(rows, ids, ["x"])
+  assert out[0] == {"run": "a", "seeds": 3, "x": 3.0,
+                    "x s.e.": pytest.approx(np.std([1, 2, 6], ddof=1) / np.sqrt(3))}
+  assert out[1]["x"] == 5.0 and math.isnan(out[1]["x s.e."])
+  assert compare.mean_and_stderr([1.0, float("nan"), 3.0]) == pytest.approx(
+      (2.0, np.sqrt(2) / np.sqrt(2)))
+
+
+def test_token_rms_noise_scale_measures_sigma_times_the_rms_pixel():
+  """noise_scale=token_rms at σ is the absolute measurement at σ·RMS pixel, same keys."""
+  res, sc = _fake_result(), _small_sc()
+  key, mesh = jax.random.key(5), sharding.data_mesh()
+  rms_pixel = sv.token_rms(res.train.images, 2) / 2
+  scaled = sv.measure_model(res, sc, key, mesh, rms_pixel)
+  sc.sigmas, sc.main_sigma = (0.0, 3.0 * rms_pixel), 3.0 * rms_pixel
+  absolute = sv.measure_model(res, sc, key, mesh)
+  assert scaled["sigmas"][3.0] == absolute["sigmas"][3.0 * rms_pixel]
+  sc.noise_scale = "relative"
+  with pytest.raises(ConfigError, match="config.sensitivity.noise_scale: unknown value"):
+    sv.validate_sensitivity_config(sc, (4, 4, 1))
+
+
+@pytest.mark.slow
+def test_seeds_add_runs_and_a_seed_table_keeping_seed_zero(smoke_run, tmp_path):
+  """Two seeds in a copy of the smoke workdir: seed-0 runs resume untrained with the
+  single-seed numbers; the seed-1 runs train in runs/<name>_seed1; the seed table is the
+  mean over the two."""
+  import shutil
+  workdir, out = smoke_run
+  copy = str(tmp_path / "wd")
+  shutil.copytree(workdir, copy)
+  config = sv_cfg.get_config("smoke,seeds=2")
+  for name in ("cnn", "mlp_tanh", "resnet18"):
+    del config.runs[name]
+  config.sensitivity.global_noise.enabled = False
+  config.sensitivity.scattered.enabled = False
+  del config.sensitivity["sharpness"]
+  config.num_seeds = 1
+  single = {r["run"]: r for r in studies.run(config, copy)["rows"]}   # Resumes; measures.
+  config.num_seeds = 2
+  seeded = studies.run(config, copy)
+  rows = {r["run"]: r for r in seeded["rows"]}
+  assert set(rows) == {"vit", "vit_seed1", "mlp_relu", "mlp_relu_seed1"}
+  for name in ("vit", "mlp_relu"):
+    assert rows[name]["S(σ=4)"] == single[name]["S(σ=4)"]
+    assert rows[name]["steps"] == {r["run"]: r for r in out["rows"]}[name]["steps"]
+    assert os.path.isdir(os.path.join(compare.run_workdir(copy, f"{name}_seed1"),
+                                      "checkpoints"))
+  summary = {r["run"]: r for r in seeded["seed_summary"]}
+  vit = summary["vit"]
+  assert vit["seeds"] == 2
+  pair = [rows["vit"]["S(σ=4)"], rows["vit_seed1"]["S(σ=4)"]]
+  assert vit["S(σ=4)"] == pytest.approx(np.mean(pair))
+  assert vit["S(σ=4) s.e."] == pytest.approx(np.std(pair, ddof=1) / np.sqrt(2))
+  md = open(os.path.join(copy, "results.md")).read()
+  assert "Mean ± standard error over the training seeds" in md and "| vit_seed1 |" in md

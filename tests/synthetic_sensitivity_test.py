@@ -199,6 +199,15 @@ def test_learned_step():
     ("boolean.n", 17, r"boolean\.n"),
     ("boolean.components", [[[0, 0], 1.0]], r"boolean\.components"),
     ("boolean.log_every", 7, r"boolean\.steps"),
+    ("num_seeds", 0, r"config\.num_seeds"),
+    ("models", ["attention", "attention"], r"config\.models"),
+    ("vocab.sigmas", [], r"config\.vocab\.sigmas"),
+    ("vocab.cues", ["both"], r"config\.vocab\.cues"),
+    ("vocab.sparse_per_sequence", 6, r"config\.vocab\.sparse_per_sequence"),
+    ("vocab.num_sparse", 5, r"config\.vocab\.num_sparse: must be even"),
+    ("vocab.num_frequent", 1, r"config\.vocab\.num_frequent"),
+    ("boolean.models", ["attention_freeze_qk"], r"config\.boolean\.models"),
+    ("mlp_matched.learning_rate", 0.0, r"config\.mlp_matched\.learning_rate"),
 ])
 def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value, match):
   config = syn_config.get_config("smoke")
@@ -207,8 +216,11 @@ def test_bad_config_is_refused_before_anything_is_written(tmp_path, field, value
     config[section][name] = value
   else:
     config[field] = value
-  with pytest.raises(ConfigError, match=match):
+  with pytest.raises(ConfigError, match=match) as err:
     studies.run(config, str(tmp_path / "w"))
+  # The one-line CLI error names the full flag (log_every is checked through steps).
+  assert err.value.flag == "--config." + ("boolean.steps" if field == "boolean.log_every"
+                                          else field)
   assert not (tmp_path / "w").exists()
 
 
@@ -224,28 +236,47 @@ def test_smoke_study_end_to_end(smoke_study):
   tmp_path, out = smoke_study
   config = syn_config.get_config("smoke")
   rows = out["rows"]
-  assert {r["model"] for r in rows} == {"attention", "mlp"}
-  assert len(rows) == 2 * len(config.sparse.sigmas)
-  for r in rows:
-    assert 0 <= r["sensitivity"] <= 1 and 0 <= r["train_acc"] <= 1
-    assert r["steps"] % config.sparse.eval_every == 0 and r["steps"] <= config.sparse.max_steps
-  # Sensitivity grows with sigma for each model (common random numbers, large gap).
-  for m in ("attention", "mlp"):
-    s = [r["sensitivity"] for r in rows if r["model"] == m]
+  tasks = ("sparse", "vocab_uninformative", "vocab_informative")
+  token_rows = [r for r in rows if "task" in r]
+  assert {r["task"] for r in token_rows} == set(tasks)
+  assert {r["seed"] for r in token_rows} == {0, 1}
+  want = {syn.RULE, syn.UNIFORM, *config.models}
+  for task in tasks:
+    sec = config.sparse if task == "sparse" else config.vocab
+    mine = [r for r in token_rows if r["task"] == task]
+    assert {r["model"] for r in mine} == want
+    assert len(mine) == len(want) * len(sec.sigmas) * config.num_seeds
+    for r in mine:
+      assert 0 <= r["sensitivity"] <= 1 and 0 <= r["train_acc"] <= 1
+      assert r["steps"] % sec.eval_every == 0 and r["steps"] <= sec.max_steps
+      if r["model"] == syn.RULE:   # The rule is the label: exact on every split.
+        assert r["train_acc"] == r["test_acc"] == 1.0
+    # The matched MLP has about the attention layer's parameter count.
+    p = {m: next(r["params"] for r in mine if r["model"] == m) for m in want}
+    assert p["attention_freeze_qk"] == p["attention"] == p[syn.UNIFORM]
+    assert abs(p["mlp_matched"] - p["attention"]) < p["attention"] / 2
+  # Sensitivity grows with sigma for each model on "sparse" (common random numbers).
+  for m in want:
+    s = [r["sensitivity"] for r in token_rows
+         if r["task"] == "sparse" and r["model"] == m and r["seed"] == 0]
     assert s[-1] >= s[0]
+  assert all("shifted_test_acc" in r for r in token_rows if r["task"] == "vocab_informative")
   bo = out["boolean"]
-  assert len(bo["rows"]) == 2 * len(config.boolean.components)
+  assert len(bo["rows"]) == 2 * len(config.boolean.components) * config.num_seeds
   n_logs = config.boolean.steps // config.boolean.log_every + 1
   assert bo["spectrum"]["attention"].shape == (n_logs, config.boolean.n + 1)
   assert bo["target_spectrum"][:4] == pytest.approx([0, 1, 1, 1])
   assert bo["target_influence"] == pytest.approx(6.0)
   md = (tmp_path / "results.md").read_text()
-  assert "Boolean spectrum rows" in md and "relevant_tokens" in md
+  assert "generating rule (yardstick)" in md and "relevant tokens" in md
+  assert "W_Q W_Kᵀ frozen at init" in md and "sparse cue removed" in md
+  assert " ± " in md
   for plot in ("sparse_per_position.png", "sparse_sensitivity_vs_sigma.png",
-               "boolean_spectrum.png"):
+               "vocab_uninformative_sensitivity_vs_sigma.png", "boolean_spectrum.png"):
     assert (tmp_path / plot).exists() and plot in md
   payload = json.loads((tmp_path / "results.json").read_text())
   assert set(payload["boolean"]["order"]) == {"attention", "mlp"}
+  assert len(payload["seed_rows"]) == len(rows)
 
 
 def _report(path):
@@ -269,23 +300,27 @@ def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch, s
   cut, straight = str(tmp_path / "cut"), str(tmp_path / "straight")
   syn.run_sparse(config, cut, log=quiet, max_chunks=2)
   syn.run_boolean(config, cut, log=quiet, max_chunks=1)
-  for (part, _), (path, _) in syn.run_workdirs(config, cut).items():
-    assert Workdir(path).latest_step() == 20, part
+  for key, (path, _) in syn.run_workdirs(config, cut).items():
+    assert Workdir(path).latest_step() == 20, key
   assert not os.path.exists(os.path.join(cut, "results.json"))
   syn.run(config, cut, log=quiet)
   shutil.copytree(smoke_study[0], straight)
   assert _report(cut) == _report(straight)
   # Another training config is refused before anything is written; --overwrite retrains.
-  config.mlp.learning_rate = 2e-3
-  with pytest.raises(ConfigError, match=r"config\.workdir: .*sparse_mlp.*learning_rate"):
+  config.mlp_matched.learning_rate = 2e-3
+  with pytest.raises(ConfigError,
+                     match=r"config\.workdir: .*sparse_mlp_matched_s0.*learning_rate"):
     syn.run(config, straight, log=quiet)
   assert _report(straight) == _report(cut)
   config.boolean.enabled = False  # (Quicker: retrain the sparse part only.)
+  config.vocab.enabled = False
+  config.num_seeds = 1
   syn.run(config, straight, log=quiet, overwrite=True)
-  new, old = _report(straight)["rows"], _report(cut)["rows"]
-  assert [r for r in new if r["model"] == "attention"] == [
-      r for r in old if r["model"] == "attention"]
-  assert [r for r in new if r["model"] == "mlp"] != [r for r in old if r["model"] == "mlp"]
+  new, old = _report(straight)["seed_rows"], _report(cut)["seed_rows"]
+  pick = lambda rows, m: [r for r in rows if r.get("task") == "sparse" and r["seed"] == 0
+                          and r["model"] == m]
+  assert pick(new, "attention") == pick(old, "attention")
+  assert pick(new, "mlp_matched") != pick(old, "mlp_matched")
 
 
 def test_a_run_workdir_is_keyed_by_what_its_training_depends_on():
@@ -293,10 +328,149 @@ def test_a_run_workdir_is_keyed_by_what_its_training_depends_on():
   base = syn.run_workdirs(config, "w")
   config.sparse.sigmas = [0.3]
   config.sparse.num_draws = 5
+  config.vocab.sigmas = [0.3]
   config.boolean.learned_fraction = 0.5
   assert syn.run_workdirs(config, "w") == base
   config.boolean.steps = 50
   changed = syn.run_workdirs(config, "w")
-  assert [k for k in base if base[k] != changed[k]] == [("boolean", "attention"),
-                                                          ("boolean", "mlp")]
-  assert set(base) == {(p, m) for p in ("sparse", "boolean") for m in ("attention", "mlp")}
+  assert [k for k in base if base[k] != changed[k]] == [
+      ("boolean", m, s) for s in (0, 1) for m in ("attention", "mlp")]
+  parts = ("sparse", "vocab_uninformative", "vocab_informative")
+  assert set(base) == {(p, m, s) for p in parts for m in config.models for s in (0, 1)} | {
+      ("boolean", m, s) for m in ("attention", "mlp") for s in (0, 1)}
+  # The ablation variants start from the attention layer's initial weights.
+  fp = {k[1]: v[1] for k, v in base.items() if k[0] == "sparse" and k[2] == 0}
+  assert fp["attention_freeze_qk"]["init"] == fp["attention"]["init"] == 0
+  # The matched MLP's width follows the attention layer's size; its run is keyed by it.
+  config.attention.v_dim = 3
+  assert syn.run_workdirs(config, "w")[("sparse", "mlp_matched", 0)] != base[
+      ("sparse", "mlp_matched", 0)]
+
+
+# ------------------------------------------------------------------------------------------
+# The paper's set-up as known (frequent and sparse tokens), the yardstick, the ablation.
+
+
+def _vocab_task(cue, num=400, seed=1):
+  vocab = st.vocabulary(num_frequent=6, num_sparse=10, dim=8, seed=0)
+  return vocab, st.frequent_sparse_task(num, vocab=vocab, n=12, sparse_per_sequence=2,
+                                        sparse_cue=cue, seed=seed)
+
+
+def test_frequent_sparse_statistics_and_labels():
+  vocab, data = _vocab_task("uninformative", num=2000)
+  ids, sp, y, x = data["ids"], data["is_sparse"], data["labels"], data["tokens"]
+  assert x.shape == (2000, 12, 8) and ids.shape == sp.shape == (2000, 12)
+  np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1.0, rtol=1e-5)
+  np.testing.assert_array_equal(x, vocab["embeddings"][ids])
+  np.testing.assert_array_equal(sp.sum(1), 2)          # Exactly 2 sparse tokens each.
+  np.testing.assert_array_equal(sp, ids >= 6)          # Sparse positions hold sparse ids.
+  # Frequent ids ~ (12 - 2) / 6 = 1.67 per sequence each, sparse ids 2 / 10 = 0.2.
+  per_seq = np.stack([(ids == v).sum(1).mean() for v in range(16)])
+  np.testing.assert_allclose(per_seq[:6], 10 / 6, rtol=0.05)
+  np.testing.assert_allclose(per_seq[6:], 0.2, rtol=0.2)
+  # The label is the rule on the frequent tokens; balanced (centred scores).
+  score = np.where(sp, 0.0, vocab["weights"][np.minimum(ids, 5)]).sum(1)
+  np.testing.assert_array_equal(y, (score > 0).astype(np.int32))
+  assert 0.4 < y.mean() < 0.6
+  # Uninformative: the sparse ids' class is independent of the label.
+  cls = vocab["sparse_class"][ids[sp].reshape(-1, 2) - 6]     # [N, 2]
+  for label in (0, 1):
+    assert abs(cls[y == label].mean() - 0.5) < 0.05
+  # Informative (control): the same sequences, every sparse id of the label's class.
+  _, inf = _vocab_task("informative", num=2000)
+  np.testing.assert_array_equal(inf["labels"], y)
+  np.testing.assert_array_equal(inf["is_sparse"], sp)
+  np.testing.assert_array_equal(np.where(sp, 0, inf["ids"]), np.where(sp, 0, ids))
+  icls = vocab["sparse_class"][inf["ids"][sp].reshape(-1, 2) - 6]
+  np.testing.assert_array_equal(icls, np.repeat(y[:, None], 2, 1))
+
+
+def _pair_noise(key, b, t, d, draws):
+  """The measures' noise: pair q = t * R + r draws normal(fold_in(key, q), [B, D])."""
+  return np.stack([np.stack([np.asarray(jax.random.normal(
+      jax.random.fold_in(key, tt * draws + r), (b, d))) for r in range(draws)])
+                   for tt in range(t)])            # [T, R, B, D]
+
+
+@pytest.mark.parametrize("task", ["sparse", "vocab"])
+def test_the_rule_yardstick_equals_a_direct_numpy_computation(task):
+  """token_sensitivity of the rule == NumPy: noise one token of the INPUT, apply the true
+  rule (sign bits -> majority; nearest embedding -> frequent score), count flips."""
+  if task == "sparse":
+    pos = st.relevant_positions(7, 3, 0)
+    data = st.sparse_token_task(40, n=7, m=4, k=3, rule="majority", position_scale=1.0,
+                                seed=1, positions=pos)
+    fn, make = st.sparse_rule("majority")
+    variables = make(pos)
+    def rule(tok):                                    # [..., n, d] -> labels
+      return (np.sign(tok[..., pos, 0]).sum(-1) > 0).astype(int)
+    sigma = 0.4
+  else:
+    vocab, data = _vocab_task("uninformative", num=40)
+    fn, variables = st.vocab_rule, st.vocab_rule_variables(vocab)
+    emb = vocab["embeddings"].astype(np.float64)
+    def rule(tok):
+      ids = np.argmin(((tok[..., None, :] - emb) ** 2).sum(-1), -1)
+      w = np.concatenate([vocab["weights"], np.zeros(10)])
+      return (w[ids].sum(-1) > 0).astype(int)
+    sigma = 0.35
+  x = data["tokens"]
+  b, t, d = x.shape
+  np.testing.assert_array_equal(rule(x.astype(np.float64)), data["labels"])
+  key, draws = jax.random.key(3), 4
+  out = syn._sensitivity_fn(fn, num_draws=draws, chunk_size=t)(variables, jnp.asarray(x),
+                                                               key, sigma)
+  noise = _pair_noise(key, b, t, d, draws)
+  flips = np.zeros((b, t))
+  for tt in range(t):
+    for r in range(draws):
+      xn = x.astype(np.float64).copy()
+      xn[:, tt] += sigma * noise[tt, r]
+      flips[:, tt] += rule(xn) != data["labels"]
+  np.testing.assert_allclose(np.asarray(out["per_token"]), flips / draws)
+  assert float(out["mean"]) == pytest.approx(flips.mean() / draws, abs=1e-6)
+  assert flips.sum() > 0                               # Not trivially zero.
+  if task == "sparse":   # Only a relevant token can flip the rule.
+    assert flips[:, np.setdiff1d(np.arange(t), pos)].sum() == 0
+
+
+def test_freezing_keeps_the_frozen_parts_at_their_initial_values(tmp_path):
+  config = syn_config.get_config("smoke")
+  _, data = _vocab_task("uninformative", num=64)
+  x, y = jnp.asarray(data["tokens"]), jnp.asarray(data["labels"])
+  model = syn.make_model(config, "attention", 2)
+  init = syn._init_fn(model)(jax.random.key(0), x[:1])
+  for name, frozen in syn.FROZEN.items():
+    p, steps, *_ = syn.train_to_accuracy(_wd(tmp_path / name), model, init,
+                                         syn.make_optimizer(config, name), x, y,
+                                         target=1.0, eval_every=10, max_steps=20)
+    assert steps == 20
+    for part in init:
+      same = np.array_equal(np.asarray(p[part]["kernel"]), np.asarray(init[part]["kernel"]))
+      assert same == (part in frozen), (name, part)
+
+
+def test_uniform_attention_and_the_matched_mlp_size():
+  x = np.random.default_rng(0).normal(size=(3, 5, 4)).astype(np.float32)
+  soft = ola.OneLayerAttention(num_outputs=2)
+  params = soft.init(jax.random.key(0), x)["params"]
+  uni = ola.UniformAttention(num_outputs=2)
+  wv, u = (np.asarray(params[k]["kernel"], np.float64) for k in ("w_v", "u"))
+  np.testing.assert_allclose(np.asarray(uni.apply({"params": params}, x)),
+                             x.astype(np.float64).mean(1) @ wv @ u, rtol=1e-5, atol=1e-6)
+  assert uni.uniform_attention and not soft.uniform_attention and uni != soft
+  config = syn_config.get_config()
+  for shape in ((16, 24), (16, 16), (6, 10)):
+    n, d = shape
+    att = syn.attention_num_params(d, 2)
+    assert att == sum(v.size for v in jax.tree.leaves(jax.eval_shape(
+        lambda: soft.init(jax.random.key(0), jnp.zeros((1, n, d))))))
+    h = syn.matched_width(config, shape, 2)
+    mlp = ola.TokenMLP(num_outputs=2, hidden_dims=(h,))
+    count = sum(v.size for v in jax.tree.leaves(jax.eval_shape(
+        lambda: mlp.init(jax.random.key(0), jnp.zeros((1, n, d))))))
+    assert count == ola.token_mlp_num_params(n * d, (h,), 2)
+    per_unit = n * d + 1 + 2
+    assert abs(count - att) <= per_unit / 2 + 1, (shape, h, count, att)
+  assert syn.matched_width(config, (16, 24), 2) == 5        # 1,937 vs 1,776 parameters.

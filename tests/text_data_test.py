@@ -212,3 +212,68 @@ def test_paper_setups_validate_on_glue_data(glue_dir):
   assert experiments["roberta"].model.mlp_dim == 3072
   assert experiments["lstm"].train.images.shape == (64, 128)
   assert experiments["gpt2"].total_steps == 200  # 100 epochs of 64 // 32 steps.
+
+
+def test_weak_sum_language_follows_its_rule_and_is_deterministic():
+  scores = text.weak_sum_scores(5)
+  sentences, labels = text.weak_sum_sentences(300, seed=5, max_clauses=4, margin=0.5)
+  n_content = []
+  for words, label in zip(sentences, labels):
+    s = [scores[text._WORD_ID[w]] for w in words]  # pylint: disable=protected-access
+    content = [w for w in words if w in text.CONTENT_WORDS]
+    assert label == int(sum(s) > 0)
+    assert abs(sum(s)) >= 0.5 * np.sqrt(len(content)) - 1e-12
+    assert words[-1] == "." and len(words) <= text.synthetic_max_tokens(4) - 2
+    n_content.append(len(content))
+  assert np.mean(n_content) > 10 and 0.4 < labels.mean() < 0.6
+  # Function words and specials score 0; content scores are standardised.
+  content_ids = [text._WORD_ID[w] for w in text.CONTENT_WORDS]  # pylint: disable=protected-access
+  assert np.count_nonzero(scores) == len(content_ids)
+  np.testing.assert_allclose([scores[content_ids].mean(), scores[content_ids].std()], [0, 1],
+                             atol=1e-12)
+  again, labels2 = text.weak_sum_sentences(300, seed=5, max_clauses=4, margin=0.5)
+  assert again == sentences and np.array_equal(labels, labels2)
+  assert text.weak_sum_sentences(300, seed=5, stream=1)[0] != sentences
+  assert not np.array_equal(text.weak_sum_scores(6), scores)
+  # Label noise flips a fraction of the rule's labels, deterministically.
+  _, noisy = text.weak_sum_sentences(300, seed=5, max_clauses=4, label_noise=0.2)
+  _, clean = text.weak_sum_sentences(300, seed=5, max_clauses=4)
+  assert 0.1 < (noisy != clean).mean() < 0.3
+
+
+def test_weak_sum_through_the_pipeline_and_token_types():
+  dc = _config()
+  dc.synthetic.update({"task": "weak_sum", "margin": 1.0})
+  train = pipeline.load_split(dc, "train", seed=2)
+  scores = text.weak_sum_scores(2)
+  for row, label in zip(train.images[:50], train.labels[:50]):
+    assert label == int(scores[row].sum() > 0)
+  types = text.token_types(train.images, "weak_sum", seed=2)
+  real = train.images != text.PAD_ID
+  total = types["signal"].astype(int) + types["other"] + types["special"]
+  np.testing.assert_array_equal(total, real)  # A partition of the real tokens.
+  signal = text.signal_token_ids("weak_sum", 2)
+  assert len(signal) == 18 and np.abs(scores[signal]).min() >= np.abs(
+      np.delete(scores, signal)).max()
+  ids, _ = text.synthetic_language(20, seed=0)
+  t = text.token_types(ids, "polarity")
+  words = np.asarray(text.WORDS + ("",) * 4)[np.maximum(ids - 4, 0)]
+  assert set(words[t["signal"]]) <= set(text._POSITIVE + text._NEGATIVE + ("not",))  # pylint: disable=protected-access
+  assert t["special"].sum() == 40 and not (t["other"] & np.isin(words, text._POSITIVE)).any()  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("synthetic, field", [
+    ({"task": "sum"}, "data.synthetic.task"),
+    ({"task": "weak_sum", "margin": -1.0}, "data.synthetic.margin"),
+    ({"task": "weak_sum", "margin": 4.0}, "data.synthetic.margin"),
+    ({"task": "weak_sum", "label_noise": 0.5}, "data.synthetic.label_noise"),
+    ({"margin": 1.0}, "data.synthetic.margin"),  # Only weak_sum reads it.
+    ({"bogus": 1}, "data.synthetic.bogus"),
+])
+def test_bad_synthetic_task_fields_are_refused(synthetic, field):
+  dc = _config()
+  with dc.unlocked():
+    dc.synthetic.update(synthetic)
+  with pytest.raises(ConfigError) as e:
+    pipeline.load_split(dc, "train")
+  assert e.value.field == field

@@ -221,6 +221,7 @@ def test_lstm_equals_numpy_recurrence():
     ("gpt2", dict(depth=0), (16,), "model.depth"),
     ("lstm", dict(hidden_dim=0), (16,), "model.hidden_dim"),
     ("lstm", dict(dropout_rate=1.0), (16,), "model.dropout_rate"),
+    ("lstm", dict(official_frozen=1), (16,), "model.official_frozen"),
     ("roberta", {}, (28, 28, 1), "model.name"),
     ("lstm", {}, (28, 28, 1), "model.name"),
 ])
@@ -228,3 +229,42 @@ def test_bad_config_is_refused(name, kwargs, shape, field):
   with pytest.raises(ConfigError) as e:
     get_model(name, 2, shape, **kwargs)
   assert e.value.field == field
+
+
+@pytest.mark.parametrize("run", ["roberta", "gpt2", "lstm"])
+def test_noise_placement_before_the_embedding_norm(initialised, run):
+  """encode_pre_norm(embed_pre_norm(ids)) is the model; RoBERTa's and the LSTM's tokens are
+  the embedding LayerNorm's input; GPT-2's two placements coincide."""
+  model, variables = initialised[run]
+  ids = _ids([5, 12], 12)
+  raw = model.apply(variables, ids, method=model.embed_pre_norm)
+  logits = model.apply(variables, raw, text.padding_mask(ids), method=model.encode_pre_norm)
+  np.testing.assert_allclose(logits, model.apply(variables, ids), rtol=1e-6, atol=1e-6)
+  after = model.apply(variables, ids, method=model.embed)
+  if run == "gpt2":
+    np.testing.assert_array_equal(raw, after)
+  else:
+    normed = model.apply(variables, raw, method=lambda m, x: m.embedding_norm(x))
+    np.testing.assert_allclose(normed, after, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(raw, after)
+
+
+def test_official_frozen_lstm_trains_only_the_lstm_layers():
+  model = get_model("lstm", K, (12,), official_frozen=True, **SMALL["lstm"])
+  ids = _ids([5, 12], 12)
+  variables = _init(model, ids)
+  plain = _init(_model("lstm", 12), ids)
+  # The LayerNorm frozen at (scale 1, bias 0) has no parameters.
+  assert set(variables["params"]) == set(plain["params"]) - {"embedding_norm"}
+  # As the trainer applies it (train=True, mutable collections).
+  loss = lambda p: model.apply({"params": p}, ids, train=True, mutable=["batch_stats"],
+                               rngs={"dropout": jax.random.key(1)})[0].sum()
+  grads = jax.grad(loss)(variables["params"])
+  norms = {k: float(sum(jnp.abs(g).sum() for g in jax.tree.leaves(v)))
+           for k, v in grads.items()}
+  assert norms.pop("layers_0") > 0 and norms.pop("layers_1") > 0
+  assert norms == {"embedding": 0.0, "head": 0.0}
+  np.testing.assert_allclose(  # Same function as the plain LSTM with the same weights.
+      model.apply(variables, ids), _model("lstm", 12).apply(
+          {"params": {**variables["params"], "embedding_norm": {
+              "scale": jnp.ones(8), "bias": jnp.zeros(8)}}}, ids), rtol=1e-6, atol=1e-6)

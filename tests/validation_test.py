@@ -109,6 +109,8 @@ NESTED_CASES = [
      "5 must divide"),
     ("sensitivity_vision", "smoke", "train.augment.gaussian_std", -1.0,
      "train.augment.gaussian_std", "must be >= 0"),
+    ("sensitivity_vision", "setup=imagenet,smoke", "imagenet.seed", 0,
+     "runs.convnext_t.pretrained.path", "must be set to a local convnext checkpoint"),
     ("sensitivity_regularization", "smoke", "runs.vit_gaussian_aug.augment.gaussian_std", -1.0,
      "runs.vit_gaussian_aug.augment.gaussian_std", "must be >= 0"),
     ("sensitivity_regularization", "smoke", "runs.vit_sensitivity_reg.regularizer.weight", 2.0,

@@ -20,6 +20,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     classes: None or original class ids to keep, relabelled 0..k-1 in the given order.
     class_fractions: None or {original class id: fraction in (0, 1]}, train split only.
     num_train: None or a seeded random subset size of the train split (after class filtering).
+    random_labels: None (true labels) or the fraction in (0, 1] of train labels replaced by
+      seeded uniformly random ones (test labels stay true); a None default, so configs and
+      workdir fingerprints without the field are unchanged.
     normalize: "zero_one" | "half" | "standardize".
     image_size: None or (H, W), bilinear resize after normalisation.
     synthetic: sizes of synthetic splits and the fields of every synthetic kind.
@@ -34,6 +37,7 @@ def default_data_config() -> ml_collections.ConfigDict:
       "classes": optional(tuple),
       "class_fractions": optional(object),
       "num_train": optional(int),
+      "random_labels": optional(float),
       "normalize": "half",
       "image_size": optional(tuple),
       "synthetic": {

@@ -14,6 +14,12 @@ Preprocessing, in this order (seeded by `load_split(..., seed=)`):
   3. `num_train` (train split only): keep the first `num_train` of a permutation drawn from
      `default_rng([seed, 2])` (so for one seed smaller subsets are nested in larger ones).
   Kept examples stay in their stored order.
+  3b. `random_labels` (train split only; optional field, absent or None = true labels): a
+     fraction f in (0, 1] of the kept train examples, the first round_half_up(f * n) of a
+     permutation drawn from `default_rng([seed, 3])`, get labels drawn uniformly from the k
+     classes by the same generator (f = 1: every label random, Zhang et al. 2017, "Understanding
+     deep learning requires rethinking generalization", arXiv 1611.03530). The test split keeps
+     its true labels.
   4. `normalize`: "zero_one" x/255; "half" (x/255 - 0.5)/0.5; "standardize" x/255 then per-channel
      (x - mean)/std with mean and std of the (preprocessed) train split, for both splits.
      Synthetic sources are already on a model scale: for them "zero_one" and "half" are the
@@ -228,6 +234,12 @@ def _check_common(data_config) -> None:
   num_train = data_config["num_train"]
   if num_train is not None and (not _is_int(num_train) or num_train < 1):
     raise ConfigError("data.num_train", f"must be None or a positive int, got {num_train!r}")
+  random_labels = data_config.get("random_labels")
+  if random_labels is not None and not (
+      isinstance(random_labels, numbers.Real) and not isinstance(random_labels, bool)
+      and 0 < random_labels <= 1):
+    raise ConfigError("data.random_labels", "must be None (true labels) or the fraction in "
+                      f"(0, 1] of train labels replaced by random ones, got {random_labels!r}")
   size = data_config["image_size"]
   if size is not None and (isinstance(size, str) or not isinstance(size, Sequence) or
                            len(size) != 2 or not all(_is_int(s) and s > 0 for s in size)):
@@ -501,7 +513,23 @@ def _selected(data_config, role: str, seed: int) -> tuple[np.ndarray, np.ndarray
                           f"has {len(idx)} after class selection; allowed: 1..{len(idx)}")
       idx = idx[subset_indices(len(idx), num_train, seed)]
   num_out = len(classes) if classes is not None else num_classes
-  return images[idx], relabel(labels[idx], classes), int(num_out), is_pixels
+  out_labels = relabel(labels[idx], classes)
+  if role == "train" and data_config.get("random_labels") is not None:
+    out_labels = randomize_labels(out_labels, int(num_out), data_config["random_labels"], seed)
+  return images[idx], out_labels, int(num_out), is_pixels
+
+
+def randomize_labels(labels: np.ndarray, num_classes: int, fraction: float,
+                     seed: int) -> np.ndarray:
+  """Step 3b: the first round_half_up(fraction * n) examples of a permutation drawn from
+  `default_rng([seed, 3])` get labels drawn uniformly from 0..num_classes-1 (same generator).
+  [n] int -> [n], a new array."""
+  rng = np.random.default_rng([seed, 3])
+  n = len(labels)
+  chosen = rng.permutation(n)[:int(np.floor(fraction * n + 0.5))]
+  out = np.array(labels, copy=True)
+  out[chosen] = rng.integers(0, num_classes, size=len(chosen)).astype(out.dtype)
+  return out
 
 
 def load_split(data_config, split: str, *, seed: int = 0) -> Split:

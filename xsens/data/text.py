@@ -4,9 +4,13 @@ Datasets (`data.name`), loaded by `xsens.data.pipeline.load_split` like every ot
 dataset (it dispatches here for names starting with "text/" or "glue/"):
 
   * "text/synthetic" (the default; offline, no download, no tokenizer): a synthetic
-    sentiment language, `synthetic_language`. No installable package we could find ships
-    a real text-classification corpus (GLUE/IMDB/SST packages, nltk and sklearn corpora
-    all download at run time), so the offline default is synthetic.
+    language, `synthetic_language`, with one of two label rules (`data.synthetic.task`):
+    "polarity" (the default, `synthetic_sentences`: the majority polarity of 1 or 3
+    possibly negated adjectives) or "weak_sum" (`weak_sum_sentences`: the sign of the sum
+    of seeded weak scores of every content word, with a margin and label-noise control),
+    over the same 64 words. No installable package we could find ships a real
+    text-classification corpus (GLUE/IMDB/SST packages, nltk and sklearn corpora all
+    download at run time), so the offline default is synthetic.
   * "glue/mrpc", "glue/qqp": the paper's datasets (spec §7), read through TFDS from
     `data_dir` (prepared elsewhere; xsens never downloads, a missing dataset is a
     ConfigError saying how to prepare it). Sentence pairs become
@@ -35,7 +39,7 @@ import tensorflow_datasets as tfds
 
 from xsens.data import splits
 from xsens.data.config import optional
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, is_finite_number
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -45,6 +49,10 @@ DATASETS = (SYNTHETIC, *GLUE)
 FIELDS = ("name", "data_dir", "train_split", "test_split", "max_length", "vocab_size",
           "num_train", "synthetic")
 SYNTHETIC_FIELDS = ("num_train", "num_test", "max_clauses")
+# Optional fields of `data.synthetic` (absent: the default in brackets): task ["polarity"],
+# and, for task "weak_sum" only, margin [0.5] and label_noise [0.0].
+SYNTHETIC_OPTIONAL = {"task": "polarity", "margin": 0.5, "label_noise": 0.0}
+SYNTHETIC_TASKS = ("polarity", "weak_sum")
 SYNTHETIC_SPLITS = ("train", "validation")
 TOKENIZER_DIR = "xsens_tokenizers"
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # The byte alphabet plus the specials.
@@ -63,7 +71,10 @@ def default_text_data_config() -> ml_collections.ConfigDict:
     max_length: padded sequence length L (the paper's 128), specials included.
     vocab_size: BPE vocabulary size (GLUE only; the synthetic language has its own).
     num_train: None or a seeded random subset size of the training split.
-    synthetic: sizes of the synthetic splits and the longest sentence (in clauses).
+    synthetic: sizes of the synthetic splits and the longest sentence (in clauses);
+      `task` "polarity" (the default: `synthetic_sentences`) or "weak_sum"
+      (`weak_sum_sentences`: the label is the sign of a sum of many weak word scores,
+      with `margin` and `label_noise`).
   """
   return ml_collections.ConfigDict({
       "name": SYNTHETIC,
@@ -73,7 +84,8 @@ def default_text_data_config() -> ml_collections.ConfigDict:
       "max_length": 128,
       "vocab_size": 8192,
       "num_train": optional(int),
-      "synthetic": {"num_train": 4096, "num_test": 1024, "max_clauses": 4},
+      "synthetic": {"num_train": 4096, "num_test": 1024, "max_clauses": 4,
+                    **SYNTHETIC_OPTIONAL},
   })
 
 
@@ -149,16 +161,130 @@ def synthetic_sentences(num_examples: int, seed: int, *, stream: int = 0,
   return sentences, labels
 
 
+# The weak-sum language: the same words; function words score 0, content words a seeded
+# N(0, 1) score each.
+FUNCTION_WORDS = _DETS + _CONJS + ("not", ".")
+CONTENT_WORDS = tuple(w for w in WORDS if w not in FUNCTION_WORDS)
+WEAK_SUM_FUNCTION_PROB = 0.25   # Each word but the final "." is a function word w.p. 0.25.
+WEAK_SUM_SIGNAL_FRACTION = 1 / 3  # Signal words: this top fraction of |score|.
+MAX_WEAK_SUM_MARGIN = 3.0       # Rejection sampling keeps Pr[|z| >= margin] >= 0.27 %.
+_MAX_RESAMPLES = 100_000
+
+
+def weak_sum_scores(seed: int) -> np.ndarray:
+  """[SYNTHETIC_VOCAB] float64 score of every token id in the weak-sum language: for the
+  content words (`CONTENT_WORDS`), i.i.d. N(0, 1) draws from `seed` alone (so train and
+  test share them), standardised to mean 0 and variance 1 over the content words (so a
+  random sentence's sum has mean 0: balanced labels); 0 for function words and special
+  tokens."""
+  scores = np.zeros(SYNTHETIC_VOCAB)
+  draws = np.random.default_rng([seed, 11]).standard_normal(len(CONTENT_WORDS))
+  draws = (draws - draws.mean()) / draws.std()
+  scores[[_WORD_ID[w] for w in CONTENT_WORDS]] = draws
+  return scores
+
+
+def weak_sum_sentences(num_examples: int, seed: int, *, stream: int = 0,
+                       max_clauses: int = 4, margin: float = 0.5, label_noise: float = 0.0
+                       ) -> tuple[list[list[str]], np.ndarray]:
+  """Sentences of the weak-sum language, as word lists, and their labels.
+
+  A sentence is W - 1 words and a final ".", W uniform in [W_max // 2, W_max] with
+  W_max = synthetic_max_tokens(max_clauses) - 2 (the polarity language's longest
+  sentence: 24 words at 4 clauses); each of the W - 1 words is a function word
+  (`FUNCTION_WORDS`, score 0) with probability 0.25, else a uniform content word
+  (`CONTENT_WORDS`, score s_w of `weak_sum_scores(seed)`). With n >= 1 content words and
+  z = sum_w s_w / sqrt(n) (a standard normal for random sentences), a sentence is
+  redrawn until |z| >= margin (the margin control: larger is easier), and its label is
+  1 if the sum is > 0, then flipped with probability label_noise. So the evidence is
+  spread over every content word (about 13 per sentence at 4 clauses), none decides the
+  label alone, and a model must integrate the whole sentence: a running state of the
+  polarity so far, as the polarity language allows, is not enough (a running sum is).
+
+  Our design, for issue 14 (the paper's language data are MRPC and QQP); deterministic
+  in (seed, stream); labels are balanced in expectation.
+  """
+  if not (np.isfinite(margin) and 0 <= margin <= MAX_WEAK_SUM_MARGIN):
+    raise ValueError(f"margin must be in [0, {MAX_WEAK_SUM_MARGIN}], got {margin!r}")
+  if not 0 <= label_noise < 0.5:
+    raise ValueError(f"label_noise must be in [0, 0.5), got {label_noise!r}")
+  scores = weak_sum_scores(seed)
+  rng = np.random.default_rng([seed, 13, stream])
+  w_max = synthetic_max_tokens(max_clauses) - 2
+  sentences, labels = [], np.empty(num_examples, np.int32)
+  for n in range(num_examples):
+    for _ in range(_MAX_RESAMPLES):
+      num_words = int(rng.integers(w_max // 2, w_max + 1)) - 1
+      function = rng.random(num_words) < WEAK_SUM_FUNCTION_PROB
+      words = [FUNCTION_WORDS[rng.integers(len(FUNCTION_WORDS) - 1)] if f else
+               CONTENT_WORDS[rng.integers(len(CONTENT_WORDS))] for f in function]
+      s = np.asarray([scores[_WORD_ID[w]] for w in words])
+      num_content = int((~function).sum())
+      if num_content and abs(s.sum()) >= margin * np.sqrt(num_content):
+        break
+    else:  # Unreachable for margin <= MAX_WEAK_SUM_MARGIN.
+      raise RuntimeError(f"no sentence with margin {margin} in {_MAX_RESAMPLES} draws")
+    label = int(s.sum() > 0)
+    if rng.random() < label_noise:
+      label = 1 - label
+    labels[n] = label
+    sentences.append(words + ["."])
+  return sentences, labels
+
+
+def signal_token_ids(task: str, seed: int = 0) -> np.ndarray:
+  """Token ids of the words the label rule of `task` reads ("signal words"), sorted.
+
+  "polarity": the positive and negative adjectives and "not" (`synthetic_sentences`;
+  neutral adjectives never count). "weak_sum": the content words with the largest
+  |score| (`weak_sum_scores(seed)`), the top third (18 of 52); every content word counts
+  a little, so this is the high-weight part of the rule. The rest are the other words and
+  the special tokens.
+  """
+  if task == "polarity":
+    words = _POSITIVE + _NEGATIVE + ("not",)
+  elif task == "weak_sum":
+    scores = weak_sum_scores(seed)
+    content = np.asarray([_WORD_ID[w] for w in CONTENT_WORDS])
+    k = int(np.ceil(len(content) * WEAK_SUM_SIGNAL_FRACTION))
+    top = content[np.argsort(-np.abs(scores[content]), kind="stable")[:k]]
+    return np.sort(top).astype(np.int32)
+  else:
+    raise ValueError(f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS)}")
+  return np.sort(np.asarray([_WORD_ID[w] for w in words], np.int32))
+
+
+def token_types(ids: np.ndarray, task: str, seed: int = 0) -> dict[str, np.ndarray]:
+  """Boolean masks [N, L] of the real tokens of `ids` by type: "signal" (the words of
+  `signal_token_ids(task, seed)`), "other" (every other word) and "special" (<s>, </s>,
+  <unk>); with padding, they partition the real tokens."""
+  ids = np.asarray(ids)
+  special = np.isin(ids, (BOS_ID, EOS_ID, UNK_ID))
+  signal = np.isin(ids, signal_token_ids(task, seed))
+  real = ids != PAD_ID
+  return {"signal": signal, "other": real & ~signal & ~special, "special": special}
+
+
 def synthetic_language(num_examples: int, seed: int, *, stream: int = 0,
-                       max_clauses: int = 4, max_length: int | None = None
-                       ) -> tuple[np.ndarray, np.ndarray]:
-  """`synthetic_sentences` as ids "<s> words </s>" [N, max_length] int32 (right-padded).
+                       max_clauses: int = 4, max_length: int | None = None,
+                       task: str = "polarity", margin: float = 0.5,
+                       label_noise: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+  """The sentences of `task` ("polarity": `synthetic_sentences`; "weak_sum":
+  `weak_sum_sentences` with margin and label_noise) as ids "<s> words </s>"
+  [N, max_length] int32 (right-padded).
 
   max_length defaults to synthetic_max_tokens(max_clauses) (nothing is truncated).
   """
   length = synthetic_max_tokens(max_clauses) if max_length is None else max_length
-  sentences, labels = synthetic_sentences(num_examples, seed, stream=stream,
-                                          max_clauses=max_clauses)
+  if task == "polarity":
+    sentences, labels = synthetic_sentences(num_examples, seed, stream=stream,
+                                            max_clauses=max_clauses)
+  elif task == "weak_sum":
+    sentences, labels = weak_sum_sentences(num_examples, seed, stream=stream,
+                                           max_clauses=max_clauses, margin=margin,
+                                           label_noise=label_noise)
+  else:
+    raise ValueError(f"unknown synthetic task {task!r}; allowed: {', '.join(SYNTHETIC_TASKS)}")
   ids = np.zeros((num_examples, length), np.int32)
   for n, words in enumerate(sentences):
     seq = [BOS_ID] + [_WORD_ID[w] for w in words][:length - 2] + [EOS_ID]
@@ -260,15 +386,34 @@ def _positive(field: str, value, minimum: int = 1) -> None:
 def _synthetic_config(dc) -> dict:
   cfg = dc["synthetic"]
   cfg = dict(cfg.to_dict() if hasattr(cfg, "to_dict") else cfg or {})
+  allowed = SYNTHETIC_FIELDS + tuple(SYNTHETIC_OPTIONAL)
   for key in cfg:
-    if key not in SYNTHETIC_FIELDS:
+    if key not in allowed:
       raise ConfigError(f"data.synthetic.{key}", f"unknown field for {SYNTHETIC!r}; "
-                        f"allowed: {', '.join(SYNTHETIC_FIELDS)}")
+                        f"allowed: {', '.join(allowed)}")
   for key in SYNTHETIC_FIELDS:
     if key not in cfg:
       raise ConfigError(f"data.synthetic.{key}", "missing; start from "
                         "xsens.data.text.default_text_data_config()")
     _positive(f"data.synthetic.{key}", cfg[key])
+  cfg = {**SYNTHETIC_OPTIONAL, **cfg}
+  if cfg["task"] not in SYNTHETIC_TASKS:
+    raise ConfigError("data.synthetic.task", f"unknown task {cfg['task']!r}; allowed: "
+                      f"{', '.join(SYNTHETIC_TASKS)}")
+  margin, noise = cfg["margin"], cfg["label_noise"]
+  if not (is_finite_number(margin) and 0 <= margin <= MAX_WEAK_SUM_MARGIN):
+    raise ConfigError("data.synthetic.margin", f"must be a number in [0, "
+                      f"{MAX_WEAK_SUM_MARGIN}] (|sum of scores| / sqrt(content words)), "
+                      f"got {margin!r}")
+  if not (is_finite_number(noise) and 0 <= noise < 0.5):
+    raise ConfigError("data.synthetic.label_noise", f"must be a probability in [0, 0.5), "
+                      f"got {noise!r}")
+  if cfg["task"] == "polarity":
+    for key in ("margin", "label_noise"):
+      if cfg[key] != SYNTHETIC_OPTIONAL[key]:
+        raise ConfigError(f"data.synthetic.{key}", f"only used by task 'weak_sum', set to "
+                          f"{cfg[key]!r} with task 'polarity'; leave it at "
+                          f"{SYNTHETIC_OPTIONAL[key]!r} or set data.synthetic.task='weak_sum'")
   return cfg
 
 
@@ -400,7 +545,9 @@ def _raw_ids(dc, role: str, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
     n = cfg["num_train"] if role == "train" else cfg["num_test"]
     ids, labels = synthetic_language(n, seed, stream=splits.ROLES.index(role),
                                      max_clauses=cfg["max_clauses"],
-                                     max_length=int(dc["max_length"]))
+                                     max_length=int(dc["max_length"]), task=cfg["task"],
+                                     margin=float(cfg["margin"]),
+                                     label_noise=float(cfg["label_noise"]))
     return ids, labels, SYNTHETIC_VOCAB
   tok = glue_tokenizer(dc)
   first, second, labels = _read_glue(name, splits.resolve_data_dir(dc), dc[f"{role}_split"])

@@ -85,6 +85,20 @@ DEFAULT_MEMORY_BUDGET_BYTES = 256 * 2**20
 # sizes the chunks: measured 65-110 for a small ViT (28x28x1, patch 4, width
 # 128, 6 layers, float32; docs/benchmarks.md memory table), rounded up.
 FORWARD_BYTES_PER_INPUT_BYTE = 128
+# How a study's sigma is read: "absolute", as given (the paper's); "token_rms", in units of
+# the root-mean-square coordinate of the clean tokens the noise is added to (pixels of the
+# patches, or text embeddings), i.e. as a noise-to-signal ratio, so one sigma means the
+# same relative noise for every model and dataset (GPT-2's un-normalised embeddings are far
+# smaller than LayerNorm outputs, so one absolute sigma is a much stronger noise for it).
+NOISE_SCALES = ("absolute", "token_rms")
+
+
+def noise_multiplier(noise_scale: str, token_rms: float) -> float:
+  """The factor a study's sigma is multiplied by (`NOISE_SCALES`): 1 for "absolute",
+  `token_rms` (the RMS coordinate of the clean tokens) for "token_rms"."""
+  if noise_scale not in NOISE_SCALES:
+    raise ValueError(f"unknown noise_scale {noise_scale!r}; allowed: {', '.join(NOISE_SCALES)}")
+  return float(token_rms) if noise_scale == "token_rms" else 1.0
 
 
 # ----------------------------------------------------------------------------

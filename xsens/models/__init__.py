@@ -8,7 +8,8 @@ outputs via `model.apply(variables, x, train=False)`:
 
   name                               inputs (per example)         outputs
   vit, resnet18, densenet, convmixer,
-  mlp, cnn, bit_resnet, reuse_vit    float32 images (H, W, C)      logits [B, num_classes]
+  mlp, cnn, bit_resnet, reuse_vit,
+  convnext                           float32 images (H, W, C)      logits [B, num_classes]
   roberta, gpt2, lstm                int32 token ids (L,)          logits [B, num_classes]
   grokking_transformer               int32 ids "a b =" (3,)        logits [B, num_classes]
   one_layer_attention, token_mlp     float32 tokens (n, d)         outputs [B, num_classes]
@@ -36,6 +37,7 @@ from xsens.models import pretrained as pretrained_lib
 from xsens.models.bit import BiTResNet
 from xsens.models.cnn import CNN
 from xsens.models.convmixer import ConvMixer
+from xsens.models.convnext import ConvNeXt
 from xsens.models.densenet import DenseNet
 from xsens.models.grokking_transformer import GrokkingTransformer
 from xsens.models.mlp import MLP
@@ -143,7 +145,8 @@ class ModelEntry:
   def load_pretrained(self, path: Union[str, os.PathLike], model: nn.Module,
                       input_shape: Sequence[int], *, reinit_head: bool = False,
                       key: Optional[jax.Array] = None) -> dict[str, Any]:
-    """Variables {"params": ...} for `model` from the checkpoint `.npz` at `path`.
+    """Variables {"params": ...} for `model` from the checkpoint file at `path` (the
+    release's `.npz` or `.safetensors`).
 
     Args:
       path: a local file of this entry's release (`pretrained.name`).
@@ -175,6 +178,8 @@ REGISTRY: dict[str, ModelEntry] = {e.name: e for e in (
     ModelEntry("cnn", CNN),
     ModelEntry("bit_resnet", BiTResNet, pretrained=pretrained_lib.BIG_TRANSFER),
     ModelEntry("reuse_vit", ReuseViT),
+    # ConvNeXt (presets in xsens.models.convnext.PRESETS); loads timm .safetensors.
+    ModelEntry("convnext", ConvNeXt, pretrained=pretrained_lib.TIMM_CONVNEXT),
     # Text classifiers on int32 token ids [B, L] (xsens.models.text).
     *_TEXT,
     # The grokking study's one-block transformer on ids "a b =" [B, 3].
@@ -237,7 +242,7 @@ def get_model(name: str, num_classes: int, input_shape: Optional[Sequence[int]] 
   return get_entry(name).build(num_classes, input_shape, **kwargs)
 
 
-__all__ = ["BiTResNet", "CNN", "ConvMixer", "DenseNet", "GrokkingTransformer", "MLP",
+__all__ = ["BiTResNet", "CNN", "ConvMixer", "ConvNeXt", "DenseNet", "GrokkingTransformer", "MLP",
            "MODELS", "ModelEntry", "OneLayerAttention", "OneLayerViT", "REGISTRY",
            "ResNet18", "ReuseViT", "TEXT_MODELS", "TokenMLP", "TwoLayerCNN", "ViT",
            "config_fields", "get_entry", "get_model", "pretrained_formats"]

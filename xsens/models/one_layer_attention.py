@@ -20,7 +20,7 @@ the model's apply as apply_fn and the tokens as inputs.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import ClassVar, Optional
 
 import flax.linen as nn
 import jax
@@ -35,6 +35,7 @@ class OneLayerAttention(nn.Module):
   num_outputs: int
   qk_dim: Optional[int] = None   # None: d.
   v_dim: Optional[int] = None    # None: d.
+  uniform_attention: ClassVar[bool] = False   # `UniformAttention` (not a config field).
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on tokens of per-example shape (n, d)."""
@@ -52,10 +53,18 @@ class OneLayerAttention(nn.Module):
     q = nn.Dense(dk, use_bias=False, name="w_q")(x)
     k = nn.Dense(dk, use_bias=False, name="w_k")(x)
     a = jax.nn.softmax(jnp.einsum("bqc,bkc->bqk", q, k) / math.sqrt(dk), axis=-1)
+    if self.uniform_attention:
+      a = jnp.full_like(a, 1.0 / a.shape[-1])
     self.sow("intermediates", "attention", a)                      # [B, n, n]
     v = nn.Dense(self.v_dim or d, use_bias=False, name="w_v")(x)
     pooled = jnp.einsum("bqk,bkc->bqc", a, v).mean(axis=1)          # mean over rows
     return nn.Dense(self.num_outputs, use_bias=False, name="u")(pooled).astype(jnp.float32)
+
+
+class UniformAttention(OneLayerAttention):
+  """`OneLayerAttention` with the softmax map replaced by the uniform one (every entry 1/n):
+  an ablation applied to trained weights (same params; W_Q and W_K are then unused)."""
+  uniform_attention: ClassVar[bool] = True
 
 
 class TokenMLP(nn.Module):
@@ -76,3 +85,19 @@ class TokenMLP(nn.Module):
     for i, h in enumerate(self.hidden_dims):
       x = nn.relu(nn.Dense(h, name=f"hidden_{i}")(x))
     return nn.Dense(self.num_outputs, name="head")(x).astype(jnp.float32)
+
+
+def token_mlp_num_params(input_dim: int, hidden_dims, num_outputs: int) -> int:
+  """Parameters of `TokenMLP` on flattened inputs of `input_dim` (weights and biases)."""
+  dims = [input_dim, *hidden_dims, num_outputs]
+  return sum((a + 1) * b for a, b in zip(dims[:-1], dims[1:]))
+
+
+def matched_mlp_width(input_dim: int, num_outputs: int, num_params: int) -> int:
+  """The hidden width h >= 1 of a one-hidden-layer `TokenMLP` whose parameter count
+  (input_dim + 1) h + (h + 1) num_outputs is closest to `num_params` (ties: the smaller)."""
+  per_unit = input_dim + 1 + num_outputs
+  h = max(1, (num_params - num_outputs) // per_unit)
+  cands = [c for c in (h, h + 1) if c >= 1]
+  return min(cands, key=lambda c: (abs(token_mlp_num_params(input_dim, (c,), num_outputs)
+                                       - num_params), c))

@@ -5,8 +5,13 @@ BiT ResNet-v2 (Kolesnikov et al. 2020, arXiv 1912.11370; the
 google-research/big_transfer release, keys `resnet/...`): `load_bit`,
 `bit_params_from_checkpoint`, `bit_config_from_checkpoint`; see
 `xsens.models.bit` for the name map.
-`VIT_JAX` and `BIG_TRANSFER` bundle each release's two functions as a `Format`: the
-`pretrained` of the registry entries "vit" and "bit_resnet" (`xsens.models.REGISTRY`).
+ConvNeXt (Liu et al. 2022, arXiv 2201.03545; the timm / Hugging Face `safetensors`
+release, e.g. timm/convnext_tiny.fb_in1k `model.safetensors`, keys `stem.0.weight`, ...):
+`load_convnext`, `convnext_params_from_checkpoint`, `convnext_config_from_checkpoint`;
+read with `safetensors.numpy` (no PyTorch).
+`VIT_JAX`, `BIG_TRANSFER` and `TIMM_CONVNEXT` bundle each release's reader and two
+functions as a `Format`: the `pretrained` of the registry entries "vit", "bit_resnet" and
+"convnext" (`xsens.models.REGISTRY`).
 
 ViT (Dosovitskiy et al. 2021, "An Image is Worth 16x16 Words", arXiv
 2010.11929): the google-research/vision_transformer release (`vit_jax`) stores
@@ -56,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.models import bit as bit_lib
+from xsens.models import convnext as convnext_lib
 from xsens.models import vit as vit_lib
 
 Checkpoint = Mapping[str, np.ndarray]
@@ -81,6 +87,13 @@ _POSEMB = "Transformer/posembed_input/pos_embedding"
 
 class CheckpointError(ValueError):
   """A checkpoint does not fit the model: missing, unexpected or misshaped keys."""
+
+
+def one_line(error: Exception, limit: int = 400) -> str:
+  """`error`'s message on one line (whitespace collapsed), cut to `limit` characters, for
+  a one-line ConfigError."""
+  text = " ".join(str(error).split()) or type(error).__name__
+  return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def read_npz(path: Union[str, os.PathLike]) -> dict[str, np.ndarray]:
@@ -288,6 +301,9 @@ def vit_params_from_checkpoint(checkpoint: Checkpoint, model: vit_lib.ViT,
   """
   if not isinstance(model, vit_lib.ViT):
     raise TypeError(f"model must be an xsens ViT, got {type(model).__name__}.")
+  if model.tokenizer != "patch" or model.attention != "mha":
+    raise CheckpointError("vit_jax checkpoints hold the plain ViT; build the model with "
+                          "tokenizer='patch' and attention='mha'.")
   if model.posemb != "learned":
     raise CheckpointError("vit_jax checkpoints hold a learned position embedding; "
                           "build the model with posemb='learned'.")
@@ -432,6 +448,176 @@ def load_bit(path: Union[str, os.PathLike], model: bit_lib.BiTResNet,
 
 
 # ----------------------------------------------------------------------------
+# ConvNeXt (timm / Hugging Face `model.safetensors`).
+# ----------------------------------------------------------------------------
+#
+# timm `timm/models/convnext.py` (huggingface/pytorch-image-models), PyTorch layouts:
+#
+#   stem.0.weight [D0, C, p, p] (Conv2d OIHW) / .bias    -> stem_conv/kernel [p, p, C, D0] (HWIO)
+#   stem.1.weight / .bias        (LayerNorm2d)           -> stem_norm/scale / bias
+#   stages.i.downsample.0.weight / .bias (LayerNorm2d)   -> stage{i}_downsample_norm/...
+#   stages.i.downsample.1.weight [Di, Di-1, 2, 2] / .bias -> stage{i}_downsample_conv/...
+#   stages.i.blocks.j.conv_dw.weight [D, 1, k, k] / .bias -> stage{i}_block{j}/conv_dw/
+#                                                            kernel [k, k, 1, D] (depthwise)
+#   stages.i.blocks.j.norm.weight / .bias (LayerNorm)     -> .../norm/scale / bias
+#   stages.i.blocks.j.mlp.fc1.weight [4D, D] (Linear)     -> .../fc1/kernel [D, 4D]; .bias
+#   stages.i.blocks.j.mlp.fc2.weight [D, 4D]              -> .../fc2/kernel [4D, D]; .bias
+#   stages.i.blocks.j.gamma [D]  (layer scale)            -> .../gamma
+#   head.norm.weight / .bias     (LayerNorm2d)            -> head_norm/scale / bias
+#   head.fc.weight [K, D] / .bias                         -> head/kernel [D, K] / bias
+#
+# (stage 0 has no downsample; timm's LayerNorm / LayerNorm2d use epsilon 1e-6, as
+# `xsens.models.convnext` does.) The model computes timm's function: its inputs are images
+# normalised with the ImageNet mean (0.485, 0.456, 0.406) and std (0.229, 0.224, 0.225).
+
+_CONV_OIHW = (2, 3, 1, 0)   # OIHW -> HWIO
+_LINEAR = (1, 0)            # [out, in] -> [in, out]
+_CONVNEXT_RULES = (
+    (r"stem\.0\.weight", r"stem_conv/kernel", _CONV_OIHW),
+    (r"stem\.0\.bias", r"stem_conv/bias", None),
+    (r"stem\.1\.weight", r"stem_norm/scale", None),
+    (r"stem\.1\.bias", r"stem_norm/bias", None),
+    (r"stages\.(\d+)\.downsample\.0\.weight", r"stage\1_downsample_norm/scale", None),
+    (r"stages\.(\d+)\.downsample\.0\.bias", r"stage\1_downsample_norm/bias", None),
+    (r"stages\.(\d+)\.downsample\.1\.weight", r"stage\1_downsample_conv/kernel", _CONV_OIHW),
+    (r"stages\.(\d+)\.downsample\.1\.bias", r"stage\1_downsample_conv/bias", None),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.conv_dw\.weight", r"stage\1_block\2/conv_dw/kernel",
+     _CONV_OIHW),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.conv_dw\.bias", r"stage\1_block\2/conv_dw/bias", None),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.norm\.weight", r"stage\1_block\2/norm/scale", None),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.norm\.bias", r"stage\1_block\2/norm/bias", None),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.mlp\.(fc[12])\.weight", r"stage\1_block\2/\3/kernel",
+     _LINEAR),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.mlp\.(fc[12])\.bias", r"stage\1_block\2/\3/bias", None),
+    (r"stages\.(\d+)\.blocks\.(\d+)\.gamma", r"stage\1_block\2/gamma", None),
+    (r"head\.norm\.weight", r"head_norm/scale", None),
+    (r"head\.norm\.bias", r"head_norm/bias", None),
+    (r"head\.fc\.weight", r"head/kernel", _LINEAR),
+    (r"head\.fc\.bias", r"head/bias", None),
+)
+# ImageNet mean / std of the timm ConvNeXt weights' inputs ([0, 1] pixels).
+CONVNEXT_MEAN = (0.485, 0.456, 0.406)
+CONVNEXT_STD = (0.229, 0.224, 0.225)
+
+
+def read_safetensors(path: Union[str, os.PathLike]) -> dict[str, np.ndarray]:
+  """Reads a `.safetensors` file into {key: array} with `safetensors.numpy` (no PyTorch).
+
+  Raises:
+    ValueError: for a file that is not a safetensors file (or holds a dtype NumPy lacks,
+      e.g. bfloat16).
+  """
+  from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
+  try:
+    return {k: np.asarray(v) for k, v in st_numpy.load_file(os.fspath(path)).items()}
+  except OSError:
+    raise
+  except Exception as e:  # safetensors raises its own SafetensorError for a bad header.
+    raise ValueError(f"not a safetensors file: {str(e).splitlines()[0] if str(e) else e!r}"
+                     ) from None
+
+
+def convnext_config_from_checkpoint(checkpoint: Checkpoint) -> dict[str, Any]:
+  """ConvNeXt fields implied by a timm ConvNeXt checkpoint.
+
+  Returns:
+    dict(num_classes, depths, dims, patch_size, kernel_size, mlp_ratio, layer_scale_init)
+    for `xsens.models.ConvNeXt(**config)`; e.g. convnext_tiny gives depths=(3, 3, 9, 3),
+    dims=(96, 192, 384, 768), patch_size=4, kernel_size=7, mlp_ratio=4. layer_scale_init
+    is None when the checkpoint has no `gamma`.
+  """
+  try:
+    stem = checkpoint["stem.0.weight"]
+    head = checkpoint["head.fc.weight"]
+  except KeyError as e:
+    raise CheckpointError(f"not a timm ConvNeXt checkpoint: no key {e}") from None
+  blocks: dict[int, set[int]] = {}
+  for k in checkpoint:
+    if m := re.match(r"stages\.(\d+)\.blocks\.(\d+)\.", k):
+      blocks.setdefault(int(m.group(1)), set()).add(int(m.group(2)))
+  if not blocks or sorted(blocks) != list(range(len(blocks))):
+    raise CheckpointError("not a timm ConvNeXt checkpoint: no stages.<i>.blocks.<j> keys "
+                          "numbered from 0")
+  try:
+    dims = tuple(int(checkpoint[f"stages.{i}.blocks.0.conv_dw.weight"].shape[0])
+                 for i in range(len(blocks)))
+    dw = checkpoint["stages.0.blocks.0.conv_dw.weight"]
+    fc1 = checkpoint["stages.0.blocks.0.mlp.fc1.weight"]
+  except KeyError as e:
+    raise CheckpointError(f"not a timm ConvNeXt checkpoint: no key {e}") from None
+  return dict(num_classes=int(head.shape[0]),
+              depths=tuple(len(blocks[i]) for i in range(len(blocks))), dims=dims,
+              patch_size=int(stem.shape[-1]), kernel_size=int(dw.shape[-1]),
+              mlp_ratio=int(fc1.shape[0]) // dims[0],
+              layer_scale_init=(1e-6 if "stages.0.blocks.0.gamma" in checkpoint else None))
+
+
+def convnext_params_from_checkpoint(checkpoint: Checkpoint, model: convnext_lib.ConvNeXt,
+                                    image_shape: tuple[int, int, int] = (224, 224, 3), *,
+                                    reinit_head: bool = False,
+                                    key: Optional[jax.Array] = None) -> dict[str, Any]:
+  """Maps a timm ConvNeXt checkpoint onto `model`'s parameter tree (layouts above).
+
+  Args:
+    checkpoint: {timm key: array}, e.g. from `read_safetensors`.
+    model: an `xsens.models.ConvNeXt` matching the checkpoint (see
+      `convnext_config_from_checkpoint`); its num_classes may differ only with
+      reinit_head=True.
+    image_shape: (H, W, C) to trace the model's shapes with (they do not depend on it).
+    reinit_head: replace the head Dense by a fresh one of model.num_classes outputs
+      (zeros, or xsens's initialiser under `key`); the head LayerNorm is kept.
+    key: PRNG key for the fresh head; None gives zeros.
+
+  Returns:
+    Nested dict of jnp float32 arrays: `{"params": this}` applies to `model`.
+
+  Raises:
+    CheckpointError: listing every missing, unexpected and misshaped key.
+  """
+  if not isinstance(model, convnext_lib.ConvNeXt):
+    raise TypeError(f"model must be an xsens ConvNeXt, got {type(model).__name__}.")
+  model.check_input(image_shape)
+  target = _target_shapes(model, image_shape)
+  loaded, source, unexpected = {}, {}, []
+  for name, value in checkpoint.items():
+    if reinit_head and name in ("head.fc.weight", "head.fc.bias"):
+      continue
+    for pattern, repl, axes in _CONVNEXT_RULES:
+      if re.fullmatch(pattern, name):
+        path = re.sub(pattern, repl, name)
+        value = np.asarray(value)
+        if axes is not None and value.ndim == len(axes):
+          value = np.transpose(value, axes)
+        loaded[path], source[path] = value, name
+        break
+    else:
+      unexpected.append(name)
+  if reinit_head:
+    loaded.update(_head(key, model.dims[-1], model.num_classes))
+  return _finish(loaded, source, unexpected, target)
+
+
+def load_convnext(path: Union[str, os.PathLike], model: convnext_lib.ConvNeXt,
+                  image_shape: tuple[int, int, int] = (224, 224, 3), *,
+                  reinit_head: bool = False,
+                  key: Optional[jax.Array] = None) -> dict[str, Any]:
+  """Reads a timm ConvNeXt `.safetensors` and returns variables {"params": ...}.
+
+  Example (timm/convnext_tiny.fb_in1k on the Hugging Face hub, `model.safetensors`):
+
+    ckpt = read_safetensors("model.safetensors")
+    model = ConvNeXt(**convnext_config_from_checkpoint(ckpt))
+    variables = load_convnext("model.safetensors", model)
+    # images: [0, 1] pixels normalised by CONVNEXT_MEAN / CONVNEXT_STD.
+
+  See `convnext_params_from_checkpoint` for the arguments.
+  """
+  params = convnext_params_from_checkpoint(read_safetensors(path), model, image_shape,
+                                           reinit_head=reinit_head, key=key)
+  return {"params": params}
+
+
+# ----------------------------------------------------------------------------
 # Checkpoint formats, as the registry entries hold them.
 # ----------------------------------------------------------------------------
 
@@ -446,18 +632,39 @@ class Format:
       (num_classes included), e.g. `vit_config_from_checkpoint`.
     params_from_checkpoint: (checkpoint, model, input_shape, *, reinit_head, key)
       -> the params tree, e.g. `vit_params_from_checkpoint`; raises CheckpointError.
+    read: path -> {key: array} (`read_npz`, `read_safetensors`); raises OSError or
+      ValueError for a file it cannot read.
+    suffix: the release's file type, for messages (".npz", ".safetensors").
+    input_normalization: how the release's models expect [0, 1] pixels: "half"
+      ((x - 0.5) / 0.5, vit_jax and big_transfer) or "imagenet" ((x - CONVNEXT_MEAN) /
+      CONVNEXT_STD per channel, timm); see `normalize_input`.
   """
   name: str
   config_from_checkpoint: Callable[[Checkpoint], dict[str, Any]]
   params_from_checkpoint: Callable[..., dict[str, Any]]
+  read: Callable[[Union[str, os.PathLike]], dict[str, np.ndarray]] = read_npz
+  suffix: str = ".npz"
+  input_normalization: str = "half"
 
   def load(self, path: Union[str, os.PathLike], model: nn.Module, input_shape, *,
            reinit_head: bool = False, key: Optional[jax.Array] = None) -> dict[str, Any]:
-    """Reads the `.npz` at `path`: variables {"params": ...} for `model` on `input_shape`."""
-    params = self.params_from_checkpoint(read_npz(path), model, input_shape,
+    """Reads the file at `path`: variables {"params": ...} for `model` on `input_shape`."""
+    params = self.params_from_checkpoint(self.read(path), model, input_shape,
                                          reinit_head=reinit_head, key=key)
     return {"params": params}
 
 
 VIT_JAX = Format("vit_jax", vit_config_from_checkpoint, vit_params_from_checkpoint)
 BIG_TRANSFER = Format("big_transfer", bit_config_from_checkpoint, bit_params_from_checkpoint)
+TIMM_CONVNEXT = Format("timm_convnext", convnext_config_from_checkpoint,
+                       convnext_params_from_checkpoint, read=read_safetensors,
+                       suffix=".safetensors", input_normalization="imagenet")
+INPUT_NORMALIZATIONS = {"half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+                        "imagenet": (CONVNEXT_MEAN, CONVNEXT_STD)}
+
+
+def normalize_input(x, normalization: str):
+  """[0, 1] RGB pixels [..., 3] -> a release's model inputs: (x - mean) / std per channel
+  (`INPUT_NORMALIZATIONS`; "half" is [-1, 1])."""
+  mean, std = INPUT_NORMALIZATIONS[normalization]
+  return (x - jnp.asarray(mean, x.dtype)) / jnp.asarray(std, x.dtype)

@@ -141,6 +141,9 @@ class ReuseViT(ViT):
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
     super().check_input(image_shape)
+    if self.attention != "mha":
+      raise ConfigError("model.attention", f"{self.attention!r} is not built for the "
+                        "reuse ViT (its attention is ReuseAttention); use 'mha'")
     p, k = self.reuse_heads, self.reuse_layers
     if not _checks._is_int(p) or not -1 <= p <= self.num_heads:  # pylint: disable=protected-access
       raise ConfigError(

@@ -20,6 +20,12 @@ mask is `ids != PAD_ID` (`padding_mask`). Every model exposes the token interfac
   embedding sum, before the first block's ln_1.
 - `lstm`: embedding -> LayerNorm | noise | LSTM layers.
 
+A second placement, before the embedding LayerNorm (our variant; spec §2.3 says the
+paper's is after it), is exposed the same way by `embed_pre_norm` / `encode_pre_norm`
+(`encode_pre_norm(embed_pre_norm(ids), mask) == __call__(ids)`): RoBERTa's word +
+position embedding sum, the LSTM's raw embedding; GPT-2 has no embedding LayerNorm, so its
+two placements coincide (`embed_pre_norm` is `embed`).
+
 Our design choices where the paper is silent (not confirmed from the paper):
 - position ids are 0..L-1 (HF RoBERTa offsets them by padding_idx + 1 = 2; this only
   relabels rows of the position table) and RoBERTa's single token-type embedding (a
@@ -182,8 +188,17 @@ class RoBERTa(nn.Module):
   def embed(self, ids, train: bool = False):
     """ids [B, L] -> tokens [B, L, D]: LayerNorm(word + position embeddings)."""
     del train
+    return self.embedding_norm(self.embed_pre_norm(ids))
+
+  def embed_pre_norm(self, ids, train: bool = False):
+    """ids [B, L] -> word + position embeddings [B, L, D], before the LayerNorm."""
+    del train
     positions = jnp.arange(ids.shape[1])
-    return self.embedding_norm(self.word_embeddings(ids) + self.position_embeddings(positions))
+    return self.word_embeddings(ids) + self.position_embeddings(positions)
+
+  def encode_pre_norm(self, tokens, mask, train: bool = False):
+    """`encode` of the embedding LayerNorm of `tokens` (from `embed_pre_norm`)."""
+    return self.encode(self.embedding_norm(tokens), mask, train)
 
   def hidden_states(self, tokens, mask, train: bool = False):
     """tokens [B, L, D], mask [B, L] -> last layer's hidden states [B, L, D]."""
@@ -260,6 +275,14 @@ class GPT2(nn.Module):
     del train
     return self.wte(ids) + self.wpe(jnp.arange(ids.shape[1]))
 
+  def embed_pre_norm(self, ids, train: bool = False):
+    """= `embed`: GPT-2 has no embedding LayerNorm, so both noise placements coincide."""
+    return self.embed(ids, train)
+
+  def encode_pre_norm(self, tokens, mask, train: bool = False):
+    """= `encode` (see `embed_pre_norm`)."""
+    return self.encode(tokens, mask, train)
+
   def hidden_states(self, tokens, mask, train: bool = False):
     """tokens [B, L, D], mask [B, L] -> ln_f(blocks(tokens)) [B, L, D]; causal."""
     x = self.dropout(tokens, deterministic=not train)
@@ -330,6 +353,15 @@ class LSTM(nn.Module):
   nn.LSTM(dropout=) does). The head reads the hidden state after the last valid token.
 
   Parameters: V*D + 2D + sum_l 4H*(in_l + H + 2) + H*K + K, in_0 = D, in_l = H.
+
+  `official_frozen=True` is the official code as released (spec §8 defect 5: its
+  optimiser gets only the LSTM parameters): the embedding, the LayerNorm and the head stay
+  at their initial values, only the LSTM layers train. Here the LayerNorm has no scale
+  and bias (its initial values, 1 and 0) and the embedding table and the head get no
+  gradient (`jax.lax.stop_gradient`); decoupled AdamW weight decay still multiplies those
+  two by (1 - lr * wd) per step (0.985 after 1,500 steps at lr 1e-3, wd 0.01): the
+  LayerNorm removes that scale from the embedding exactly, and on the head it rescales
+  the logits uniformly (the argmax, and so every flip, is unchanged).
   """
   num_classes: int
   vocab_size: int = 8192
@@ -337,6 +369,7 @@ class LSTM(nn.Module):
   hidden_dim: int = 256
   depth: int = 4
   dropout_rate: float = 0.1
+  official_frozen: bool = False
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
@@ -344,11 +377,16 @@ class LSTM(nn.Module):
       _checks.positive_int(field, getattr(self, field))
     _check_ids_shape(input_shape, self.num_classes, None)
     _checks.rate("dropout_rate", self.dropout_rate)
+    if not isinstance(self.official_frozen, bool):
+      raise ConfigError("model.official_frozen", f"must be True or False, got "
+                        f"{self.official_frozen!r}")
 
   def setup(self):
     self.embedding = nn.Embed(self.vocab_size, self.width,
                               embedding_init=nn.initializers.normal(1.0))
-    self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS)
+    # Frozen at initialisation: a LayerNorm with scale 1 and bias 0, i.e. none.
+    self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS, use_scale=not self.official_frozen,
+                                       use_bias=not self.official_frozen)
     self.layers = [LSTMLayer(self.hidden_dim) for _ in range(self.depth)]
     self.head = nn.Dense(self.num_classes,
                          kernel_init=_torch_uniform(1.0 / math.sqrt(self.hidden_dim)))
@@ -356,8 +394,19 @@ class LSTM(nn.Module):
 
   def embed(self, ids, train: bool = False):
     """ids [B, L] -> tokens [B, L, D] = LayerNorm(embedding(ids))."""
+    return self.embedding_norm(self.embed_pre_norm(ids, train))
+
+  def embed_pre_norm(self, ids, train: bool = False):
+    """ids [B, L] -> embedding(ids) [B, L, D], before the LayerNorm."""
     del train
-    return self.embedding_norm(self.embedding(ids))
+    if self.official_frozen:
+      table = jax.lax.stop_gradient(self.embedding.embedding)
+      return jnp.take(table, ids, axis=0)
+    return self.embedding(ids)
+
+  def encode_pre_norm(self, tokens, mask, train: bool = False):
+    """`encode` of the LayerNorm of `tokens` (from `embed_pre_norm`)."""
+    return self.encode(self.embedding_norm(tokens), mask, train)
 
   def hidden_states(self, tokens, mask, train: bool = False):
     """tokens [B, L, D], mask [B, L] -> (top layer outputs [B, L, H], last state [B, H])."""
@@ -370,7 +419,12 @@ class LSTM(nn.Module):
 
   def encode(self, tokens, mask, train: bool = False):
     """tokens [B, L, D], mask [B, L] bool -> logits [B, K]."""
-    return self.head(self.hidden_states(tokens, mask, train)[1])
+    h = self.hidden_states(tokens, mask, train)[1]
+    logits = self.head(h)
+    if self.official_frozen:  # The same map, no gradient to the head's parameters.
+      p = jax.tree.map(jax.lax.stop_gradient, self.head.variables["params"])
+      logits = h @ p["kernel"] + p["bias"]
+    return logits
 
   def __call__(self, ids, train: bool = False):
     return self.encode(self.embed(ids, train), padding_mask(ids), train)

@@ -19,7 +19,35 @@ The parameter names follow google-research/vision_transformer (Dosovitskiy et
 al. 2021, "An Image is Worth 16x16 Words", arXiv 2010.11929) where they can;
 `xsens.models.pretrained` maps its `.npz` checkpoints onto this tree. LayerNorm
 uses flax's default epsilon 1e-6, as vit_jax does.
+
+Small-dataset options (Lee, Lee, Song 2021, "Vision Transformer for Small-Size
+Datasets", arXiv 2112.13492; the ViT of the official sensitivity code,
+estija/sensitivity `cifar/cifar_sens.py`, model 'vit'). Both are off by default, and
+the default ViT's parameter tree and numbers do not change:
+
+- `tokenizer="spt"`, Shifted Patch Tokenization: the image is concatenated on the
+  channel axis with 4 zero-filled shifted copies of itself, [x, lu, ru, lb, rb] (5C
+  channels), cut into the same grid-aligned p x p patches, and each patch
+  (flattened row, column, channel) goes through LayerNorm then a Dense to `width`
+  (params `spt_norm`, `spt_embedding` in place of the conv `embedding`).
+  `spt_shifts="diagonal"` (the paper's; aanna0701/SPT_LSA_ViT `PatchShifting`)
+  shifts by p // 2 pixels diagonally, copy lu holding x[i - s, j - s] at (i, j),
+  ru x[i - s, j + s], lb x[i + s, j - s], rb x[i + s, j + s]; "axis" shifts by one
+  pixel right, left, down and up (lucidrains/vit-pytorch `vit_for_small_dataset.py`,
+  the SPT most ports of it copy). What a "token" is for the token-wise sensitivity
+  (`xsens.measures.sensitivity`, `xsens.measures.tokens`): still the p x p pixel
+  patch of the unshifted image. The noise goes into those pixels and the model
+  computes its shifted copies from the noised image, so noise in patch i also
+  reaches the neighbouring tokens through their shifted channels, as it would in
+  the PyTorch model.
+- `attention="lsa"`, Locality Self-Attention: each block's attention logits are
+  scaled by exp(tau) instead of 1/sqrt(head_dim), tau a learnable scalar per block
+  (param `lsa_temperature`, initialised to log(head_dim ** -0.5), so the first
+  forward equals plain attention but for the mask), and each token's logit to itself
+  (the diagonal, the CLS token included) is masked out before the softmax.
 """
+
+import functools
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -30,6 +58,9 @@ from xsens.models import _checks
 
 POOLINGS = ("cls", "mean")
 POSEMBS = ("learned", "sincos")
+TOKENIZERS = ("patch", "spt")
+SPT_SHIFTS = ("diagonal", "axis")
+ATTENTIONS = ("mha", "lsa")
 SKIP_PARTS = ("block", "attention", "mlp")
 
 
@@ -87,6 +118,51 @@ def posemb_sincos_2d(h: int, w: int, width: int,
   return jnp.asarray(pe, jnp.float32)[None]
 
 
+def shift_image(x: jnp.ndarray, dy: int, dx: int) -> jnp.ndarray:
+  """[B, H, W, C] moved by (dy, dx) pixels, zero-filled: out[i, j] = x[i - dy, j - dx]."""
+  h, w = x.shape[1:3]
+  x = jnp.pad(x, ((0, 0), (max(dy, 0), max(-dy, 0)), (max(dx, 0), max(-dx, 0)), (0, 0)))
+  top, left = max(-dy, 0), max(-dx, 0)
+  return x[:, top:top + h, left:left + w]
+
+
+def spt_offsets(patch_size: int, shifts: str) -> tuple[tuple[int, int], ...]:
+  """The (dy, dx) of SPT's 4 shifted copies, in concatenation order (module docstring)."""
+  if shifts == "diagonal":
+    s = patch_size // 2
+    return ((s, s), (s, -s), (-s, s), (-s, -s))     # lu, ru, lb, rb
+  return ((0, 1), (0, -1), (1, 0), (-1, 0))         # F.pad (1, -1, 0, 0), ... in order
+
+
+def shifted_patches(images: jnp.ndarray, patch_size: int, shifts: str) -> jnp.ndarray:
+  """SPT's input: [B, H, W, C] -> [B, (H/p)(W/p), p*p*5C], patches row-major, each
+  flattened (row, column, channel) over the channels [x, 4 shifted copies]."""
+  x = jnp.concatenate([images] + [shift_image(images, dy, dx)
+                                  for dy, dx in spt_offsets(patch_size, shifts)], axis=-1)
+  b, h, w, c = x.shape
+  p = patch_size
+  x = x.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+def lsa_attention(query, key, value, mask=None, dropout_rng=None, dropout_rate=0.,
+                  broadcast_dropout=True, deterministic=True, dtype=None, precision=None,
+                  module=None, *, log_scale):
+  """Locality self-attention as a flax `attention_fn`: logits q·k·exp(log_scale), the
+  diagonal (each token to itself) masked, softmax, weights · v. Sows the weights as
+  `attention_weights` when flax passes `module` (sow_weights=True)."""
+  head_dim = query.shape[-1]
+  # dot_product_attention divides q by sqrt(head_dim); undo it and apply exp(tau).
+  query = query * (jnp.exp(log_scale) * jnp.sqrt(head_dim)).astype(query.dtype)
+  t = query.shape[-3]
+  off_diagonal = ~jnp.eye(t, key.shape[-3], dtype=bool)[None, None]
+  mask = off_diagonal if mask is None else jnp.logical_and(mask, off_diagonal)
+  return nn.dot_product_attention(
+      query, key, value, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
+      broadcast_dropout=broadcast_dropout, deterministic=deterministic, dtype=dtype,
+      precision=precision, module=module)
+
+
 class MlpBlock(nn.Module):
   """Dense(mlp_dim) -> GELU -> Dropout -> Dense(width) -> Dropout."""
   mlp_dim: int
@@ -113,14 +189,21 @@ class EncoderBlock(nn.Module):
   dropout_rate: float = 0.0
   skip_attention: bool = False
   skip_mlp: bool = False
+  attention: str = "mha"   # "lsa": locality self-attention (module docstring).
 
   @nn.compact
   def __call__(self, x, train: bool):
     # Explicit names equal flax's automatic ones, so skipping a branch never
     # renames the modules after it.
     ln_0 = nn.LayerNorm(name="LayerNorm_0")
+    kwargs = {}
+    if self.attention == "lsa":
+      head_dim = x.shape[-1] // self.num_heads
+      tau = self.param("lsa_temperature", nn.initializers.constant(
+          float(np.log(head_dim ** -0.5))), (), jnp.float32)
+      kwargs["attention_fn"] = functools.partial(lsa_attention, log_scale=tau)
     attention = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads, name="MultiHeadDotProductAttention_0")
+        num_heads=self.num_heads, name="MultiHeadDotProductAttention_0", **kwargs)
     ln_1 = nn.LayerNorm(name="LayerNorm_1")
     mlp = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_0")
     init = self.is_initializing()
@@ -139,14 +222,21 @@ class EncoderBlock(nn.Module):
 def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
   """The ViT stem, run inside `vit`'s compact `__call__` (params land in its scope).
 
-  Patch embedding (a p×p conv with stride p, so one pixel patch is one token), learned or
+  Patch embedding (a p×p conv with stride p, so one pixel patch is one token; or, for
+  `tokenizer == "spt"`, the shifted patches through LayerNorm and a Dense), learned or
   sin-cos position embedding, then the CLS token when `vit.pooling == "cls"`.
   [B, H, W, C] -> [B, T (+1), width].
   """
   p = vit.patch_size
-  x = nn.Conv(vit.width, (p, p), strides=(p, p), padding="VALID", name="embedding")(images)
-  b, h, w, d = x.shape
-  x = x.reshape(b, h * w, d)
+  if getattr(vit, "tokenizer", "patch") == "spt":
+    x = shifted_patches(images, p, vit.spt_shifts)
+    x = nn.Dense(vit.width, name="spt_embedding")(nn.LayerNorm(name="spt_norm")(x))
+    b, d = x.shape[0], vit.width
+    h, w = images.shape[1] // p, images.shape[2] // p
+  else:
+    x = nn.Conv(vit.width, (p, p), strides=(p, p), padding="VALID", name="embedding")(images)
+    b, h, w, d = x.shape
+    x = x.reshape(b, h * w, d)
   if vit.posemb == "learned":
     x = x + vit.param("pos_embedding", nn.initializers.normal(stddev=0.02),
                       (1, h * w, d), jnp.float32)
@@ -174,6 +264,11 @@ class ViT(nn.Module):
   representation_size: int | None = None
   # (layer, part) residual branches to drop; see the module docstring.
   skip: tuple[tuple[int, str], ...] = ()
+  # Small-dataset options (module docstring): "spt" shifted patch tokens, "lsa"
+  # locality self-attention; the defaults are the plain ViT.
+  tokenizer: str = "patch"
+  spt_shifts: str = "diagonal"
+  attention: str = "mha"
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -194,6 +289,13 @@ class ViT(nn.Module):
     if self.representation_size is not None:
       _checks.positive_int("representation_size", self.representation_size)
     skipped_parts(self.skip, self.depth)
+    _checks.one_of("tokenizer", self.tokenizer, TOKENIZERS)
+    _checks.one_of("spt_shifts", self.spt_shifts, SPT_SHIFTS)
+    _checks.one_of("attention", self.attention, ATTENTIONS)
+    if (self.tokenizer == "spt" and self.spt_shifts == "diagonal"
+        and self.patch_size < 2):
+      raise ConfigError("model.patch_size", "must be >= 2 for tokenizer='spt' with "
+                        "spt_shifts='diagonal' (the shift is patch_size // 2 pixels)")
 
   def removable_layers(self, parts=SKIP_PARTS) -> tuple[tuple[int, str], ...]:
     """Every (layer, part) pair `remove_layers` can drop, layer-major, parts in order."""
@@ -223,7 +325,7 @@ class ViT(nn.Module):
       parts = skipped.get(i, frozenset())
       x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate,
                        skip_attention="attention" in parts,
-                       skip_mlp="mlp" in parts,
+                       skip_mlp="mlp" in parts, attention=self.attention,
                        name=f"encoderblock_{i}")(x, train)
     x = nn.LayerNorm(name="encoder_norm")(x)
 

@@ -11,6 +11,8 @@ STUDIES = {
     "train": "xsens.studies.train_one",
     "compare": "xsens.studies.compare",
     "sensitivity_vision": "xsens.studies.sensitivity_vision",
+    # `sensitivity_vision.py:setup=imagenet`: pretrained models, nothing trained.
+    "sensitivity_imagenet": "xsens.studies.sensitivity_imagenet",
     "robustness": "xsens.studies.robustness",
     "sensitivity_regularization": "xsens.studies.sensitivity_regularization",
     "benign_overfitting": "xsens.studies.benign_overfitting",

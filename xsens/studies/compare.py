@@ -12,8 +12,12 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 
+import math
+
+import numpy as np
+
 from xsens.config_utils import run_config
-from xsens.errors import NOT_CONFIG_FIELDS, ConfigError
+from xsens.errors import NOT_CONFIG_FIELDS, ConfigError, is_int
 from xsens.models.vit import ViT
 from xsens.report import tables
 from xsens.train import trainer
@@ -25,6 +29,76 @@ TABLE_COLUMNS = ("run", "model", "params", "steps", "stop_reason", "train_accura
 
 def run_workdir(workdir: str, name: str) -> str:
   return os.path.join(workdir, "runs", name)
+
+
+# The training seeds that `config.num_seeds` adds: init, mini-batch order and step key.
+TRAINING_SEED_FIELDS = ("init_seed", "order_seed", "augment_seed")
+
+
+def num_seeds(config) -> int:
+  """`config.num_seeds` (absent: 1), refused unless an int >= 1 (ConfigError)."""
+  n = config.get("num_seeds", 1)
+  if not (is_int(n) and n >= 1):
+    raise ConfigError("num_seeds", f"must be an int >= 1 (training seeds per run), got {n!r}")
+  return int(n)
+
+
+def run_ids(config) -> dict[str, tuple[str, int]]:
+  """`{run id: (run name, seed index)}`: every run of `config.runs` once per training seed.
+
+  Seed index 0 is the run as configured (id = its name, workdir `runs/<name>`, so
+  single-seed workdirs keep working); index i > 0 is `<name>_seed<i>`, the same run with
+  every training seed (`TRAINING_SEED_FIELDS`; None means `seed`) shifted by i. `seed`
+  itself, which fixes the data, is kept, so every seed trains and is measured on the same
+  examples.
+  """
+  n = num_seeds(config)
+  ids = {}
+  for name in config.runs:
+    for i in range(n):
+      run_id = name if i == 0 else f"{name}_seed{i}"
+      if run_id in ids or (i and run_id in config.runs):
+        raise ConfigError("num_seeds", f"run {run_id!r} of {n} seeds clashes with the run "
+                          f"named {run_id!r}; rename that run")
+      ids[run_id] = (name, i)
+  return ids
+
+
+def seeded_run_config(config, run_id: str, ids: dict[str, tuple[str, int]]):
+  """The training config of run `run_id` (see `run_ids`): `run_config` of its run with
+  the training seeds shifted by its seed index."""
+  name, i = ids[run_id]
+  cfg = run_config(config, name)
+  if i:
+    for field in TRAINING_SEED_FIELDS:
+      cfg[field] = (cfg.seed if cfg[field] is None else cfg[field]) + i
+  return cfg
+
+
+def mean_and_stderr(values) -> tuple[float, float]:
+  """Mean and standard error (sample std / √n; NaN for n < 2) of finite `values`; NaNs
+  are ignored (NaN mean when none is finite)."""
+  v = np.asarray([x for x in values if x is not None], np.float64)
+  v = v[np.isfinite(v)]
+  if not len(v):
+    return float("nan"), float("nan")
+  se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else float("nan")
+  return float(v.mean()), se
+
+
+def seed_rows(rows: list[dict], ids: dict[str, tuple[str, int]], columns) -> list[dict]:
+  """One row per run of `rows` (one per run id, key "run"): for each of `columns`, the
+  mean over its seeds and `<column> s.e.` their standard error; `seeds` = n."""
+  groups: dict[str, list[dict]] = {}
+  for row in rows:
+    groups.setdefault(ids[row["run"]][0], []).append(row)
+  out = []
+  for name, group in groups.items():
+    agg = {"run": name, "seeds": len(group)}
+    for c in columns:
+      agg[c], agg[f"{c} s.e."] = mean_and_stderr([r.get(c) for r in group])
+    out.append(agg)
+  return out
 
 
 def check_run_workdirs(workdir: str, experiments: dict[str, trainer.Experiment],
@@ -59,7 +133,10 @@ def overrides_field(base: dict, overrides: dict, field: str) -> bool:
 
 def run_field(config, name: str, field: str) -> str:
   """The full config path of `field` of run `name`'s training config: `runs.<name>.<field>`
-  where the run sets it, else `train.<field>` (shared by every run)."""
+  where the run sets it, else `train.<field>` (shared by every run). `name` may be a run
+  id of `run_ids` (`<name>_seed<i>`): the path is that of its run."""
+  if name not in config.runs:
+    name = run_ids(config)[name][0]
   if overrides_field(config.train.to_dict(), config.runs[name].to_dict(), field):
     return f"runs.{name}.{field}"
   return f"train.{field}"
@@ -90,11 +167,14 @@ def validate_runs(config, field_path: FieldPath | None = None
 
   `field_path(run, field)` maps a field of a run's merged training config to the path the
   user sets (default `run_field`: `runs.<run>.<field>` or `train.<field>`).
+  Runs are trained once per seed (`config.num_seeds`, see `run_ids`): the result is keyed
+  by run id.
   """
   experiments = {}
-  for name in config.runs:
+  ids = run_ids(config)
+  for run_id, (name, _) in ids.items():
     with run_errors(config, name, field_path):
-      experiments[name] = trainer.build_experiment(run_config(config, name))
+      experiments[run_id] = trainer.build_experiment(seeded_run_config(config, run_id, ids))
   return experiments
 
 

@@ -260,6 +260,15 @@ def embedding_sensitivity(apply_fn, variables, inputs, *, labels, key, sigma, to
   return out["mean"]
 
 
+def embedding_rms(model, params, ids, positions) -> jax.Array:
+  """Root-mean-square coordinate of the embeddings (token + position) that the
+  sensitivity noise is added to: positions `positions` of every row of `ids` [B, T]. The
+  sensitivity's noise-to-signal ratio is sigma / this (it changes as training shrinks the
+  embeddings)."""
+  tokens = model.apply({"params": params}, ids, method=model.embed)
+  return jnp.sqrt(jnp.mean(jnp.square(tokens[:, list(positions)])))
+
+
 def state_from_params(tx: optax.GradientTransformation, params) -> dict:
   """The training state at step 0 from parameters: {"params", "opt" (fresh), "step"}."""
   return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
@@ -431,6 +440,11 @@ def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> 
   if res.step >= epochs:
     final = jax.device_get(jax.jit(jax.vmap(evaluate, in_axes=(0, 0, 0, None)))(
         res.state["params"], data, noise_keys, jnp.int32(res.step)))
+    rms = jax.jit(jax.vmap(functools.partial(
+        embedding_rms, model, positions=tuple(config.sensitivity.positions))))
+    final["embedding_rms"] = np.asarray(rms(res.state["params"], data["train_ids"]))
+    final["initial_embedding_rms"] = np.asarray(rms(
+        initial_state(config, init_keys)["params"], data["train_ids"]))
   return {"logs": load_logs(workdir, res.step, len(seeds_of(config))), "final": final,
           "wall_s": stats["wall_s"], "compile_s": stats["compile_s"],
           "epochs_done": res.step, "resumed_from": held or 0,
@@ -616,6 +630,10 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       row["final_test_acc"] = float(final["test_accuracy"][s])
       row["final_sens_%"] = 100 * float(final["sensitivity"][s])
       row["final_weight_norm"] = float(final["weight_norm"][s])
+      # σ relative to the noised embeddings' RMS coordinate, at the start and at the end.
+      sigma = float(config.sensitivity.sigma)
+      row["noise_to_signal_initial"] = sigma / float(final["initial_embedding_rms"][s])
+      row["noise_to_signal_final"] = sigma / float(final["embedding_rms"][s])
     rows.append(row)
   wd.write_npz("logs.npz", logs)
   fig = _figure(wd.file("grokking.png"), logs, ev, config)
@@ -628,7 +646,10 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       f"params), no residuals/LayerNorm; AdamW lr {config.optimizer.learning_rate}, weight "
       f"decay {config.optimizer.weight_decay}, full batch, {config.train.epochs} epochs.",
       f"Sensitivity: N(0, {config.sensitivity.sigma}²) on the embeddings of positions "
-      f"{list(config.sensitivity.positions)}, one draw, flip fraction on the training set.",
+      f"{list(config.sensitivity.positions)}, one draw, flip fraction on the training set; "
+      f"noise_to_signal_initial/final = σ / RMS coordinate of those embeddings at epoch 0 "
+      f"and at the end (weight decay shrinks the embeddings, so one σ is a relatively "
+      f"stronger noise late in training).",
       f"Events: grok_epoch = first test evaluation with accuracy ≥ {thresholds[0]:g}"
       + "".join(f" ({threshold_key('grok_epoch', t)}: ≥ {t:g})" for t in thresholds[1:])
       + f"; grokked = grok_epoch within the {out['epochs_done']} epochs; sensitivity falls "

@@ -12,9 +12,12 @@ variants (P reused heads in layers 1..K) with the one trainer
 - peak temporary memory of one training step (loss + gradients) from XLA's
   memory analysis, and its wall time (best of a few timed calls);
 - the attention similarity (§A.1, `xsens.measures.attention_similarity`, pooled over
-  the test examples by `collect_head_similarity`) of the trained baseline vs the same
-  architecture at random init: the layer x layer heat map and each head's k-th best
-  match in the previous layer.
+  the test examples by `collect_head_similarity`) of the trained baseline vs two
+  controls: the same architecture at random init, and the same architecture trained on
+  randomly labelled data (`reuse.random_labels_run`, a run with `data.random_labels`;
+  the spec's "trained on random data" control, which tells redundancy learnt from the
+  data's structure from redundancy of any trained network): the layer x layer heat map
+  and each head's k-th best match in the previous layer.
 
 Writes results.md/json, accuracy_vs_flops.png, similarity_layers.png and
 similarity_kth_best.png.
@@ -141,6 +144,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   if rc.baseline not in probe:
     raise ConfigError("reuse.baseline", f"{rc.baseline!r} is not a run; runs: "
                       f"{', '.join(probe)}")
+  control = rc.get("random_labels_run")
+  if control is not None:
+    if control not in probe:
+      raise ConfigError("reuse.random_labels_run", f"{control!r} is not a run; runs: "
+                        f"{', '.join(probe)} (or None: no random-label control)")
+    if not probe[control].config.data.get("random_labels"):
+      raise ConfigError("reuse.random_labels_run", f"run {control!r} trains on true labels; "
+                        f"set runs.{control}.data.random_labels=1.0")
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
   rows = compare.summary_rows(results)
   by_name = {r["run"]: r for r in rows}
@@ -161,7 +172,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                if base["attn_gflops"] else float("nan"))
     r["mem_vs_base"] = r["peak_temp_mb"] / base["peak_temp_mb"]
 
-  # Attention similarity: trained baseline vs the same architecture at random init.
+  # Attention similarity: trained baseline vs the same architecture at random init and
+  # (`reuse.random_labels_run`) trained on randomly labelled data.
   res = results[rc.baseline]
   images = res.test.images[:rc.num_examples]
   random_vars = res.model.init(jax.random.key(rc.seed), jnp.asarray(images[:1]),
@@ -171,8 +183,12 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                          batch_size=rc.batch_size),
       "random init": collect_head_similarity(res.apply_fn, random_vars, images,
                                              batch_size=rc.batch_size)}
+  if control is not None:
+    r = results[control]
+    head_sim["random labels"] = collect_head_similarity(r.apply_fn, r.variables, images,
+                                                        batch_size=rc.batch_size)
   for name in rc.similarity_runs:
-    if name != rc.baseline and name in results:
+    if name not in (rc.baseline, control) and name in results:
       r = results[name]
       head_sim[f"{name} (trained)"] = collect_head_similarity(
           r.apply_fn, r.variables, images, batch_size=rc.batch_size)
@@ -215,6 +231,13 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
 def _notes(config, rows, adjacent, n) -> str:
   rc = config.reuse
   base = next(r for r in rows if r["run"] == rc.baseline)
+  control = rc.get("random_labels_run")
+  control_note = ("" if control is None else
+                  f" `random labels`: the baseline architecture trained as run `{control}` "
+                  "on the same images with every training label drawn uniformly at random "
+                  "(data.random_labels, seeded; its test accuracy is at chance by design); "
+                  "`random init`: the baseline architecture untrained. Redundancy that comes "
+                  "from natural data shows as trained > random labels.")
   lines = [
       f"P = reused heads per reusing layer, K = last reusing layer (layers 1..K reuse). "
       f"FLOPs: XLA cost analysis of one eval forward pass on {rc.cost_batch_size} test "
@@ -226,9 +249,9 @@ def _notes(config, rows, adjacent, n) -> str:
       "",
       "Accuracy vs the baseline (test accuracy difference): " + ", ".join(
           f"{r['run']} {r['test_accuracy'] - base['test_accuracy']:+.4f}"
-          for r in rows if r["run"] != rc.baseline) + ".",
+          for r in rows if r["run"] not in (rc.baseline, control)) + ".",
       "",
       f"Attention similarity on {n} test images: mean adjacent-layer similarity "
-      + ", ".join(f"{k} {v:.3f}" for k, v in adjacent.items()) + ".",
+      + ", ".join(f"{k} {v:.3f}" for k, v in adjacent.items()) + "." + control_note,
   ]
   return "\n".join(lines)

@@ -3,13 +3,19 @@
 "Understanding Robustness of Transformers for Image Classification" (Bhojanapalli et al.,
 ICCV 2021, arXiv 2103.14586), spec google_papers.md §E, on the one trainer's models:
   - common corruptions (15 × 5 severities): accuracy per corruption, category and
-    severity, mean corruption accuracy, mCE relative to `robustness.baseline_run`;
+    severity, mean corruption accuracy, mCE relative to `robustness.baseline_run`; the
+    corrupted images are read from a pre-computed TFDS set (`robustness.corruptions.
+    tfds_name`, CIFAR-10-C for setup cifar10) when the data_dir has it, else synthesised
+    (`corruption_source`); the report says which;
   - adversarial: FGSM and PGD accuracy vs ε, transfer between the runs, and the structure
     of the PGD perturbations (energy per patch on the ViT patch grid, low-frequency share);
   - model perturbations: accuracy with one block / attention / MLP removed, per-layer
     relative weight noise, and the sensitivity paper's sharpness;
   - representations: linear CKA between every pair of layers (and across the runs) and a
-    linear probe per layer.
+    linear probe per layer (these two sections can be skipped: `robustness.skip_sections`);
+  - data scale: runs of one model trained on different training-set sizes
+    (`data.num_train`, config `robustness.py:scale`) get a per-size table
+    (`data_scale_section`, `data_scale.png`).
 Each section is a small function of trained runs; the report is results.md/json + plots.
 """
 
@@ -23,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens.data import corrupted
+from xsens.data import splits
 from xsens.errors import ConfigError
 from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval
@@ -38,6 +46,20 @@ PIXEL_RANGE = common.PIXEL_RANGE
 validate_robustness_config = common.validate_robustness_config
 
 
+OPTIONAL_SECTIONS = ("perturbations", "representations")
+
+
+def skipped_sections(rc) -> tuple[str, ...]:
+  """`robustness.skip_sections` (absent: none): optional sections not measured (e.g. the
+  data-scale sweep, which reports the corruption / adversarial measures per scale)."""
+  skip = tuple(rc.get("skip_sections", ()) or ())
+  bad = [s for s in skip if s not in OPTIONAL_SECTIONS]
+  if bad:
+    raise ConfigError("robustness.skip_sections", f"unknown {bad}; allowed: "
+                      f"{', '.join(OPTIONAL_SECTIONS)} (corruptions and adversarial always run)")
+  return skip
+
+
 def validate_patch_size(config, experiments) -> None:
   """`robustness.patch_size` is the grid of the perturbation-structure measures: it must
   divide the images and be the ViT's patch size."""
@@ -50,25 +72,105 @@ def validate_patch_size(config, experiments) -> None:
 
 # --------------------------------------------------------------------------- corruptions
 
+CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
+# Data fields that only select or relabel training examples: the test split (and so its
+# pre-computed corruptions) does not depend on them.
+_TRAIN_ONLY_DATA_FIELDS = ("num_train", "class_fractions", "random_labels", "train_split")
 
-def corruption_section(results, rc, normalize) -> dict:
-  """Accuracy per (corruption, severity) of every run, summaries and mCE."""
+
+def corruption_source(rc, data_config) -> str:
+  """"tfds" or "synthesize": where the corrupted test images come from.
+
+  `robustness.corruptions.source` "synthesize" (or no `tfds_name`): `xsens.measures.corruptions`
+  on the clean test images; "tfds": the pre-computed sets `<tfds_name>/<corruption>_<severity>`
+  (e.g. CIFAR-10-C, `xsens.data.corrupted`) from `train.data.data_dir`, refused
+  (ConfigError) unless every needed set is there; "auto" (default): "tfds" when every needed
+  set is there, else "synthesize". Fields absent from older configs mean "synthesize".
+  """
+  cc = rc.corruptions
+  source, dataset = cc.get("source", "synthesize"), cc.get("tfds_name")
+  if source not in CORRUPTION_SOURCES:
+    raise ConfigError("robustness.corruptions.source", f"got {source!r}; allowed: "
+                      f"{', '.join(CORRUPTION_SOURCES)}")
+  if source == "synthesize":
+    return source
+  if dataset is None:
+    if source == "tfds":
+      raise ConfigError("robustness.corruptions.tfds_name", "must name the TFDS dataset of "
+                        "pre-computed corruptions (e.g. 'cifar10_corrupted') when "
+                        "robustness.corruptions.source='tfds'")
+    return "synthesize"
+  wanted = [(c, s) for c in rc.corruptions.names for s in rc.corruptions.severities]
+  missing = [(c, s) for c, s in wanted
+             if not corrupted.is_prepared(data_config, c, s, dataset=dataset)]
+  if not missing:
+    return "tfds"
+  if source == "tfds":
+    c, s = missing[0]
+    raise ConfigError("robustness.corruptions.source", f"{len(missing)} of the {len(wanted)} "
+                      f"{dataset} sets are not prepared in "
+                      f"{splits.resolve_data_dir(data_config)!r}, e.g. "
+                      f"{corrupted.tfds_name(c, s, dataset)!r} (xsens never downloads: "
+                      f"`tfds build {dataset} --file_format=array_record` elsewhere), or set "
+                      "robustness.corruptions.source='synthesize' or 'auto'")
+  return "synthesize"
+
+
+def _test_data_key(data_config) -> str:
+  """Runs whose data configs differ only in train-only fields share one test split."""
+  d = data_config.to_dict()
+  for field in _TRAIN_ONLY_DATA_FIELDS:
+    d.pop(field, None)
+  return repr(sorted(d.items()))
+
+
+def corruption_section(results, rc, normalize, *, source: str = "synthesize",
+                       data_configs=None, data_seeds=None) -> dict:
+  """Accuracy per (corruption, severity) of every run, summaries and mCE.
+
+  `source` "synthesize": the first `robustness.num_examples` clean test images of each run,
+  corrupted by `xsens.measures.corruptions` (seed `robustness.seed`). "tfds": the first
+  `robustness.num_examples` images of each pre-computed set
+  `<robustness.corruptions.tfds_name>/<corruption>_<severity>`, read with
+  `xsens.data.corrupted.load_cifar10_corrupted` and preprocessed like the run's data
+  (`data_configs[run]`; split order seeded by `data_seeds[run]`, default 0, the run's
+  `seed`, as its clean split): a random sample of the same size, not the same images as
+  the clean one (TFDS stores each set in its own order). One set is held at a time, shared
+  by the runs whose test data are the same.
+  """
   acc, summary = {}, {}
+  names, sevs = list(rc.corruptions.names), list(rc.corruptions.severities)
+  label_fns = {name: common.bind(res.apply_fn, res.variables) for name, res in results.items()}
+  if source == "tfds":
+    acc = {name: {} for name in results}
+    for c in names:
+      for sev in sevs:
+        loaded = {}  # {(test-data key, seed): first num_examples of the set}
+        for name in results:
+          dc, seed = data_configs[name], int((data_seeds or {}).get(name, 0))
+          key = (_test_data_key(dc), seed)
+          if key not in loaded:
+            split = corrupted.load_cifar10_corrupted(dc, c, sev, seed=seed,
+                                                     dataset=rc.corruptions.tfds_name)
+            loaded[key] = (split.images[:rc.num_examples], split.labels[:rc.num_examples])
+          acc[name][(c, sev)] = common.accuracy(label_fns[name], *loaded[key],
+                                                rc.batch_size)
   for name, res in results.items():
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
-    label_fn = common.bind(res.apply_fn, res.variables)
-    acc[name] = common.corruption_accuracy(
-        label_fn, images, labels, normalize=normalize, names=list(rc.corruptions.names),
-        severities=list(rc.corruptions.severities), seed=rc.seed, batch_size=rc.batch_size)
-    clean = common.accuracy(label_fn, images, labels, rc.batch_size)
+    if source != "tfds":
+      acc[name] = common.corruption_accuracy(
+          label_fns[name], images, labels, normalize=normalize, names=names,
+          severities=sevs, seed=rc.seed, batch_size=rc.batch_size)
+    clean = common.accuracy(label_fns[name], images, labels, rc.batch_size)
     summary[name] = corruption_eval.summarize(acc[name], clean)
   errs = {n: corruption_eval.errors(a) for n, a in acc.items()}
   mce = corruption_eval.mce_table(errs, rc.baseline_run,
                                   {n: 1 - s["clean"] for n, s in summary.items()})
   by_severity = {n: [float(np.mean([a[(c, s)] for c in rc.corruptions.names]))
                      for s in rc.corruptions.severities] for n, a in acc.items()}
-  return {"accuracy": acc, "summary": summary, "mce": mce, "by_severity": by_severity}
+  return {"accuracy": acc, "summary": summary, "mce": mce, "by_severity": by_severity,
+          "source": source}
 
 
 # --------------------------------------------------------------------------- adversarial
@@ -201,25 +303,90 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   experiments = compare.validate_runs(config)
   common.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
   validate_patch_size(config, experiments)
+  skipped_sections(rc)
+  source = corruption_source(rc, config.train.data)  # Before training: may refuse.
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
   key = jax.random.key(rc.seed)
   normalize = config.train.data.normalize
   timings = {}
   with common.timed(timings, "corruptions"):
-    corr = corruption_section(results, rc, normalize)
+    corr = corruption_section(
+        results, rc, normalize, source=source,
+        data_configs={n: e.config.data for n, e in experiments.items()},
+        data_seeds={n: e.config.seed for n, e in experiments.items()})
   with common.timed(timings, "adversarial"):
     advs = adversarial_section(results, rc, normalize, jax.random.fold_in(key, 1))
-  with common.timed(timings, "perturbations"):
-    perts = perturbation_section(results, rc, jax.random.fold_in(key, 2))
-  with common.timed(timings, "representations"):
-    reps = representation_section(results, rc)
+  skip = skipped_sections(rc)
+  perts = reps = None
+  if "perturbations" not in skip:
+    with common.timed(timings, "perturbations"):
+      perts = perturbation_section(results, rc, jax.random.fold_in(key, 2))
+  if "representations" not in skip:
+    with common.timed(timings, "representations"):
+      reps = representation_section(results, rc)
   rows = _rows(results, rc, corr, advs, perts)
+  scale = data_scale_section(results, rows)
   plot_files = _plots(workdir, rc, corr, advs, perts, reps)
+  if scale:
+    plot_files.append(_scale_plot(workdir, scale))
   md = tables.write_results(
-      workdir, f"Robustness on {config.train.data.name}", rows, notes=_notes(rc, advs, perts),
-      plots=plot_files, extra={**_extra(corr, advs, perts, reps), "timings_s": timings})
+      workdir, f"Robustness on {config.train.data.name}", rows,
+      notes=_notes(rc, advs, perts, corr, config.train.data, scale),
+      plots=plot_files, extra={**_extra(corr, advs, perts, reps), "timings_s": timings,
+                               "corruption_source": corr["source"], "data_scale": scale})
   return {"rows": rows, "markdown": md, "corruptions": corr, "adversarial": advs,
-          "perturbations": perts, "representations": reps}
+          "perturbations": perts, "representations": reps, "data_scale": scale}
+
+
+# -------------------------------------------------------------------------- data scale
+
+SCALE_MEASURES = ("test_accuracy", "mCA", "rel_mCE", "FGSM", "PGD", "worst_removal_acc")
+
+
+def data_scale_section(results, rows) -> dict:
+  """The measures per training-set size, for each model kind trained on several sizes.
+
+  Runs are grouped by model name (e.g. vit, resnet18); a group counts only if its runs
+  have different numbers of training examples (`data.num_train`, e.g. the
+  `robustness.py:scale` sweep). Returns {model: {"runs": [...], "train_examples": [...],
+  <measure>: [...]}} sorted by size ({} when no group qualifies); FGSM / PGD at the main ε.
+  """
+  by_row = {r["run"]: r for r in rows}
+  groups: dict[str, list[tuple[int, str]]] = {}
+  for name, res in results.items():
+    groups.setdefault(res.summary["model"], []).append((by_row[name]["train_examples"], name))
+  out = {}
+  for model, members in groups.items():
+    if len({n for n, _ in members}) < 2:
+      continue
+    members.sort()
+    entry = {"runs": [r for _, r in members], "train_examples": [n for n, _ in members]}
+    for m in SCALE_MEASURES:
+      col = next((k for k in by_row[members[0][1]] if k == m or k.startswith(f"{m}@")), None)
+      if col is not None:  # (worst_removal_acc: absent when perturbations are skipped)
+        entry[m] = [by_row[r][col] for _, r in members]
+    out[model] = entry
+  return out
+
+
+def _scale_plot(workdir, scale) -> str:
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+  for ax, (measure, label) in zip(axes, (("test_accuracy", "clean test accuracy"),
+                                         ("mCA", "mean corruption accuracy"),
+                                         ("PGD", "PGD accuracy (main ε)"))):
+    for model, entry in scale.items():
+      ax.plot(entry["train_examples"], entry[measure], marker="o", label=model)
+    ax.set_xscale("log")
+    ax.set_xlabel("training examples")
+    ax.set_ylabel(label)
+  axes[0].legend(fontsize=8)
+  fig.suptitle("Robustness vs training-set size (from scratch)")
+  fig.tight_layout()
+  path = os.path.join(workdir, "data_scale.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return os.path.basename(path)
 
 
 def _rows(results, rc, corr, advs, perts) -> list[dict]:
@@ -227,19 +394,21 @@ def _rows(results, rc, corr, advs, perts) -> list[dict]:
   main = rc.adversarial.epsilons.index(rc.adversarial.main_epsilon)
   for name, res in results.items():
     s = corr["summary"][name]
-    removal = perts["layer_removal"][name]
     row = {"run": name, "params": res.summary["num_params"],
+           "train_examples": len(res.train.labels),
            "test_accuracy": s["clean"], "mCA": s["mca"], "mCE": corr["mce"][name]["mce"],
            "rel_mCE": corr["mce"][name]["relative_mce"],
            **{f"acc_{c}": v for c, v in s["per_category"].items()},
            f"FGSM@{rc.adversarial.main_epsilon:g}": advs["fgsm"][name][main],
            f"PGD@{rc.adversarial.main_epsilon:g}": advs["pgd"][name][main],
            "low_freq_share": advs["low_freq_share"][name],
-           "patch_alignment": advs["patch_alignment"][name],
-           "worst_removal_acc": min(removal["accuracy"].values()),
-           "worst_weight_noise_acc": min(perts["weight_noise"][name]["per_layer"].values()),
-           "sharpness_l1": perts["sharpness"][name]["sharpness_l1"],
-           "sharpness_flip": perts["sharpness"][name]["sharpness_flip"]}
+           "patch_alignment": advs["patch_alignment"][name]}
+    if perts is not None:
+      row.update({
+          "worst_removal_acc": min(perts["layer_removal"][name]["accuracy"].values()),
+          "worst_weight_noise_acc": min(perts["weight_noise"][name]["per_layer"].values()),
+          "sharpness_l1": perts["sharpness"][name]["sharpness_l1"],
+          "sharpness_flip": perts["sharpness"][name]["sharpness_flip"]})
     rows.append(row)
   return rows
 
@@ -263,17 +432,20 @@ def _plots(workdir, rc, corr, advs, perts, reps) -> list[str]:
                          title=f"PGD perturbation energy per {rc.patch_size}×{rc.patch_size} "
                                f"patch (ε={rc.adversarial.main_epsilon:g})",
                          cbar_label="energy share"),
-      plots.heatmap_grid(os.path.join(workdir, "cka_layers.png"),
-                         {**reps["cka"], **reps["cross_cka"]},
-                         title="Linear CKA between layers", cbar_label="CKA"),
   ]
-  for name in names:
+  if reps is not None:
+    files.append(plots.heatmap_grid(os.path.join(workdir, "cka_layers.png"),
+                                    {**reps["cka"], **reps["cross_cka"]},
+                                    title="Linear CKA between layers", cbar_label="CKA"))
+  for name in names if perts is not None else ():
     removal = perts["layer_removal"][name]["accuracy"]
     labels = [f"{layer}:{part}" for layer, part in removal]
     files.append(plots.bar_plot(
         os.path.join(workdir, f"layer_removal_{name}.png"), labels, list(removal.values()),
         ylabel="test accuracy", title=f"{name}: one part removed "
         f"(intact {perts['layer_removal'][name]['baseline']:.3f})"))
+  if reps is None:
+    return files
   files.append(plots.line_plot(
       os.path.join(workdir, "linear_probes.png"),
       list(range(1, 1 + max(len(p) for p in reps["probes"].values()))),
@@ -283,10 +455,35 @@ def _plots(workdir, rc, corr, advs, perts, reps) -> list[str]:
   return files
 
 
-def _notes(rc, advs, perts) -> str:
+def _source_note(corr, rc, data_config) -> str:
+  if corr["source"] == "tfds":
+    return (f"Corrupted images: read from TFDS `{rc.corruptions.tfds_name}` "
+            f"(`<corruption>_<severity>` sets in {splits.resolve_data_dir(data_config)!r}; "
+            f"the first {rc.num_examples} of each set's seeded order, preprocessed like the "
+            "clean split). ")
+  dataset = rc.corruptions.get("tfds_name")
+  why = (f" because `{dataset}` is not (fully) prepared in the data_dir or "
+         "robustness.corruptions.source='synthesize'" if dataset else "")
+  return (f"Corrupted images: synthesised from the clean test images by "
+          f"xsens.measures.corruptions (seed {rc.seed}){why}. ")
+
+
+def _scale_note(scale) -> str:
+  if not scale:
+    return ""
+  parts = []
+  for model, e in scale.items():
+    cells = ", ".join(f"n={n}: clean {a:.3f} / mCA {c:.3f} / PGD {p:.3f}" for n, a, c, p in
+                      zip(e["train_examples"], e["test_accuracy"], e["mCA"], e["PGD"]))
+    parts.append(f"{model} ({cells})")
+  return " Data scale (runs grouped by model, training examples n): " + "; ".join(parts) + "."
+
+
+def _notes(rc, advs, perts, corr=None, data_config=None, scale=None) -> str:
   transfer = ", ".join(f"{k}: {v:.3f}" for k, v in advs["transfer"].items())
+  source = "" if corr is None else _source_note(corr, rc, data_config)
   return (
-      f"Accuracies on the first {rc.num_examples} test examples. Corruptions: "
+      f"Accuracies on the first {rc.num_examples} test examples. {source}Corruptions: "
       f"{len(rc.corruptions.names)} × severities {list(rc.corruptions.severities)} "
       f"(`acc_<category>` = mean over its corruptions and severities); mCE relative to "
       f"`{rc.baseline_run}`. Attacks: {rc.adversarial.norm}, ε in [0, 1] pixel units, PGD "
@@ -294,28 +491,38 @@ def _notes(rc, advs, perts) -> str:
       f"random start. Transfer (PGD at ε={rc.adversarial.main_epsilon:g}, target accuracy): "
       f"{transfer}. `low_freq_share`: share of the PGD perturbation's energy below "
       f"{rc.adversarial.low_freq_cutoff:g}× Nyquist; `patch_alignment` 0.5 = no preference "
-      f"for the {rc.patch_size}-pixel patch grid, 1 = constant within patches. "
-      f"`worst_removal_acc`: accuracy with the most harmful single block / attention / MLP "
-      f"removed; `worst_weight_noise_acc`: with N(0, ({rc.perturbations.relative_scale:g}·"
-      f"‖W‖/√numel)²) noise on the most fragile layer's kernels "
-      f"({rc.perturbations.num_draws} draws). Sharpness: the sensitivity paper's code metric (θ + N(0, "
-      f"{rc.perturbations.sharpness_sigma:g}²), {rc.perturbations.num_draws} draws, train set).")
+      f"for the {rc.patch_size}-pixel patch grid, 1 = constant within patches."
+      + ("" if perts is None else
+         f" `worst_removal_acc`: accuracy with the most harmful single block / attention / MLP "
+         f"removed; `worst_weight_noise_acc`: with N(0, ({rc.perturbations.relative_scale:g}·"
+         f"‖W‖/√numel)²) noise on the most fragile layer's kernels "
+         f"({rc.perturbations.num_draws} draws). Sharpness: the sensitivity paper's code "
+         f"metric (θ + N(0, {rc.perturbations.sharpness_sigma:g}²), "
+         f"{rc.perturbations.num_draws} draws, train set).")
+      + ("" if not skipped_sections(rc) else
+         f" Not measured (robustness.skip_sections): {', '.join(skipped_sections(rc))}.")
+      + _scale_note(scale or {}))
 
 
 def _extra(corr, advs, perts, reps) -> dict:
   def keyed(d):
     return {f"{k[0]}:{k[1]}" if isinstance(k, tuple) else str(k): v for k, v in d.items()}
-  return {
+  out = {
       "corruption_accuracy": {n: keyed(a) for n, a in corr["accuracy"].items()},
       "corruption_summary": corr["summary"], "mce": corr["mce"],
       "adversarial": {k: advs[k] for k in ("fgsm", "pgd", "transfer", "low_freq_share",
                                            "patch_alignment")},
       "patch_energy": {n: m.tolist() for n, m in advs["patch_energy"].items()},
-      "layer_removal": {n: {"baseline": r["baseline"], "accuracy": keyed(r["accuracy"])}
-                        for n, r in perts["layer_removal"].items()},
-      "weight_noise": {n: {"baseline": w["baseline"], "per_layer": w["per_layer"]}
-                       for n, w in perts["weight_noise"].items()},
-      "sharpness": perts["sharpness"],
-      "cka": {n: m.tolist() for n, m in {**reps["cka"], **reps["cross_cka"]}.items()},
-      "layers": reps["layers"], "probes": reps["probes"],
   }
+  if perts is not None:
+    out.update({
+        "layer_removal": {n: {"baseline": r["baseline"], "accuracy": keyed(r["accuracy"])}
+                          for n, r in perts["layer_removal"].items()},
+        "weight_noise": {n: {"baseline": w["baseline"], "per_layer": w["per_layer"]}
+                         for n, w in perts["weight_noise"].items()},
+        "sharpness": perts["sharpness"]})
+  if reps is not None:
+    out.update({
+        "cka": {n: m.tolist() for n, m in {**reps["cka"], **reps["cross_cka"]}.items()},
+        "layers": reps["layers"], "probes": reps["probes"]})
+  return out

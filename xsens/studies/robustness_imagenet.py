@@ -22,6 +22,13 @@ validation, streamed by `xsens.data.streaming` (nothing the size of the split is
     ViT one block / its attention / its MLP at a time, for a BiT ResNet one bottleneck unit
     with an identity shortcut at a time (every unit but the first of each block).
 
+Pre-training scale (the paper's headline: "when pre-trained with a sufficient amount of
+data, ViT models are at least as robust as the ResNet counterparts"): `runs.<run>.pretraining`
+names each checkpoint's pre-training data (a report column); `pretraining_comparison` gives,
+per pre-training set with one ViT and one ResNet run, both runs' measures and ViT minus ResNet
+(`robustness.py:imagenet,scale`: ViT-B/16 and BiT-R50x1 from ImageNet-1k and from
+ImageNet-21k).
+
 Not in this variant (left to the mnist5k / cifar10 setups): per-layer weight noise,
 sharpness, CKA and linear probes.
 
@@ -71,13 +78,18 @@ from xsens.studies import robustness_common as common
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
 CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
-# {model name: checkpoint format}: the registry entries that load pretrained weights.
-LOADERS = models_lib.pretrained_formats()
+# {model name: checkpoint format}: the registry entries that load pretrained weights whose
+# inputs are [-1, 1] pixels (`imagenet.normalize` "half"); timm's ConvNeXt weights expect
+# ImageNet mean / std inputs and are evaluated by `xsens.studies.sensitivity_imagenet`.
+LOADERS = {name: fmt for name, fmt in models_lib.pretrained_formats().items()
+           if fmt.input_normalization == "half"}
 DOWNLOADS = {
     "vit": "e.g. https://storage.googleapis.com/vit_models/imagenet21k+imagenet2012/"
            "ViT-B_16.npz (google-research/vision_transformer)",
     "bit_resnet": "e.g. https://storage.googleapis.com/bit_models/BiT-M-R50x1-ILSVRC2012.npz "
-                  "(google-research/big_transfer)"}
+                  "(google-research/big_transfer)",
+    "convnext": "e.g. model.safetensors of timm/convnext_tiny.fb_in1k on the Hugging Face "
+                "hub (huggingface/pytorch-image-models)"}
 
 # Hendrycks & Dietterich (ICLR 2019) AlexNet top-1 errors on ImageNet-C, mean over the five
 # severities, as listed in github.com/hendrycks/robustness (ImageNet-C/test.py); mCE relative
@@ -140,10 +152,14 @@ def validate(config) -> None:
       raise ConfigError(f"runs.{name}.pretrained.path", "must be set to a local "
                         f"{model_name} checkpoint fine-tuned on ImageNet-1k, "
                         f"{DOWNLOADS[model_name]}; e.g. --config.runs.{name}.pretrained.path="
-                        "/path/to/file.npz")
+                        f"/path/to/file{LOADERS[model_name].suffix}")
     if not os.path.isfile(os.path.expanduser(str(path))):
       raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
                         f"({DOWNLOADS[model_name]})")
+    data = run.get("pretraining")
+    if data is not None and not (isinstance(data, str) and data.strip()):
+      raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "
+                        f"pre-training data (e.g. 'ImageNet-21k'), got {data!r}")
   if ic.normalize not in common.PIXEL_SCALE:
     raise ConfigError("imagenet.normalize", f"got {ic.normalize!r}; allowed: "
                       f"{', '.join(common.PIXEL_SCALE)} (vit_jax and big_transfer use "
@@ -203,12 +219,13 @@ def load_run(name: str, run, image_shape, num_classes: int | None) -> Pretrained
   field = f"runs.{name}.pretrained.path"
   path = os.path.expanduser(str(run.pretrained.path))
   kind = run.model.name
-  fmt = LOADERS[kind]
+  fmt = models_lib.pretrained_formats()[kind]  # (`validate` restricts the kinds.)
   try:
-    ckpt = pretrained.read_npz(path)
+    ckpt = fmt.read(path)
     kwargs = fmt.config_from_checkpoint(ckpt)
   except (OSError, ValueError) as e:
-    raise ConfigError(field, f"cannot read {path!r} as a {kind} checkpoint: {e}") from None
+    raise ConfigError(field, f"cannot read {path!r} as a {kind} checkpoint "
+                      f"({fmt.name} {fmt.suffix}): {pretrained.one_line(e)}") from None
   overrides = {k: v for k, v in run.model.items() if k != "name" and v is not None}
   kwargs.update(overrides)
   classes = kwargs.pop("num_classes")
@@ -223,7 +240,8 @@ def load_run(name: str, run, image_shape, num_classes: int | None) -> Pretrained
   try:
     params = fmt.params_from_checkpoint(ckpt, model, image_shape)
   except pretrained.CheckpointError as e:
-    raise ConfigError(field, f"{path!r} does not fit the model: {e}") from None
+    raise ConfigError(field, f"{path!r} does not fit the model: "
+                      f"{pretrained.one_line(e)}") from None
   num_params = int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
   return PretrainedRun(model=model, variables={"params": params}, num_params=num_params,
                        path=path)
@@ -467,25 +485,100 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                jax.random.fold_in(key, 1))
   with common.timed(timings, "layer_removal"):
     removal = removal_section(runs, rc, images, labels)
-  rows = _rows(runs, rc, corr, advs, removal, image_shape)
+  pretraining = {name: run_cfg.get("pretraining") for name, run_cfg in config.runs.items()}
+  rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)
+  scale = pretraining_comparison(rows, {n: r.model.name for n, r in config.runs.items()})
   os.makedirs(workdir, exist_ok=True)
   plot_files = _plots(workdir, rc, corr, advs, removal)
+  if scale:
+    plot_files.append(_pretraining_plot(workdir, rows))
   md = tables.write_results(
       workdir, f"Robustness of pretrained models on {ic.name} ({ic.split})", rows,
-      notes=_notes(ic, rc, corr, advs, len(labels)), plots=plot_files,
-      extra={**_extra(runs, corr, advs, removal), "timings_s": timings})
+      notes=_notes(ic, rc, corr, advs, len(labels)) + _pretraining_note(scale),
+      plots=plot_files,
+      extra={**_extra(runs, corr, advs, removal), "timings_s": timings,
+             "pretraining": pretraining, "pretraining_comparison": scale})
   return {"rows": rows, "markdown": md, "corruptions": corr, "adversarial": advs,
-          "layer_removal": removal}
+          "layer_removal": removal, "pretraining_comparison": scale}
 
 
-def _rows(runs, rc, corr, advs, removal, image_shape) -> list[dict]:
+# Measures compared across pre-training sets (row keys; FGSM / PGD at the main ε).
+SCALE_MEASURES = ("clean_accuracy", "mCA", "rel_mCE", "FGSM", "PGD", "worst_removal_acc")
+_FAMILY = {"vit": "ViT", "bit_resnet": "ResNet"}
+
+
+def _measure(row: dict, measure: str):
+  key = next((k for k in row if k == measure or k.startswith(f"{measure}@")), None)
+  return None if key is None else row[key]
+
+
+def pretraining_comparison(rows: list[dict], kinds: dict[str, str]) -> dict:
+  """ViT vs ResNet per pre-training set: the paper's data-scale claim ("when pre-trained
+  with a sufficient amount of data, ViT models are at least as robust as the ResNet
+  counterparts").
+
+  Args:
+    rows: the report rows (key "pretraining": the run's `runs.<run>.pretraining` or None).
+    kinds: {run: model kind} ("vit" / "bit_resnet").
+
+  Returns:
+    {pre-training set: {"ViT": run, "ResNet": run, <measure>: {"ViT": v, "ResNet": v,
+    "ViT - ResNet": d}}} for every set with one ViT and one ResNet run ({} if none; a set
+    with several runs of one family is left out).
+  """
+  by_set: dict[str, dict[str, list[dict]]] = {}
+  for row in rows:
+    family = _FAMILY.get(kinds.get(row["run"], ""))
+    if row.get("pretraining") and family:
+      by_set.setdefault(row["pretraining"], {}).setdefault(family, []).append(row)
+  out = {}
+  for data, families in by_set.items():
+    if sorted(families) != ["ResNet", "ViT"] or any(len(v) != 1 for v in families.values()):
+      continue
+    vit, resnet = families["ViT"][0], families["ResNet"][0]
+    entry = {"ViT": vit["run"], "ResNet": resnet["run"]}
+    for m in SCALE_MEASURES:
+      a, b = _measure(vit, m), _measure(resnet, m)
+      entry[m] = {"ViT": a, "ResNet": b,
+                  "ViT - ResNet": None if a is None or b is None else a - b}
+    out[data] = entry
+  return out
+
+
+def _pretraining_note(scale: dict) -> str:
+  if not scale:
+    return ""
+  parts = []
+  for data, e in scale.items():
+    d = {m: e[m]["ViT - ResNet"] for m in ("clean_accuracy", "mCA", "PGD",
+                                             "worst_removal_acc")}
+    parts.append(f"{data} ({e['ViT']} vs {e['ResNet']}): " + ", ".join(
+        f"{m} {v:+.3f}" for m, v in d.items() if v is not None))
+  return (" Pre-training data (`runs.<run>.pretraining`), ViT minus ResNet: "
+          + "; ".join(parts) + ". The paper's claim: with enough pre-training data the ViT is "
+          "at least as robust (differences >= 0 on the robustness measures).")
+
+
+def _pretraining_plot(workdir, rows) -> str:
+  named = [r for r in rows if r.get("pretraining")]
+  measures = ("clean_accuracy", "mCA", "PGD", "worst_removal_acc")
+  return plots.grouped_bar_plot(
+      os.path.join(workdir, "pretraining_scale.png"), list(measures),
+      {f"{r['run']} ({r['pretraining']})": [_measure(r, m) or 0.0 for m in measures]
+       for r in named},
+      ylabel="top-1", title="Robustness by pre-training data")
+
+
+def _rows(runs, rc, corr, advs, removal, image_shape, pretraining=None) -> list[dict]:
   main = list(rc.adversarial.epsilons).index(rc.adversarial.main_epsilon)
   eps_label = f"{rc.adversarial.main_epsilon * 255:g}/255"
+  pretraining = pretraining or {}
   rows = []
   for r, run in runs.items():
     s = corr["summary"][r]
     rows.append({
-        "run": r, "model": type(run.model).__name__, "params": run.num_params,
+        "run": r, "model": type(run.model).__name__,
+        "pretraining": pretraining.get(r), "params": run.num_params,
         "image_size": image_shape[0], "clean_accuracy": s["clean"], "mCA": s["mca"],
         "mCE": corr["mce"][r]["mce"], "rel_mCE": corr["mce"][r]["relative_mce"],
         "mCE_alexnet": None if corr["mce_alexnet"] is None else corr["mce_alexnet"][r],

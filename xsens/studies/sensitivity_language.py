@@ -19,6 +19,20 @@ that of its first half. The paper's claim: "transformers tend to have uniform
 sensitivity to all tokens while LSTMs are more sensitive to more recent tokens", and
 transformers have lower sensitivity at comparable accuracy.
 
+Options (`config.sensitivity`): `noise_scale` (`xsens.measures.sensitivity.NOISE_SCALES`:
+σ as given, or times each model's clean-token RMS); `noise_placement`: "after_norm" (the
+paper's, above) or "before_norm" (our variant: on the word + position embedding sum before
+the embedding LayerNorm, `embed_pre_norm` of `xsens.models.text`; GPT-2's two placements
+coincide). Every row also gives σ / token RMS (`nsr`, the noise-to-signal ratio of the
+noise actually added) and the per-token-type breakdown: pooled token-wise sensitivity on
+the signal words (the words the synthetic label rule reads,
+`xsens.data.text.signal_token_ids`), on the other words and on the special tokens.
+
+Seeds: with `config.num_seeds` = n > 1 every run trains n times (`compare.run_ids`: ids
+`<run>`, `<run>_seed1`, ...; same data, shifted init / order / dropout seeds); results.md
+has the per-seed rows and a table of mean ± standard error over the seeds per run, and
+the plots show seed means.
+
 Design choices (not confirmed from the paper): the same noise key at every report
 (common random numbers, smoother curves over training); the content-token aggregates
 (specials excluded) are reported beside the headline ones, from the same one-position-
@@ -31,6 +45,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +56,7 @@ from xsens.data import batching
 from xsens.data import pipeline
 from xsens.data import text as text_data
 from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.measures import sensitivity as sens
 from xsens.measures import text_sensitivity as ts
 from xsens.models import text as text_models
 from xsens.report import plots, tables
@@ -49,11 +65,11 @@ from xsens.train import trainer
 from xsens.train.metrics import read_metrics
 
 PREFIX = "sens/"
-# "absolute": sigma as given (the paper's); "token_rms": sigma times the root-mean-square
-# coordinate of the clean tokens (our option: GPT-2's un-normalised embeddings are far
-# smaller than LayerNorm outputs, so one absolute sigma is a much stronger noise for it).
-NOISE_SCALES = ("absolute", "token_rms")
 SPECIAL_IDS = (text_data.BOS_ID, text_data.EOS_ID)
+# Where the noise enters: the model methods (tokens, tokens -> logits) of each placement.
+NOISE_PLACEMENTS = {"after_norm": ("embed", "encode"),
+                    "before_norm": ("embed_pre_norm", "encode_pre_norm")}
+TOKEN_TYPES = ("signal", "other", "special")
 
 
 def validate_sensitivity_config(sc, num_train: int) -> None:
@@ -75,12 +91,32 @@ def validate_sensitivity_config(sc, num_train: int) -> None:
   if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size >= 1):
     raise ConfigError("sensitivity.chunk_size", f"must be an int >= 1 or None, got "
                       f"{sc.chunk_size!r}")
-  if sc.noise_scale not in NOISE_SCALES:
+  if sc.noise_scale not in sens.NOISE_SCALES:
     raise ConfigError("sensitivity.noise_scale", f"unknown value {sc.noise_scale!r}; "
-                      f"allowed: {', '.join(NOISE_SCALES)}")
+                      f"allowed: {', '.join(sens.NOISE_SCALES)}")
   if not isinstance(sc.include_special_tokens, bool):
     raise ConfigError("sensitivity.include_special_tokens",
                       f"must be True or False, got {sc.include_special_tokens!r}")
+  placement = sc.get("noise_placement", "after_norm")
+  if placement not in NOISE_PLACEMENTS:
+    raise ConfigError("sensitivity.noise_placement", f"unknown value {placement!r}; "
+                      f"allowed: {', '.join(NOISE_PLACEMENTS)}")
+
+
+def _placement(sc) -> str:
+  return sc.get("noise_placement", "after_norm")
+
+
+def token_type_masks(data_config, seed: int, ids: np.ndarray) -> dict[str, np.ndarray]:
+  """Masks [N, L] of the real tokens of `ids` by type (`TOKEN_TYPES`): on the synthetic
+  languages, the signal words of their label rule (`text_data.token_types`); on GLUE no
+  word is marked as signal (every word is "other")."""
+  if data_config.name == text_data.SYNTHETIC:
+    task = data_config.synthetic.get("task", "polarity")
+    return text_data.token_types(ids, task, seed)
+  special = np.isin(ids, (text_data.BOS_ID, text_data.EOS_ID, text_data.UNK_ID))
+  return {"signal": np.zeros(ids.shape, bool),
+          "other": (ids != text_models.PAD_ID) & ~special, "special": special}
 
 
 def validate(config) -> dict[str, trainer.Experiment]:
@@ -94,43 +130,49 @@ def validate(config) -> dict[str, trainer.Experiment]:
       raise ConfigError(compare.run_field(config, name, "model.name"),
                         f"{model_name!r} is not a text model (run {name}); allowed: "
                         f"{', '.join(text_models.TEXT_MODELS)}")
-  experiments = compare.validate_runs(config)
+  experiments = compare.validate_runs(config)  # Keyed by run id (`compare.run_ids`).
   validate_sensitivity_config(config.sensitivity,
                               min(len(e.train) for e in experiments.values()))
   return experiments
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _token_sq_sum(variables, ids, *, model):
+@functools.partial(jax.jit, static_argnames=("model", "placement"))
+def _token_sq_sum(variables, ids, *, model, placement="after_norm"):
   """(sum of squared token coordinates over real tokens, number of coordinates)."""
   mask = text_models.padding_mask(ids)
-  tokens = model.apply(variables, ids, method=model.embed)
+  tokens = model.apply(variables, ids,
+                       method=getattr(model, NOISE_PLACEMENTS[placement][0]))
   return (jnp.sum(jnp.square(tokens) * mask[..., None]),
           jnp.sum(mask) * tokens.shape[-1])
 
 
-def token_rms(model, variables, ids: np.ndarray, batch_size: int) -> float:
-  """Root-mean-square coordinate of the clean tokens (real positions) of `ids`.
+def token_rms(model, variables, ids: np.ndarray, batch_size: int,
+              placement: str = "after_norm") -> float:
+  """Root-mean-square coordinate of the clean tokens (real positions) of `ids`, where the
+  noise of `placement` enters.
 
   The last batch drops its padding rows: even masked, they would change the float32
   reduction order of the sum, and so the last bits of the RMS that scales σ.
   """
   total, count = 0.0, 0.0
   for idx, mask in batching.padded_index_batches(len(ids), batch_size):
-    sq, n = _token_sq_sum(variables, jnp.asarray(ids[idx[mask > 0]]), model=model)
+    sq, n = _token_sq_sum(variables, jnp.asarray(ids[idx[mask > 0]]), model=model,
+                          placement=placement)
     total, count = total + float(sq), count + float(n)
   return float(np.sqrt(total / max(count, 1.0)))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "num_draws", "global_draws",
-                                             "chunk_size", "include_special"))
+                                             "chunk_size", "include_special", "placement"))
 def _measure_batch(variables, ids, example_ids, key, sigma, global_sigma, *, model,
-                   num_draws, global_draws, chunk_size, include_special):
+                   num_draws, global_draws, chunk_size, include_special,
+                   placement="after_norm"):
   """(per_token [B, T] flip rates over all real positions, global [B], clean argmax [B])."""
   mask = text_models.padding_mask(ids)
   content = mask & ~jnp.isin(ids, jnp.asarray(SPECIAL_IDS))
-  tokens = model.apply(variables, ids, method=model.embed)
-  encode = functools.partial(model.apply, method=model.encode)
+  embed, enc = (getattr(model, m) for m in NOISE_PLACEMENTS[placement])
+  tokens = model.apply(variables, ids, method=embed)
+  encode = functools.partial(model.apply, method=enc)
   pred = jnp.argmax(encode(variables, tokens, mask), -1)
   per_token = ts.text_token_sensitivity(
       encode, variables, tokens, key=jax.random.fold_in(key, 0), token_mask=mask,
@@ -145,24 +187,29 @@ def _measure_batch(variables, ids, example_ids, key, sigma, global_sigma, *, mod
 
 
 def measure(model, variables, ids: np.ndarray, labels: np.ndarray, sc, key,
-            num_draws: int) -> dict:
+            num_draws: int, type_masks: dict[str, np.ndarray] | None = None) -> dict:
   """Token-wise and global sensitivity of one model on `ids` [N, L]; aggregates in numpy.
 
   Returns {"all": aggregates over every real token, "content": over non-special tokens,
   "headline": the one selected by include_special_tokens, "global": (mean, s.e.),
   "accuracy": clean accuracy on the set, "early"/"late"/"recency_ratio" (first vs last
-  half of each sentence, `text_sensitivity.early_late`), "token_rms"}.
+  half of each sentence, `text_sensitivity.early_late`), "token_rms" (where the noise of
+  `sc.noise_placement` enters), "sigma"/"global_sigma" (the noise std actually added),
+  "types": {type: (pooled, s.e.)} over each mask of `type_masks` (`token_type_masks`;
+  none when None)}.
   """
   n, bs = len(ids), sc.batch_size
-  rms = token_rms(model, variables, ids, bs)
-  scale = rms if sc.noise_scale == "token_rms" else 1.0
+  placement = _placement(sc)
+  rms = token_rms(model, variables, ids, bs, placement)
+  scale = sens.noise_multiplier(sc.noise_scale, rms)
   per_token, glob, pred = [], [], []
   for idx, valid in batching.padded_index_batches(n, bs):
     out = _measure_batch(variables, jnp.asarray(ids[idx]), jnp.asarray(idx, jnp.int32), key,
                          jnp.float32(sc.sigma * scale), jnp.float32(sc.global_sigma * scale),
                          model=model,
                          num_draws=num_draws, global_draws=sc.global_num_draws,
-                         chunk_size=sc.chunk_size, include_special=sc.include_special_tokens)
+                         chunk_size=sc.chunk_size, include_special=sc.include_special_tokens,
+                         placement=placement)
     keep = int(valid.sum())
     for acc, value in zip((per_token, glob, pred), out):
       acc.append(np.asarray(value)[:keep])
@@ -176,11 +223,20 @@ def measure(model, variables, ids: np.ndarray, labels: np.ndarray, sc, key,
   headline = agg["all" if sc.include_special_tokens else "content"]
   early, late = (float(v) for v in ts.early_late(
       jnp.asarray(per_token), jnp.asarray(mask if sc.include_special_tokens else content)))
+  types = {}
+  for name, m in (type_masks or {}).items():
+    if m.any():
+      t = ts.text_aggregates(jnp.asarray(per_token), jnp.asarray(m & mask), end)
+      types[name] = (float(t["pooled"]), float(t["pooled_se"]))
+    else:
+      types[name] = (float("nan"), float("nan"))
   return {"all": agg["all"], "content": agg["content"], "headline": headline,
           "global": (float(glob.mean()), _stderr(glob)),
           "accuracy": float((pred == labels).mean()), "early": early, "late": late,
           "recency_ratio": late / early if early > 0 else float("nan"),
-          "token_rms": rms, "per_token": per_token}
+          "token_rms": rms, "sigma": float(sc.sigma * scale),
+          "global_sigma": float(sc.global_sigma * scale), "types": types,
+          "per_token": per_token}
 
 
 def _stderr(x: np.ndarray) -> float:
@@ -197,15 +253,18 @@ def _scalars(m: dict) -> dict:
   for k, (v, c) in enumerate(zip(h["curve"], h["curve_count"])):
     if c > 0:
       out[f"curve/{k}"] = v
+  for name, (v, _) in m["types"].items():
+    out[f"token_{name}_pooled"] = v
   return {PREFIX + k: float(v) for k, v in out.items() if np.isfinite(v)}
 
 
-def make_hook(model, ids, labels, sc, key):
+def make_hook(model, ids, labels, sc, key, type_masks=None):
   """The trainer hook: a report every `every_steps` steps (and at step 0)."""
   def hook(step, variables):
     if step != 0 and (not sc.every_steps or step % sc.every_steps):
       return None
-    return _scalars(measure(model, variables, ids, labels, sc, key, sc.num_draws))
+    return _scalars(measure(model, variables, ids, labels, sc, key, sc.num_draws,
+                            type_masks))
   return hook
 
 
@@ -214,30 +273,44 @@ def history(workdir: str, batch_size: int) -> dict[str, np.ndarray]:
   records = [r for r in read_metrics(workdir) if PREFIX + "token_pooled" in r]
   out = {"examples": np.asarray([r["step"] * batch_size for r in records], float)}
   for key in ("token_pooled", "token_sentence_mean", "global", "clean_accuracy",
-              "recency_ratio"):
+              "recency_ratio", *(f"token_{t}_pooled" for t in TOKEN_TYPES)):
     out[key] = np.asarray([r.get(PREFIX + key, np.nan) for r in records], float)
   return out
 
 
+# The per-run columns of results.md, and those averaged over seeds (`compare.seed_rows`).
+COLUMNS = ["run", "params", "steps", "stop_reason", "train_accuracy", "test_accuracy",
+           "S_token", "s.e._token", "S_token_sentence", "s.e._sentence", "S_token_content",
+           "S_signal", "S_other", "S_special", "S_global", "s.e._global", "S_early",
+           "S_late", "recency_ratio", "token_rms", "sigma", "nsr", "global_nsr",
+           "wall_s", "measure_s"]
+SEED_COLUMNS = ["steps", "train_accuracy", "test_accuracy", "S_token", "S_token_sentence",
+                "S_token_content", "S_signal", "S_other", "S_special", "S_global",
+                "recency_ratio", "token_rms", "nsr", "wall_s"]
+
+
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
-  """Trains every run with the sensitivity hook, measures the final models, reports."""
+  """Trains every run (once per seed) with the sensitivity hook, measures the final
+  models, reports."""
   sc = config.sensitivity
   experiments = validate(config)  # Nothing trained, compiled or written before this.
+  ids = compare.run_ids(config)
   workdirs = compare.check_run_workdirs(workdir, experiments, overwrite)
   key = jax.random.key(sc.seed)
   results, measured, measure_s = {}, {}, {}
-  for name, exp in experiments.items():
-    wd = workdirs[name]
+  for run_id, exp in experiments.items():
+    wd = workdirs[run_id]
     wd.prepare(exp.config, overwrite=overwrite)
-    ids = exp.train.images[:sc.num_examples]
+    x = exp.train.images[:sc.num_examples]
     labels = exp.train.labels[:sc.num_examples]
-    hook = make_hook(exp.model, ids, labels, sc, key)
-    with compare.run_errors(config, name):
-      results[name] = trainer.run_experiment(exp, wd, hooks=(hook,))
+    types = token_type_masks(exp.config.data, exp.config.seed, x)
+    hook = make_hook(exp.model, x, labels, sc, key, types)
+    with compare.run_errors(config, ids[run_id][0]):
+      results[run_id] = trainer.run_experiment(exp, wd, hooks=(hook,))
     t0 = time.time()
-    measured[name] = measure(exp.model, results[name].variables, ids, labels, sc, key,
-                             sc.final_num_draws)
-    measure_s[name] = round(time.time() - t0, 1)
+    measured[run_id] = measure(exp.model, results[run_id].variables, x, labels, sc, key,
+                               sc.final_num_draws, types)
+    measure_s[run_id] = round(time.time() - t0, 1)
 
   rows = compare.summary_rows(results)
   for row in rows:
@@ -248,25 +321,90 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
         "S_token_sentence": float(h["sentence_mean"]),
         "s.e._sentence": float(h["sentence_mean_se"]),
         "S_token_content": float(m["content"]["pooled"]),
+        **{f"S_{t}": m["types"][t][0] for t in TOKEN_TYPES},
         "S_global": m["global"][0], "s.e._global": m["global"][1],
         "S_early": m["early"], "S_late": m["late"], "recency_ratio": m["recency_ratio"],
-        "token_rms": m["token_rms"], "measure_s": measure_s[row["run"]]})
+        "token_rms": m["token_rms"], "sigma": m["sigma"],
+        "nsr": m["sigma"] / m["token_rms"], "global_nsr": m["global_sigma"] / m["token_rms"],
+        "measure_s": measure_s[row["run"]]})
   names = list(results)
   hist = {n: history(compare.run_workdir(workdir, n), experiments[n].config.batch_size)
           for n in names}
-  plot_files = [_plot_history(workdir, hist, sc), _plot_positions(workdir, measured, sc)]
-  columns = ["run", "params", "steps", "stop_reason", "train_accuracy", "test_accuracy",
-             "S_token", "s.e._token", "S_token_sentence", "s.e._sentence", "S_token_content",
-             "S_global", "s.e._global", "S_early", "S_late", "recency_ratio", "token_rms",
-             "wall_s", "measure_s"]
+  seeds = compare.num_seeds(config)
+  seed_summary = compare.seed_rows(rows, ids, SEED_COLUMNS)
+  plot_files = [_plot_history(workdir, seed_history(hist, ids), sc),
+                _plot_positions(workdir, seed_curves(measured, ids), sc)]
   n = min(sc.num_examples, min(len(e.train) for e in experiments.values()))
+  seed_table = seed_summary_markdown(seed_summary, SEED_COLUMNS) if seeds > 1 else ""
   md = tables.write_results(
       workdir, f"Token-wise sensitivity of language models on {config.train.data.name}",
-      rows, columns=columns, notes=_notes(config, rows, n), plots=plot_files,
+      rows, columns=COLUMNS,
+      notes=seed_table + _notes(config, rows if seeds == 1 else seed_summary, n),
+      plots=plot_files,
       extra={"curves": {k: _curve_json(measured[k]) for k in names},
              "history": {k: {f: v.tolist() for f, v in hist[k].items()} for k in names},
+             "seed_summary": seed_summary, "num_seeds": seeds,
              "sensitivity": sc.to_dict()})
-  return {"rows": rows, "markdown": md, "measured": measured, "history": hist}
+  return {"rows": rows, "markdown": md, "measured": measured, "history": hist,
+          "seed_summary": seed_summary}
+
+
+def seed_summary_markdown(summary: list[dict], columns) -> str:
+  """The table of `compare.seed_rows`: one row per run, each column "mean ± s.e."."""
+  def cell(row, c):
+    mean, se = row[c], row[f"{c} s.e."]
+    return tables.format_value(mean) + ("" if not np.isfinite(se) else
+                                        f" ± {tables.format_value(se, 2)}")
+  table = [{"run": r["run"], "seeds": r["seeds"], **{c: cell(r, c) for c in columns}}
+           for r in summary]
+  return ("Mean ± standard error over the training seeds (one row per seed is above; its "
+          "± is over sentences):\n\n" + tables.markdown_table(table, ["run", "seeds",
+                                                                 *columns]) + "\n")
+
+
+def _groups(values: dict, ids: dict) -> dict[str, list]:
+  out: dict[str, list] = {}
+  for run_id, v in values.items():
+    out.setdefault(ids[run_id][0], []).append(v)
+  return out
+
+
+def seed_history(hist: dict, ids: dict) -> dict[str, dict[str, np.ndarray]]:
+  """Per run: the mean over its seeds of each logged series, at every report step any
+  seed reached (runs stopped at a target accuracy have different lengths)."""
+  out = {}
+  for name, hs in _groups(hist, ids).items():
+    grid = np.unique(np.concatenate([h["examples"] for h in hs]))
+    agg = {"examples": grid}
+    for f in hs[0]:
+      if f == "examples":
+        continue
+      stack = np.full((len(hs), len(grid)), np.nan)
+      for i, h in enumerate(hs):
+        stack[i, np.searchsorted(grid, h["examples"])] = h[f]
+      with warnings.catch_warnings():  # All-NaN columns (a series no seed logged) stay NaN.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        agg[f] = np.nanmean(stack, 0) if len(hs) > 1 else stack[0]
+    out[name] = agg
+  return out
+
+
+def seed_curves(measured: dict, ids: dict) -> dict[str, dict]:
+  """Per run: the per-position curve (headline) averaged over its seeds; its s.e. is over
+  the seeds (over sentences for one seed); count is the smallest over the seeds."""
+  out = {}
+  for name, ms in _groups(measured, ids).items():
+    curves = np.stack([m["headline"]["curve"] for m in ms])
+    count = np.min(np.stack([m["headline"]["curve_count"] for m in ms]), 0)
+    with warnings.catch_warnings():  # Positions no sentence reaches stay NaN.
+      warnings.simplefilter("ignore", RuntimeWarning)
+      if len(ms) == 1:
+        curve, se = curves[0], ms[0]["headline"]["curve_se"]
+      else:
+        curve = np.nanmean(curves, 0)
+        se = np.nanstd(curves, 0, ddof=1) / np.sqrt(len(ms))
+    out[name] = {"headline": {"curve": curve, "curve_se": se, "curve_count": count}}
+  return out
 
 
 def _curve_json(m: dict) -> dict:
@@ -284,11 +422,17 @@ def _plot_history(workdir, hist, sc) -> str:
           {n: (h["examples"], h["global"]) for n, h in hist.items()},
       "clean accuracy on the measured training examples":
           {n: (h["examples"], h["clean_accuracy"]) for n, h in hist.items()},
+      "token-wise on signal words vs on the other words":
+          {**{f"{n} signal": (h["examples"], h["token_signal_pooled"])
+              for n, h in hist.items()},
+           **{f"{n} other": (h["examples"], h["token_other_pooled"])
+              for n, h in hist.items()}},
   }
   return plots.panels_plot(os.path.join(workdir, "sensitivity_vs_examples.png"), panels,
                            xlabel="training examples seen",
-                           ylabels=["sensitivity", "sensitivity", "accuracy"],
-                           title="Sensitivity over training")
+                           ylabels=["sensitivity", "sensitivity", "accuracy",
+                                    "sensitivity"],
+                           title="Sensitivity over training (means over seeds)")
 
 
 def _plot_positions(workdir, measured, sc) -> str:
@@ -301,23 +445,36 @@ def _plot_positions(workdir, measured, sc) -> str:
   which = "all real tokens" if sc.include_special_tokens else "content tokens"
   return plots.panels_plot(
       os.path.join(workdir, "sensitivity_per_position.png"),
-      {f"final models, {which}, σ={sc.sigma:.3g}": series},
+      {f"final models (means over seeds), {which}, σ={sc.sigma:.3g}": series},
       xlabel="position before the sequence end (0 = last token)",
       ylabels=["flip probability"], invert_x=True)
 
 
 def _notes(config, rows, n) -> str:
+  """The notes below the tables; `rows` are the per-run rows or, with several seeds, the
+  seed means (`compare.seed_rows`)."""
   sc = config.sensitivity
   ranked = sorted(rows, key=lambda r: r["S_token"])
   order = " < ".join(f"{r['run']} ({r['S_token']:.3g})" for r in ranked)
   recency = ", ".join(f"{r['run']} {r['recency_ratio']:.2f}" for r in rows)
+  ratio = ", ".join(f"{r['run']} {r['S_signal'] / r['S_other']:.2f}" for r in rows
+                    if r["S_other"] > 0)
+  where = ("after the embedding LayerNorm; GPT-2: after wte + wpe"
+           if _placement(sc) == "after_norm" else
+           "before the embedding LayerNorm, on the raw embedding sum; GPT-2: after "
+           "wte + wpe")
+  task = (config.train.data.synthetic.get("task", "polarity")
+          if config.train.data.name == text_data.SYNTHETIC else None)
+  signal = {"polarity": "the positive/negative adjectives and 'not'",
+            "weak_sum": "the top third of content words by |score|",
+            None: "none marked on this dataset"}[task]
   scale = (" × token_rms (the RMS coordinate of each model's clean tokens)"
            if sc.noise_scale == "token_rms" else "")
   which = ("every real token (specials included, as the official code)"
            if sc.include_special_tokens else "content tokens (specials excluded)")
   return (
       f"Token-wise sensitivity: label-flip probability when one position's embedding "
-      f"(after the embedding LayerNorm; GPT-2: after wte + wpe) gets N(0, σ²I) noise, "
+      f"({where}) gets N(0, σ²I) noise, "
       f"σ = {sc.sigma:.4g}{scale}, {sc.final_num_draws} draws per position, over {which}, on the "
       f"first {n} training examples. S_token is aggregate (a), pooled over tokens; "
       f"S_token_sentence is (b), the mean of per-sentence means; S_token_content pools "
@@ -326,7 +483,11 @@ def _notes(config, rows, n) -> str:
       f"sentences. recency_ratio = S_late / S_early, the pooled sensitivity of the last "
       f"half of each sentence's tokens over that of its first half (1 = uniform); "
       f"token_rms is the RMS coordinate of the clean tokens where the noise enters "
-      f"(about 1 after a LayerNorm). "
+      f"(about 1 after a LayerNorm); sigma is the noise std added, nsr = sigma / token_rms "
+      f"its noise-to-signal ratio (global_nsr that of S_global). S_signal / S_other / "
+      f"S_special pool the signal words ({signal}), the other words and the special "
+      f"tokens. "
       f"Models trained to train accuracy {config.train.target_train_accuracy} (or "
       f"{config.train.total_steps} steps).\n\n"
-      f"Ordering of S_token: {order}. Recency ratios: {recency}.")
+      f"Ordering of S_token: {order}. Recency ratios: {recency}. S_signal / S_other: "
+      f"{ratio}.")

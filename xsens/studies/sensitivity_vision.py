@@ -60,6 +60,10 @@ def validate_sensitivity_config(sc, image_shape) -> None:
   if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
     raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
                       f"{sc.chunk_size!r}")
+  noise_scale = sc.get("noise_scale", "absolute")
+  if noise_scale not in sens.NOISE_SCALES:
+    raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
+                      f"{', '.join(sens.NOISE_SCALES)}")
   validate_scattered_config(sc.scattered)
   validate_global_config(sc.get("global_noise"))
   validate_sharpness_config(sc.get("sharpness"))
@@ -169,10 +173,11 @@ def _batches(images: np.ndarray, batch_size: int, mesh):
     yield i, *sharding.global_batch((images[idx], mask), mesh), mask > 0
 
 
-def measure_model(result, sc, key, mesh) -> dict:
+def measure_model(result, sc, key, mesh, scale: float = 1.0) -> dict:
   """Train-set sensitivity of one trained model at every σ (and the scattered-pixel mode).
 
-  Returns {"sigmas": {σ: (mean, stderr)}, "per_patch_map": [H/p, W/p] at the main σ,
+  The noise's standard deviation is σ·`scale` (`sensitivity.noise_scale`). Returns
+  {"sigmas": {σ: (mean, stderr)}, "per_patch_map": [H/p, W/p] at the main σ,
   "scattered": (mean, stderr) or None}. The stderr is the standard error over examples
   (sample std of per-example means / √N), which includes the Monte-Carlo noise.
   """
@@ -183,7 +188,8 @@ def measure_model(result, sc, key, mesh) -> dict:
     per_example, maps = [], []
     for i, x, m, valid in _batches(images, bs, mesh):
       k = jax.random.fold_in(jax.random.fold_in(key, s_idx), i)
-      pe, pm = _patch_batch(result.variables, x, m, k, jnp.float32(sigma), model=result.model,
+      pe, pm = _patch_batch(result.variables, x, m, k, jnp.float32(sigma * scale),
+                            model=result.model,
                             patch_size=sc.patch_size, num_draws=sc.num_draws,
                             chunk_size=sc.chunk_size)
       per_example.append(np.asarray(pe)[valid])
@@ -196,7 +202,7 @@ def measure_model(result, sc, key, mesh) -> dict:
     per_example = []
     for i, x, m, valid in _batches(images, bs, mesh):
       k = jax.random.fold_in(jax.random.fold_in(key, len(sc.sigmas)), i)
-      pe = _scattered_batch(result.variables, x, m, k, jnp.float32(sc.scattered.sigma),
+      pe = _scattered_batch(result.variables, x, m, k, jnp.float32(sc.scattered.sigma * scale),
                             model=result.model, num_draws=sc.scattered.num_draws,
                             num_pixels=sc.scattered.num_pixels)
       per_example.append(np.asarray(pe)[valid])
@@ -210,8 +216,9 @@ def _stderr(per_example: np.ndarray) -> float:
   return float(per_example.std(ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
 
 
-def measure_global(result, sc, key, mesh) -> dict:
-  """Train-set global sensitivity (noise on every patch at once, App. A.2) at every σ.
+def measure_global(result, sc, key, mesh, scale: float = 1.0) -> dict:
+  """Train-set global sensitivity (noise on every patch at once, App. A.2) at every σ
+  (standard deviation σ·`scale`).
 
   The same examples, batches and σ grid as `measure_model`, with
   `sensitivity.global_noise.num_draws` draws per example; its own keys (`key` is the
@@ -226,7 +233,8 @@ def measure_global(result, sc, key, mesh) -> dict:
     per_example = []
     for i, x, m, valid in _batches(images, bs, mesh):
       k = jax.random.fold_in(jax.random.fold_in(key, s_idx), i)
-      pe = _global_batch(result.variables, x, m, k, jnp.float32(sigma), model=result.model,
+      pe = _global_batch(result.variables, x, m, k, jnp.float32(sigma * scale),
+                         model=result.model,
                          patch_size=sc.patch_size, num_draws=sc.global_noise.num_draws,
                          chunk_size=sc.chunk_size)
       per_example.append(np.asarray(pe)[valid])
@@ -314,25 +322,37 @@ def _enabled(sc, name: str) -> bool:
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
-  """Trains every run of `config.runs`, measures each, writes the report into `workdir`."""
+  """Trains every run of `config.runs` (once per training seed, `config.num_seeds`),
+  measures each, writes the report into `workdir`."""
   sc = config.sensitivity
   # Bad sensitivity settings are refused before anything trains or compiles.
+  ids = compare.run_ids(config)
   probe = compare.validate_runs(config)
   validate(config, probe)
   mesh = sharding.data_mesh()
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
+  first = results[next(iter(results))]
+  images = first.train.images[:sc.num_examples]
+  rms = token_rms(images, sc.patch_size)
+  rms_pixel = rms / math.sqrt(sc.patch_size ** 2 * images.shape[-1])
+  scale = sens.noise_multiplier(sc.get("noise_scale", "absolute"), rms_pixel)
   key = jax.random.key(sc.seed)
+  run_index = {name: j for j, name in enumerate(config.runs)}
   with_global, with_sharpness = _enabled(sc, "global_noise"), _enabled(sc, "sharpness")
   measured, measure_s = {}, {}
-  for j, (name, res) in enumerate(results.items()):
+  for run_id, res in results.items():
     t0 = time.time()
-    model_key = jax.random.fold_in(key, j)
-    measured[name] = measure_model(res, sc, model_key, mesh)
+    name, seed_index = ids[run_id]
+    # Seed index 0 keeps the single-seed keys, so its numbers do not depend on num_seeds.
+    model_key = jax.random.fold_in(key, run_index[name])
+    if seed_index:
+      model_key = jax.random.fold_in(model_key, seed_index)
+    measured[run_id] = measure_model(res, sc, model_key, mesh, scale)
     if with_global:
-      measured[name]["global"] = measure_global(res, sc, model_key, mesh)
+      measured[run_id]["global"] = measure_global(res, sc, model_key, mesh, scale)
     if with_sharpness:
-      measured[name]["sharpness"] = measure_sharpness(res, sc, model_key, mesh)
-    measure_s[name] = round(time.time() - t0, 1)
+      measured[run_id]["sharpness"] = measure_sharpness(res, sc, model_key, mesh)
+    measure_s[run_id] = round(time.time() - t0, 1)
   rows = compare.summary_rows(results)
   for row in rows:
     row["measure_s"] = measure_s[row["run"]]
@@ -347,47 +367,92 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       row[f"s.e._global(σ={sigma:g})"] = se
     for field, (mean, se) in m.get("sharpness", {}).items():
       row[field], row[f"s.e._{field}"] = mean, se
-  names = list(results)
+  multi_seed = compare.num_seeds(config) > 1
+  # Plots, the sharpness link and the ordering are over the models: seed means when seeded.
+  by_model = seed_means(measured, ids) if multi_seed else measured
+  names = list(by_model)
   main = float(sc.main_sigma)
-  first = results[names[0]]
-  images = first.train.images[:sc.num_examples]
-  rms = token_rms(images, sc.patch_size)
-  nsr = {float(s): noise_to_signal(float(s), sc.patch_size, images.shape[-1], rms)
+  nsr = {float(s): noise_to_signal(float(s) * scale, sc.patch_size, images.shape[-1], rms)
          for s in sc.sigmas}
   plot_files = [
       plots.bar_plot(os.path.join(workdir, "sensitivity_bar.png"), names,
-                     [measured[n]["sigmas"][main][0] for n in names],
-                     errors=[measured[n]["sigmas"][main][1] for n in names],
+                     [by_model[n]["sigmas"][main][0] for n in names],
+                     errors=[by_model[n]["sigmas"][main][1] for n in names],
                      ylabel="train-set sensitivity", title=f"Token-wise sensitivity, σ={main:g}"),
-      _sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
+      _sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), by_model, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
-                         {n: measured[n]["per_patch_map"] for n in names},
+                         {n: by_model[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",
                          cbar_label="flip probability"),
   ]
-  extra = {"per_patch_maps": {n: measured[n]["per_patch_map"].tolist() for n in names},
+  extra = {"per_patch_maps": {n: measured[n]["per_patch_map"].tolist() for n in measured},
            "sensitivity": _config_summary(sc),
            "noise_to_signal": {"token_rms": rms,
                                "token_dim": sc.patch_size ** 2 * int(images.shape[-1]),
-                               "num_examples": len(images), "run": names[0],
+                               "num_examples": len(images), "run": next(iter(results)),
+                               "noise_scale": sc.get("noise_scale", "absolute"),
                                "by_sigma": {f"{s:g}": v for s, v in nsr.items()}}}
   if sc.scattered.enabled:
-    extra["noise_to_signal"]["scattered"] = float(sc.scattered.sigma) / math.sqrt(
-        float(np.mean(np.asarray(images, np.float64) ** 2)))
+    extra["noise_to_signal"]["scattered"] = float(sc.scattered.sigma) * scale / rms_pixel
   if with_sharpness:
-    extra["sharpness_vs_sensitivity"] = _sharpness_link(measured, names, main)
+    extra["sharpness_vs_sensitivity"] = _sharpness_link(by_model, names, main)
     plot_files.append(_sharpness_plot(os.path.join(workdir, "sharpness_vs_sensitivity.png"),
-                                      measured, main, extra["sharpness_vs_sensitivity"]))
+                                      by_model, main, extra["sharpness_vs_sensitivity"]))
   columns = ["run", "params", "steps", "train_accuracy", "test_accuracy"] + [
       c for c in rows[0] if c.startswith(("S(", "s.e.(", "S_", "s.e._"))
       and "sharpness" not in c] + [
           c for c in rows[0] if "sharpness" in c] + ["wall_s", "measure_s"]
-  notes = _notes(config, rows, main, min(sc.num_examples, len(probe[names[0]].train)), extra)
+  seed_table = ""
+  if multi_seed:
+    means = [c for c in columns[2:] if not c.startswith("s.e.") and c not in
+             ("wall_s", "measure_s")]
+    extra["seed_summary"] = compare.seed_rows(rows, ids, means)
+    seed_table = seed_summary_markdown(extra["seed_summary"], means)
+  notes = _notes(config, rows if not multi_seed else extra["seed_summary"], main,
+                 min(sc.num_examples, len(probe[next(iter(probe))].train)), extra)
   md = tables.write_results(
       workdir, f"Token-wise sensitivity on {config.train.data.name}", rows, columns=columns,
-      notes=notes, plots=plot_files, extra=extra)
+      notes=seed_table + notes, plots=plot_files, extra=extra)
   return {"rows": rows, "markdown": md, "measured": measured, "noise_to_signal": nsr,
-          "sharpness_vs_sensitivity": extra.get("sharpness_vs_sensitivity")}
+          "sharpness_vs_sensitivity": extra.get("sharpness_vs_sensitivity"),
+          "seed_summary": extra.get("seed_summary")}
+
+
+def seed_means(measured: dict, ids: dict) -> dict:
+  """`measured` per run id → per run (model): every (mean, s.e.) pair becomes the mean
+  over the run's seeds of the means and the standard error over the seeds; the per-patch
+  map is the seed mean."""
+  groups: dict[str, list[dict]] = {}
+  for run_id, m in measured.items():
+    groups.setdefault(ids[run_id][0], []).append(m)
+
+  def over(values):
+    return compare.mean_and_stderr([v[0] for v in values])
+
+  out = {}
+  for name, ms in groups.items():
+    agg = {"sigmas": {s: over([m["sigmas"][s] for m in ms]) for s in ms[0]["sigmas"]},
+           "per_patch_map": np.mean([m["per_patch_map"] for m in ms], axis=0),
+           "scattered": (over([m["scattered"] for m in ms])
+                         if ms[0]["scattered"] is not None else None)}
+    for part in ("global", "sharpness"):
+      if part in ms[0]:
+        agg[part] = {k: over([m[part][k] for m in ms]) for k in ms[0][part]}
+    out[name] = agg
+  return out
+
+
+def seed_summary_markdown(seed_rows: list[dict], columns) -> str:
+  """The table of `compare.seed_rows`: one row per model, each column "mean ± s.e."."""
+  def cell(row, c):
+    mean, se = row[c], row[f"{c} s.e."]
+    return tables.format_value(mean) + ("" if math.isnan(se) else
+                                        f" ± {tables.format_value(se, 2)}")
+  table = [{"run": r["run"], "seeds": r["seeds"], **{c: cell(r, c) for c in columns}}
+           for r in seed_rows]
+  return ("Mean ± standard error over the training seeds (the per-seed rows are above; "
+          "their ± is over examples):\n\n" +
+          tables.markdown_table(table, ["run", "seeds", *columns]) + "\n")
 
 
 def _sharpness_link(measured, names, main_sigma) -> dict:
@@ -483,6 +548,10 @@ def _notes(config, rows, main_sigma, n, extra) -> str:
              f"{sc.global_noise.num_draws} draws per example and σ, the same examples; "
              f"± is the standard error over examples.")
   ns = extra["noise_to_signal"]
+  if ns["noise_scale"] == "token_rms":
+    text += ("\n\nnoise_scale=token_rms: every σ above is in units of the RMS pixel of the "
+             "measured examples (the noise's standard deviation is σ·RMS pixel), so σ is the "
+             "noise-to-signal ratio.")
   text += (f"\n\nσ relative to the tokens' scale (noise-to-signal σ·√D / RMS‖x_i‖, "
            f"D = {ns['token_dim']} pixels per patch, RMS‖x_i‖ = {ns['token_rms']:.4g} over the "
            f"patches of the {ns['num_examples']} examples): " +

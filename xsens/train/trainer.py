@@ -203,9 +203,9 @@ def _validate_pretrained(config) -> None:
     raise ConfigError("pretrained.path", f"pretrained weights load into models "
                       f"{', '.join(formats)}, not {config.model.name!r}")
   if not os.path.exists(path):
-    releases = " / ".join(f.name for f in formats.values())
-    raise ConfigError("pretrained.path", f"no checkpoint at {path!r} (a {releases} .npz "
-                      "file on local disk)")
+    fmt = formats[config.model.name]
+    raise ConfigError("pretrained.path", f"no checkpoint at {path!r} (a {fmt.name} "
+                      f"{fmt.suffix} file on local disk)")
 
 
 def load_pretrained(config, model, image_shape, key) -> dict | None:
@@ -222,9 +222,11 @@ def load_pretrained(config, model, image_shape, key) -> dict | None:
     return entry.load_pretrained(path, model, image_shape,
                                  reinit_head=config.pretrained.reinit_head, key=key)["params"]
   except models_lib.pretrained.CheckpointError as e:
-    raise ConfigError("pretrained.path", f"{path!r} does not fit the model: {e}") from None
+    raise ConfigError("pretrained.path", f"{path!r} does not fit the model: "
+                      f"{models_lib.pretrained.one_line(e)}") from None
   except (OSError, ValueError) as e:   # Not an .npz (numpy: "pickled data", "not a zip").
-    raise ConfigError("pretrained.path", f"{path!r} cannot be read as a checkpoint .npz: "
+    raise ConfigError("pretrained.path", f"{path!r} cannot be read as a checkpoint "
+                      f"{entry.pretrained.suffix}: "
                       f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
@@ -365,7 +367,20 @@ def make_workdir(path: str, config) -> Workdir:
   extendable = () if optim.schedule_depends_on_total_steps(config.optimizer) else LENGTH_FIELDS
   return Workdir(path, keep_checkpoints=config.keep_checkpoints,
                  may_change=MAY_CHANGE_ON_RESUME + extendable,
-                 hints={f: EXTEND_HINT for f in LENGTH_FIELDS})
+                 hints={f: EXTEND_HINT for f in LENGTH_FIELDS},
+                 added_defaults=model_field_defaults(config.get("model")))
+
+
+def model_field_defaults(model_config) -> dict[str, Any]:
+  """`{"model.<field>": default}` for every config field of the named model: a field added
+  to a model keeps the model's earlier behaviour at its default, so a run written before
+  the field existed resumes under a config that holds the default."""
+  name = (model_config or {}).get("name")
+  if name not in models_lib.MODELS:
+    return {}
+  fields = models_lib.config_fields(name)
+  return {f"model.{f.name}": f.default for f in dataclasses.fields(models_lib.MODELS[name])
+          if f.name in fields and f.default is not dataclasses.MISSING}
 
 
 EXTEND_HINT = ("to train a finished run longer, its learning rate must not depend on the "

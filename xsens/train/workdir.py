@@ -92,6 +92,18 @@ def _without(d: dict, paths: Iterable[str]) -> dict:
   return d
 
 
+def _with_absent(d: dict, values: dict) -> dict:
+  """`d` with each dotted path of `values` set where `d` lacks it (its parent exists)."""
+  for path, value in values.items():
+    *parents, leaf = path.split(".")
+    node = d
+    for p in parents:
+      node = node.get(p) if isinstance(node, dict) else None
+    if isinstance(node, dict) and leaf not in node:
+      node[leaf] = value
+  return d
+
+
 def diff_fields(a, b, prefix: str = "") -> list[str]:
   """Dotted paths at which two JSON trees differ."""
   if isinstance(a, dict) and isinstance(b, dict):
@@ -107,12 +119,16 @@ class Workdir:
 
   def __init__(self, path: str, *, keep_checkpoints: int = 3,
                may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
-               hints: dict[str, str] | None = None):
-    """`hints`: field -> a sentence added to the refusal when that field differs."""
+               hints: dict[str, str] | None = None,
+               added_defaults: dict[str, Any] | None = None):
+    """`hints`: field -> a sentence added to the refusal when that field differs.
+    `added_defaults`: field -> the value that reproduces runs written before the field
+    existed (a saved config without the field matches a config holding that value)."""
     self.path = path
     self.keep_checkpoints = int(keep_checkpoints)
     self.may_change = tuple(may_change)
     self.hints = dict(hints or {})
+    self.added_defaults = json.loads(json.dumps(dict(added_defaults or {})))
     self.is_writer = jax.process_index() == 0
     self._manager = None
     self._heartbeat = None    # (thread, stop event) while this object holds the lock
@@ -146,7 +162,8 @@ class Workdir:
       raise ConfigError(
           "workdir", f"{self.path!r} holds a run but no {CONFIG_FILE}; pass --overwrite "
           "to start again there, or choose another --workdir")
-    diff = diff_fields(_without(saved, self.may_change), self.fingerprint(config))
+    saved = _with_absent(_without(saved, self.may_change), self.added_defaults)
+    diff = diff_fields(saved, self.fingerprint(config))
     if diff:
       hints = "".join(f"; {h}" for h in dict.fromkeys(self.hints[f] for f in diff
                                                         if f in self.hints))

@@ -1,0 +1,296 @@
+"""Set-up `imagenet` of study `sensitivity_vision`: pretrained ConvNeXt vs ViT-B/16, no training.
+
+"Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925) reports that
+the small-scale ordering holds for large pretrained models on ImageNet-1k: ConvNeXt 0.0342
+vs ViT-B/16 0.0191 (submitted version, as quoted by a reviewer; the σ, the token size and
+the number of examples are not known). This set-up measures the same token-wise Gaussian
+sensitivity as the small set-ups (`xsens.studies.sensitivity_vision`, spec §2.1) on public
+checkpoints fine-tuned on ImageNet-1k, with nothing trained:
+
+  - `runs.<run>.pretrained.path`: a local checkpoint of a registry entry with a loader
+    (`xsens.models.pretrained`), the architecture read off the file: a vit_jax `.npz`
+    (e.g. imagenet21k+imagenet2012/ViT-B_16-224.npz of google-research/vision_transformer)
+    or a timm ConvNeXt `.safetensors` (e.g. model.safetensors of timm/convnext_tiny.fb_in1k);
+  - the examples: the first `sensitivity.num_examples` of a seeded permutation of TFDS
+    imagenet2012 `validation`, streamed from `imagenet.data_dir` by `xsens.data.streaming`
+    (the geometry of `xsens.studies.robustness_imagenet`: the central
+    `imagenet.crop_fraction` of the shorter side, bicubic to `imagenet.image_size`²);
+  - the noise: N(0, σ²) on one `sensitivity.patch_size`² patch at a time (all patches of
+    the grid, `sensitivity.num_draws` draws each; 16 = ViT-B/16's tokens), and optionally on
+    all patches at once (`sensitivity.global_noise`), added to the [0, 1] RGB pixels; each
+    model then applies its own release's input normalisation ([-1, 1] for vit_jax,
+    ImageNet mean / std for timm), so σ is in the same pixel units for both models (in the
+    ViT's [-1, 1] inputs it is 2σ, in ConvNeXt's about σ / 0.226);
+  - reported: clean top-1 on the same examples, S(σ) ± the standard error over examples at
+    every σ, the global variant, σ as noise-to-signal σ·√(p·p·3) / RMS patch norm of the
+    [0, 1] images, per-patch maps at the main σ, and bar / σ-curve / heat-map plots.
+
+Keys: run j uses fold_in(key(sensitivity.seed), j), then the σ index and the batch index,
+as `sensitivity_vision.measure_model` does (global: first folded with len(σ) + 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xsens import models as models_lib
+from xsens.data import streaming
+from xsens.errors import ConfigError
+from xsens.models import pretrained
+from xsens.models import vit as vit_lib
+from xsens.report import plots, tables
+from xsens.studies import robustness_imagenet
+from xsens.studies import sensitivity_vision as sv
+from xsens.train import sharding
+
+# sensitivity_vision's jitted batch measures and report helpers, shared with its trained
+# set-ups (the same estimator, keys and plots).
+# pylint: disable=protected-access
+_patch_batch, _global_batch, _stderr = sv._patch_batch, sv._global_batch, sv._stderr
+_enabled, _round_up, _sigma_plot = sv._enabled, sv._round_up, sv._sigma_plot
+_config_summary = sv._config_summary
+# pylint: enable=protected-access
+
+# The paper's ImageNet numbers (submitted version, reviewer quote; spec "Facts from the full
+# paper text" §3): {model kind: sensitivity}.
+PAPER = {"convnext": 0.0342, "vit": 0.0191}
+
+
+class Normalized(nn.Module):
+  """`model` on [0, 1] pixels: the release's input normalisation, then the model.
+
+  Its variables are {"params": {"model": <the model's params>}}.
+  """
+  model: nn.Module
+  normalization: str = "half"
+
+  @nn.compact
+  def __call__(self, x, train: bool = False):
+    return self.model(pretrained.normalize_input(x, self.normalization), train=train)
+
+
+def loaders() -> dict[str, pretrained.Format]:
+  """{model name: checkpoint format} this set-up evaluates (every registry loader)."""
+  return models_lib.pretrained_formats()
+
+
+def validate(config) -> None:
+  """Cheap checks of `config.imagenet`, `config.sensitivity` and `config.runs` (no I/O but
+  the checkpoint files' existence)."""
+  ic, sc = config.imagenet, config.sensitivity
+  if not config.runs:
+    raise ConfigError("runs", "needs at least one run (a pretrained checkpoint)")
+  formats = loaders()
+  for name, run in config.runs.items():
+    kind = run.model.get("name")
+    if kind not in formats:
+      raise ConfigError(f"runs.{name}.model.name", f"got {kind!r}; the imagenet set-up "
+                        f"evaluates pretrained checkpoints of: {', '.join(formats)}")
+    path = run.get("pretrained", {}).get("path")
+    hint = robustness_imagenet.DOWNLOADS.get(kind, "")
+    flag = f"--config.runs.{name}.pretrained.path"
+    if path is None:
+      raise ConfigError(f"runs.{name}.pretrained.path", f"must be set to a local {kind} "
+                        f"checkpoint fine-tuned on ImageNet-1k ({formats[kind].name} "
+                        f"{formats[kind].suffix}), {hint}; set {flag}=/path/to/file"
+                        f"{formats[kind].suffix}")
+    if not os.path.isfile(os.path.expanduser(str(path))):
+      raise ConfigError(f"runs.{name}.pretrained.path",
+                        f"no checkpoint file at {path!r} ({hint})")
+  size = ic.image_size
+  if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+    raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
+  sv.validate_sensitivity_config(sc, (size, size, 3))
+  if sc.get("noise_scale", "absolute") != "absolute":
+    raise ConfigError("sensitivity.noise_scale", f"the imagenet set-up takes σ in [0, 1] "
+                      f"pixel units ('absolute'; its noise-to-signal ratio is reported); "
+                      f"got {sc.noise_scale!r}")
+
+
+def _open(ic, sc, batch_size: int) -> streaming.Stream:
+  """The evaluated examples as a stream of [0, 1] images; ConfigError naming
+  `imagenet.data_dir` when the dataset is not prepared there."""
+  try:
+    return streaming.open_stream(
+        ic.name, split=ic.split, data_dir=ic.data_dir, image_size=int(ic.image_size),
+        crop="center", crop_fraction=ic.crop_fraction, resample="bicubic",
+        normalize="zero_one", limit=int(sc.num_examples), seed=ic.seed,
+        batch_size=batch_size, num_workers=ic.num_workers, image_key=ic.image_key,
+        label_key=ic.label_key, field="imagenet.name", split_field="imagenet.split")
+  except ConfigError as e:
+    if e.field != "imagenet.name" or streaming.is_prepared(ic.name, ic.data_dir):
+      raise
+    data_dir = streaming._resolve_data_dir(ic.data_dir)  # pylint: disable=protected-access
+    raise ConfigError("imagenet.data_dir", f"no prepared TFDS {ic.name!r} in {data_dir!r}; "
+                      "set --config.imagenet.data_dir to a TFDS data_dir holding it as "
+                      "array_record (xsens never downloads; `tfds build imagenet2012 "
+                      "--file_format=array_record` needs TensorFlow and the ImageNet tars)"
+                      ) from None
+
+
+def load_runs(config, image_shape, num_classes):
+  """{run: (Normalized model, variables, num_params, path)}, via
+  `robustness_imagenet.load_run` (architecture read off each checkpoint)."""
+  sc = config.sensitivity
+  out = {}
+  for name, run_cfg in config.runs.items():
+    run = robustness_imagenet.load_run(name, run_cfg, image_shape, num_classes)
+    if isinstance(run.model, vit_lib.ViT) and run.model.patch_size != sc.patch_size:
+      raise ConfigError("sensitivity.patch_size", f"{sc.patch_size} differs from the patch "
+                        f"size {run.model.patch_size} of run {name!r} (a ViT: its tokens are "
+                        "the measured ones)")
+    fmt = loaders()[run_cfg.model.name]
+    model = Normalized(run.model, fmt.input_normalization)
+    out[name] = (model, {"params": {"model": run.variables["params"]}}, run.num_params,
+                 run.path)
+  return out
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def _correct(variables, images, labels, mask, *, model):
+  pred = jnp.argmax(model.apply(variables, images, train=False), axis=-1)
+  return jnp.sum((pred == labels) * mask)
+
+
+def measure(runs, sc, stream, mesh) -> dict:
+  """One pass over the stream: per run clean hits, per-example flips at every σ (and
+  globally), per-patch maps at the main σ; plus Σ x² for the noise-to-signal ratio."""
+  sigmas = [float(s) for s in sc.sigmas]
+  with_global = _enabled(sc, "global_noise")
+  key = jax.random.key(sc.seed)
+  acc = {r: {"hits": 0.0, "token": {s: [] for s in sigmas}, "global": {s: [] for s in sigmas},
+             "map": None, "seconds": 0.0} for r in runs}
+  total, sq_sum, n_pixels = 0, 0.0, 0
+  for i, batch in enumerate(stream.batches()):
+    valid = batch["mask"] > 0
+    real = batch["image"][valid].astype(np.float64)
+    total += int(valid.sum())
+    sq_sum += float(np.sum(real * real))
+    n_pixels += real.size
+    x, m = sharding.global_batch((batch["image"], batch["mask"].astype(np.float32)), mesh)
+    labels = sharding.global_batch(batch["label"].astype(np.int32), mesh)
+    for j, (name, (model, variables, _, _)) in enumerate(runs.items()):
+      t0 = time.time()
+      a = acc[name]
+      model_key = jax.random.fold_in(key, j)
+      a["hits"] += float(_correct(variables, x, labels, m, model=model))
+      for s_idx, sigma in enumerate(sigmas):
+        k = jax.random.fold_in(jax.random.fold_in(model_key, s_idx), i)
+        pe, pm = _patch_batch(
+            variables, x, m, k, jnp.float32(sigma), model=model, patch_size=sc.patch_size,
+            num_draws=sc.num_draws, chunk_size=sc.chunk_size)
+        a["token"][sigma].append(np.asarray(pe)[valid])
+        if sigma == float(sc.main_sigma):
+          pm = np.asarray(pm)[valid].sum(axis=0)
+          a["map"] = pm if a["map"] is None else a["map"] + pm
+        if with_global:
+          gk = jax.random.fold_in(jax.random.fold_in(
+              jax.random.fold_in(model_key, len(sigmas) + 1), s_idx), i)
+          ge = _global_batch(
+              variables, x, m, gk, jnp.float32(sigma), model=model,
+              patch_size=sc.patch_size, num_draws=sc.global_noise.num_draws,
+              chunk_size=sc.chunk_size)
+          a["global"][sigma].append(np.asarray(ge)[valid])
+      a["seconds"] += time.time() - t0
+  measured = {}
+  for name, a in acc.items():
+    def summary(parts):
+      pe = np.concatenate(parts)
+      return float(pe.mean()), _stderr(pe)
+    measured[name] = {"accuracy": a["hits"] / total,
+                      "sigmas": {s: summary(a["token"][s]) for s in sigmas},
+                      "per_patch_map": a["map"] / total, "measure_s": round(a["seconds"], 1)}
+    if with_global:
+      measured[name]["global"] = {s: summary(a["global"][s]) for s in sigmas}
+  rms = float(np.sqrt(sc.patch_size ** 2 * 3 * sq_sum / n_pixels))
+  return {"runs": measured, "num_examples": total, "token_rms": rms}
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Loads the checkpoints, streams ImageNet validation, measures, writes the report.
+
+  Nothing is trained or checkpointed, so `overwrite` has no effect.
+  """
+  del overwrite
+  validate(config)
+  ic, sc = config.imagenet, config.sensitivity
+  mesh = sharding.data_mesh()
+  batch_size = _round_up(int(sc.batch_size), mesh.size)
+  stream = _open(ic, sc, batch_size)  # Missing dataset -> ConfigError before any work.
+  image_shape = (int(ic.image_size), int(ic.image_size), 3)
+  runs = load_runs(config, image_shape, stream.num_classes)
+  out = measure(runs, sc, stream, mesh)
+  measured = out["runs"]
+  sigmas = [float(s) for s in sc.sigmas]
+  main = float(sc.main_sigma)
+  nsr = {s: sv.noise_to_signal(s, sc.patch_size, 3, out["token_rms"]) for s in sigmas}
+  rows = []
+  for name, (model, _, num_params, path) in runs.items():
+    m = measured[name]
+    kind = config.runs[name].model.name
+    row = {"run": name, "model": type(model.model).__name__, "params": num_params,
+           "checkpoint": os.path.basename(path), "top1": m["accuracy"]}
+    for s, (mean, se) in m["sigmas"].items():
+      row[f"S(σ={s:g})"], row[f"s.e.(σ={s:g})"] = mean, se
+    for s, (mean, se) in m.get("global", {}).items():
+      row[f"S_global(σ={s:g})"], row[f"s.e._global(σ={s:g})"] = mean, se
+    row["paper_S"] = PAPER.get(kind)
+    row["measure_s"] = m["measure_s"]
+    rows.append(row)
+  names = list(runs)
+  os.makedirs(workdir, exist_ok=True)
+  plot_files = [
+      plots.bar_plot(os.path.join(workdir, "sensitivity_bar.png"), names,
+                     [measured[n]["sigmas"][main][0] for n in names],
+                     errors=[measured[n]["sigmas"][main][1] for n in names],
+                     ylabel="sensitivity (ImageNet val)",
+                     title=f"Token-wise sensitivity, σ={main:g}"),
+      _sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
+      plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
+                         {n: measured[n]["per_patch_map"] for n in names},
+                         title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",
+                         cbar_label="flip probability"),
+  ]
+  extra = {"checkpoints": {n: runs[n][3] for n in names},
+           "per_patch_maps": {n: measured[n]["per_patch_map"].tolist() for n in names},
+           "sensitivity": _config_summary(sc),
+           "noise_to_signal": {"token_rms": out["token_rms"],
+                               "token_dim": sc.patch_size ** 2 * 3,
+                               "num_examples": out["num_examples"],
+                               "by_sigma": {f"{s:g}": v for s, v in nsr.items()}},
+           "paper": PAPER}
+  md = tables.write_results(
+      workdir, f"Token-wise sensitivity of pretrained models on {ic.name} ({ic.split})",
+      rows, notes=_notes(ic, sc, rows, main, out, nsr), plots=plot_files, extra=extra)
+  return {"rows": rows, "markdown": md, "measured": measured, "noise_to_signal": nsr}
+
+
+def _notes(ic, sc, rows, main, out, nsr) -> str:
+  key = f"S(σ={main:g})"
+  order = " < ".join(f"{r['run']} ({r[key]:.3g})" for r in sorted(rows, key=lambda r: r[key]))
+  text = (
+      f"Pretrained checkpoints, no training. {out['num_examples']} {ic.name} {ic.split} "
+      f"images (the first of a seeded permutation, seed {ic.seed}), central "
+      f"{ic.crop_fraction:.3g} crop, bicubic to {ic.image_size}², pixels in [0, 1]. "
+      f"Sensitivity: label-flip probability (against the clean prediction) when one "
+      f"{sc.patch_size}×{sc.patch_size} patch gets N(0, σ²) noise in [0, 1] pixel units, "
+      f"before each model's own input normalisation; mean over the patches, "
+      f"{sc.num_draws} draws per patch and the examples; ± is the standard error over "
+      f"examples. top1: clean accuracy on the same examples.\n\n"
+      f"Ordering at σ={main:g}: {order}. paper_S: the paper's ImageNet numbers (ConvNeXt "
+      f"0.0342, ViT-B/16 0.0191; submitted version, reviewer quote; its σ and token size "
+      f"are not known), so compare the ordering, not the values.")
+  if _enabled(sc, "global_noise"):
+    text += (f"\n\nS_global: N(0, σ²) on every pixel at once (App. A.2), "
+             f"{sc.global_noise.num_draws} draws per example and σ.")
+  text += (f"\n\nσ as noise-to-signal σ·√D / RMS‖x_i‖ (D = {sc.patch_size ** 2 * 3}, "
+           f"RMS‖x_i‖ = {out['token_rms']:.4g} over the [0, 1] patches): " +
+           ", ".join(f"σ={s:g} → {v:.3g}" for s, v in nsr.items()) + ".")
+  return text
