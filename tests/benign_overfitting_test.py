@@ -68,6 +68,33 @@ def test_project_noise_and_layouts():
   assert np.all(np.asarray(x)[:, 1:, 0] == 0) and np.any(np.asarray(x)[:, 1:, 1] != 0)
 
 
+def test_projected_noise_is_orthogonal_to_mu_and_default_is_unchanged():
+  kw = dict(num_tokens=5, d=64, mu_norm=3.0, sigma_p=0.7)
+  key = jax.random.key(7)
+  x_def, y, _ = sn.sample(key, 12, **kw)
+  x_off, _, _ = sn.sample(key, 12, project_noise=False, **kw)
+  x_on, _, _ = sn.sample(key, 12, project_noise=True, **kw)
+  x_def, x_off, x_on = map(np.asarray, (x_def, x_off, x_on))
+  np.testing.assert_array_equal(x_def, x_off)  # The default is the unprojected draw.
+  # ...which is exactly the pre-option formula: signal token, then N(0, 1) × per-token std.
+  k_noise, _ = jax.random.split(key)
+  raw = np.asarray(jax.random.normal(k_noise, (12, 4, 64), jnp.float32))
+  stds = np.array([5 * np.sqrt(5) * 0.7] + [0.7] * 3, np.float32)
+  np.testing.assert_array_equal(x_def[:, 1:], raw * stds[None, :, None])
+  assert np.abs(x_def[:, 1:, :2]).max() > 0  # Unprojected noise does touch span{μ±}.
+  for layout in sn.LAYOUTS:
+    xp, _, _ = sn.sample(key, 12, project_noise=True, layout=layout, **kw)
+    mus = np.asarray(sn.signal_vectors(3.0, 64, layout), np.float64)
+    inner = np.asarray(xp, np.float64)[:, 1:] @ mus.T
+    assert np.abs(inner).max() <= 1e-6
+  # Projection only zeroes span{μ₊, μ₋}: the other coordinates are the same draw.
+  np.testing.assert_array_equal(x_on[:, 1:, 2:], x_def[:, 1:, 2:])
+  np.testing.assert_array_equal(x_on[:, 0], x_def[:, 0])
+  config = bo_config.get_config()
+  assert config.data.project_noise is False
+  assert bo._data_kwargs(config.data)["project_noise"] is False
+
+
 def test_label_flip_rate():
   _, y, yc = sn.sample(jax.random.key(2), 4000, num_tokens=2, d=4, mu_norm=1.0, sigma_p=1.0,
                        label_flip=0.2)
@@ -297,6 +324,14 @@ def test_bad_config_fields_raise_before_compile(tmp_path, monkeypatch, field, va
   assert not os.path.exists(tmp_path / "wd")
 
 
+def test_project_noise_is_refused_for_mnist_signals(tmp_path):
+  config = bo_config.get_config("smoke")
+  config.data.kind, config.data.project_noise = "mnist", True
+  with pytest.raises(ConfigError, match="config.data.project_noise"):
+    studies.run(config, str(tmp_path / "wd"))
+  assert not os.path.exists(tmp_path / "wd")
+
+
 def test_fit_boundary_recovers_exponent():
   ns = np.arange(2, 21, 2)
   snrs = np.geomspace(0.5, 50, 30)
@@ -308,6 +343,37 @@ def test_fit_boundary_recovers_exponent():
   fit = bo.fit_boundary(ns, snrs, trials, 0.2, bootstrap=50)
   assert fit["k"] == pytest.approx(2.0, abs=0.1) and fit["num_points"] == len(ns)
   assert fit["k_ci95"][0] <= 2.0 <= fit["k_ci95"][1] or abs(fit["k"] - 2) < 0.05
+
+
+@pytest.mark.parametrize("k_true", [2.0, 3.0])
+def test_logistic_boundary_recovers_exponent(k_true):
+  ns = np.arange(2, 21, 2)
+  snrs = np.geomspace(0.3, 60, 24)
+  rng = np.random.default_rng(1)
+  # Labels from a known boundary N·SNR^k = 50 with logistic noise; the loss is a two-level
+  # stand-in (0.05 benign, 0.6 harmful), so 1[loss < 0.2] are those labels.
+  z = np.log(ns[:, None, None] * snrs[None, :, None] ** k_true / 50.0) * np.ones((1, 1, 40))
+  benign = rng.random(z.shape) < 1 / (1 + np.exp(-6 * z))
+  loss = np.where(benign, 0.05, 0.6)
+  k, c = bo.logistic_k(ns, snrs, loss, 0.2)
+  assert k == pytest.approx(k_true, rel=0.06) and c == pytest.approx(50.0, rel=0.3)
+  fit = bo.fit_boundary_logistic(ns, snrs, loss, 0.2, bootstrap=20)
+  assert fit["k"] == k and fit["k_ci95"][0] < fit["k_ci95"][1]
+  # Separable labels (no noise) still give a finite line near the truth.
+  k_sep, _ = bo.logistic_k(ns, snrs, np.where(z > 0, 0.05, 0.6), 0.2)
+  assert k_sep == pytest.approx(k_true, rel=0.1)
+  assert np.isnan(bo.logistic_k(ns, snrs, np.full_like(loss, 0.6), 0.2)[0])
+
+
+def test_curves_draw_the_paper_n_snr2_1000_curve():
+  ns, snrs = np.arange(2, 21, 2), np.geomspace(0.2, 40, 8)
+  fit = {"k": 2.1, "c": 200.0, "crossings": list(np.sqrt(200 / ns)),
+         "logistic": {"k": 2.0, "c": 180.0}}
+  curves = bo._curves(snrs, ns, fit, 2.0, paper_curve=True)
+  assert len(curves) == 4
+  s, n = curves["paper N·SNR²=1000"]
+  np.testing.assert_allclose(n * s ** 2, 1000.0)
+  assert "paper N·SNR²=1000" not in bo._curves(snrs, ns, fit, 3.0)
 
 
 # ---------------------------------------------------------------------------------- smoke

@@ -94,6 +94,10 @@ def validate(config) -> None:
   require(_positive(d.sigma_p), "data.sigma_p", f"must be > 0, got {d.sigma_p!r}")
   require(d.strong_noise_factor is None or _positive(d.strong_noise_factor),
         "data.strong_noise_factor", f"must be None (5√M) or > 0, got {d.strong_noise_factor!r}")
+  require(isinstance(d.get("project_noise", False), bool), "data.project_noise",
+        f"must be true or false, got {d.get('project_noise')!r}")
+  require(not (d.get("project_noise", False) and d.kind == "mnist"), "data.project_noise",
+        "projects off the coordinates of μ₊, μ₋ (e₁, e₂); it has no meaning for data.kind='mnist'")
   require(isinstance(d.label_flip, (int, float)) and 0 <= d.label_flip < 0.5, "data.label_flip",
         f"must be in [0, 0.5), got {d.label_flip!r}")
   if d.kind == "mnist":
@@ -455,6 +459,71 @@ def fit_boundary(n_values, snrs, test_loss, cutoff: float, *, bootstrap: int = 2
           "num_points": int(np.isfinite(cross).sum()), "bootstrap_valid": len(ks)}
 
 
+def _logistic_coef(xs, ys, ridge: float) -> np.ndarray:
+  """Ridge-penalised logistic regression of ys ∈ {0, 1} on [1, xs]: the coefficients."""
+  from scipy import optimize  # pylint: disable=g-import-not-at-top
+  design = np.concatenate([np.ones((len(xs), 1)), xs], axis=1)
+  sign = 2.0 * ys - 1.0
+  pen = np.array([0.0] + [ridge] * xs.shape[1])
+
+  def f(w):
+    z = sign * (design @ w)
+    loss = np.logaddexp(0.0, -z).sum() + 0.5 * pen @ (w * w)
+    g = -(design * (sign * np.exp(-np.logaddexp(0.0, z)))[:, None]).sum(0) + pen * w
+    return loss, g
+
+  return optimize.minimize(f, np.zeros(design.shape[1]), jac=True, method="L-BFGS-B").x
+
+
+def logistic_k(n_values, snrs, test_loss, cutoff: float, *, ridge: float = 1e-3) -> tuple:
+  """k from a logistic fit of 1[test loss < cutoff] on (log N, log SNR) over all runs.
+
+  P(benign) = σ(a + b log N + c log SNR); the decision line a + b log N + c log SNR = 0 is
+  N·SNR^k = C with k = c / b and C = exp(−a / b) (i.e. SNR ∝ N^{−1/k}). A small ridge keeps
+  the fit finite on separable labels (it scales the coefficients, barely the ratio).
+
+  Args:
+    n_values: [nN]; snrs: [nS]; test_loss: [nN, nS, T] (NaN runs are left out).
+
+  Returns:
+    (k, C); NaN if the labels are all one class or b <= 0.
+  """
+  loss = np.asarray(test_loss, float)
+  ln = np.broadcast_to(np.log(np.asarray(n_values, float))[:, None, None], loss.shape)
+  ls = np.broadcast_to(np.log(np.asarray(snrs, float))[None, :, None], loss.shape)
+  ok = np.isfinite(loss)
+  lab = (loss[ok] < cutoff).astype(float)
+  if lab.min() == lab.max():
+    return float("nan"), float("nan")
+  feats = np.stack([ln[ok], ls[ok]], axis=1)
+  mu, sd = feats.mean(0), feats.std(0)
+  sd = np.where(sd > 0, sd, 1.0)
+  w = _logistic_coef((feats - mu) / sd, lab, ridge)
+  b, c = w[1] / sd[0], w[2] / sd[1]
+  a = w[0] - w[1] * mu[0] / sd[0] - w[2] * mu[1] / sd[1]
+  if not b > 0:
+    return float("nan"), float("nan")
+  return float(c / b), float(np.exp(-a / b))
+
+
+def fit_boundary_logistic(n_values, snrs, test_loss, cutoff: float, *, bootstrap: int = 200,
+                          seed: int = 0) -> dict:
+  """`logistic_k` with a bootstrap-over-trials 95 % interval (as `fit_boundary`)."""
+  test_loss = np.asarray(test_loss, float)
+  k, c = logistic_k(n_values, snrs, test_loss, cutoff)
+  ks = []
+  rng = np.random.default_rng(seed)
+  t = test_loss.shape[-1]
+  for _ in range(bootstrap):
+    pick = rng.integers(0, t, size=test_loss.shape)
+    kb = logistic_k(n_values, snrs, np.take_along_axis(test_loss, pick, axis=-1), cutoff)[0]
+    if np.isfinite(kb):
+      ks.append(kb)
+  ci = [float(np.percentile(ks, 2.5)), float(np.percentile(ks, 97.5))] if len(ks) > 10 else [
+      float("nan")] * 2
+  return {"k": k, "c": c, "k_ci95": ci, "bootstrap_valid": len(ks)}
+
+
 # ------------------------------------------------------------------------------------------
 # Training dynamics (spec §6).
 
@@ -579,17 +648,23 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
     sweeps[model] = res
     fit = fit_boundary(ns, snrs, res["test_loss"], cutoff,
                        bootstrap=int(config.report.bootstrap), seed=int(config.seed))
+    fit["logistic"] = fit_boundary_logistic(ns, snrs, res["test_loss"], cutoff,
+                                            bootstrap=int(config.report.bootstrap),
+                                            seed=int(config.seed))
     fits[model] = fit
     theory = 2.0 if model == "vit" else float(config.cnn.q)
+    lg = fit["logistic"]
     rows.append({"model": model, "runs": int(res["test_loss"].size),
                  "converged_frac": float(np.nanmean(res["converged"])),
                  "k_fit": fit["k"], "k_ci95_lo": fit["k_ci95"][0], "k_ci95_hi": fit["k_ci95"][1],
-                 "k_stderr": fit["k_stderr"], "k_theory": theory, "c_fit": fit["c"],
+                 "k_stderr": fit["k_stderr"], "k_logistic": lg["k"],
+                 "k_logistic_ci95_lo": lg["k_ci95"][0], "k_logistic_ci95_hi": lg["k_ci95"][1],
+                 "k_theory": theory, "c_fit": fit["c"],
                  "boundary_points": fit["num_points"], "wall_s": round(res["wall_s"], 1)})
     np.savez(os.path.join(workdir, f"grid_{model}.npz"), n_values=ns, mu_norms=np.asarray(
         list(config.sweep.mu_norms)), snr=snrs, **{k: res[k] for k in RESULT_FIELDS})
     mean = np.nanmean(res["test_loss"], -1)
-    curves = _curves(snrs, ns, fit, theory)
+    curves = _curves(snrs, ns, fit, theory, paper_curve=model == "vit")
     # Every run as its own row, like the authors' heat map (N repeated once per trial).
     trials = res["test_loss"].shape[-1]
     all_rows = np.transpose(res["test_loss"], (0, 2, 1)).reshape(-1, len(snrs))
@@ -635,7 +710,12 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   return {"rows": rows, "markdown": md, "sweeps": sweeps, "fits": fits, "dynamics": dyn}
 
 
-def _curves(snrs, ns, fit, theory_k) -> dict:
+PAPER_N_SNR2 = 1000.0  # Jiang et al. Fig. 1's red curve N·SNR² = 1000.
+
+
+def _curves(snrs, ns, fit, theory_k, *, paper_curve: bool = False) -> dict:
+  """Overlays (SNR, N): the interpolation fit, the theory slope through its crossings, the
+  logistic decision line and (ViT) the paper's fixed N·SNR² = 1000 (at most four styles)."""
   s = np.geomspace(snrs.min(), snrs.max(), 100)
   out = {}
   if np.isfinite(fit["k"]):
@@ -645,6 +725,11 @@ def _curves(snrs, ns, fit, theory_k) -> dict:
     ok = np.isfinite(cr)
     c_th = float(np.exp(np.mean(np.log(ns[ok]) + theory_k * np.log(cr[ok]))))
     out[f"N·SNR^{theory_k:g}={c_th:.3g}"] = (s, c_th / s ** theory_k)
+  lg = fit.get("logistic") or {}
+  if np.isfinite(lg.get("k", np.nan)):
+    out[f"logistic N·SNR^{lg['k']:.2f}={lg['c']:.3g}"] = (s, lg["c"] / s ** lg["k"])
+  if paper_curve:
+    out[f"paper N·SNR²={PAPER_N_SNR2:g}"] = (s, PAPER_N_SNR2 / s ** 2)
   return out
 
 
@@ -659,7 +744,10 @@ def _notes(config, fits, dyn, snrs) -> str:
            f"{config.report.bootstrap} bootstrap resamples of the trials."]
   for m, f in fits.items():
     lines.append(f"- {m}: k = {f['k']:.3g} (95 % CI {f['k_ci95'][0]:.3g}..{f['k_ci95'][1]:.3g}, "
-                 f"regression s.e. {f['k_stderr']:.3g}) from {f['num_points']} N values.")
+                 f"regression s.e. {f['k_stderr']:.3g}) from {f['num_points']} N values; "
+                 f"logistic fit of 1[loss < {config.report.cutoff}] on (log N, log SNR) over "
+                 f"all runs: k = {f['logistic']['k']:.3g} (95 % CI "
+                 f"{f['logistic']['k_ci95'][0]:.3g}..{f['logistic']['k_ci95'][1]:.3g}).")
   for name, d in dyn.items():
     fm = d["final_mean"]
     lines.append(f"- dynamics {name} (SNR {d['snr']:.3g}, N·SNR² {d['n_snr2']:.3g}): final test "

@@ -137,25 +137,33 @@ def _positive_int(value, field: str) -> None:
     raise ConfigError(field, f"must be a positive int, got {value!r}")
 
 
+def validate_checkpoint_runs(runs, formats: dict) -> None:
+  """Each run of `runs` names a model of `formats` ({name: checkpoint format}) and an
+  existing local checkpoint file in `pretrained.path` (ConfigError naming the field)."""
+  for name, run in runs.items():
+    kind = run.model.get("name")
+    if kind not in formats:
+      raise ConfigError(f"runs.{name}.model.name", f"got {kind!r}; the ImageNet set-up "
+                        f"evaluates pretrained checkpoints of: {', '.join(formats)}")
+    path = run.get("pretrained", {}).get("path")
+    hint = DOWNLOADS.get(kind, "")
+    if path is None:
+      raise ConfigError(f"runs.{name}.pretrained.path", f"must be set to a local {kind} "
+                        f"checkpoint fine-tuned on ImageNet-1k, {hint}; e.g. "
+                        f"--config.runs.{name}.pretrained.path=/path/to/file"
+                        f"{formats[kind].suffix}")
+    if not os.path.isfile(os.path.expanduser(str(path))):
+      raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
+                        f"({hint})")
+
+
 def validate(config) -> None:
   """Cheap checks of `config.imagenet`, `config.robustness` and `config.runs` (no I/O)."""
   ic, rc = config.imagenet, config.robustness
   if not config.runs:
     raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
+  validate_checkpoint_runs(config.runs, LOADERS)
   for name, run in config.runs.items():
-    model_name = run.model.get("name")
-    if model_name not in LOADERS:
-      raise ConfigError(f"runs.{name}.model.name", f"got {model_name!r}; the ImageNet setup "
-                        f"evaluates pretrained checkpoints of: {', '.join(LOADERS)}")
-    path = run.get("pretrained", {}).get("path")
-    if path is None:
-      raise ConfigError(f"runs.{name}.pretrained.path", "must be set to a local "
-                        f"{model_name} checkpoint fine-tuned on ImageNet-1k, "
-                        f"{DOWNLOADS[model_name]}; e.g. --config.runs.{name}.pretrained.path="
-                        f"/path/to/file{LOADERS[model_name].suffix}")
-    if not os.path.isfile(os.path.expanduser(str(path))):
-      raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
-                        f"({DOWNLOADS[model_name]})")
     data = run.get("pretraining")
     if data is not None and not (isinstance(data, str) and data.strip()):
       raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "

@@ -87,23 +87,7 @@ def validate(config) -> None:
   ic, sc = config.imagenet, config.sensitivity
   if not config.runs:
     raise ConfigError("runs", "needs at least one run (a pretrained checkpoint)")
-  formats = loaders()
-  for name, run in config.runs.items():
-    kind = run.model.get("name")
-    if kind not in formats:
-      raise ConfigError(f"runs.{name}.model.name", f"got {kind!r}; the imagenet set-up "
-                        f"evaluates pretrained checkpoints of: {', '.join(formats)}")
-    path = run.get("pretrained", {}).get("path")
-    hint = robustness_imagenet.DOWNLOADS.get(kind, "")
-    flag = f"--config.runs.{name}.pretrained.path"
-    if path is None:
-      raise ConfigError(f"runs.{name}.pretrained.path", f"must be set to a local {kind} "
-                        f"checkpoint fine-tuned on ImageNet-1k ({formats[kind].name} "
-                        f"{formats[kind].suffix}), {hint}; set {flag}=/path/to/file"
-                        f"{formats[kind].suffix}")
-    if not os.path.isfile(os.path.expanduser(str(path))):
-      raise ConfigError(f"runs.{name}.pretrained.path",
-                        f"no checkpoint file at {path!r} ({hint})")
+  robustness_imagenet.validate_checkpoint_runs(config.runs, loaders())
   size = ic.image_size
   if isinstance(size, bool) or not isinstance(size, int) or size < 1:
     raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
