@@ -22,8 +22,10 @@ Variants:
 - `smoke`: seconds; what the tests run.
 
 Shows: results.md with, per model, the fitted boundary exponent k of N·SNR^k = c (theory:
-2 for the ViT, q for the CNN) with a bootstrap 95 % CI; heat maps of the mean test loss and
-of loss < 0.2 with the fitted and theoretical curves; the ViT/CNN boundary overlay; and the
+2 for the ViT, q for the CNN) with a bootstrap 95 % CI, from the per-N interpolated crossings
+and, beside it, from a logistic fit of 1[test loss < cutoff] on (log N, log SNR) over all runs;
+heat maps of the mean test loss and of loss < 0.2 with the fitted, theoretical and logistic
+curves and (ViT) the paper's Fig. 1 curve N·SNR² = 1000; the ViT/CNN boundary overlay; and the
 training dynamics (loss, pooled attention, V projections, QK logits, stable rank of W_V) of a
 harmful (‖μ‖=1) and a benign (‖μ‖=25) run.
 """
@@ -64,7 +66,7 @@ def get_config(arg=None):
   d.sigma_p = 6.4 / math.sqrt(128)  # σ_p √d = 6.4 as in the paper's d=1024, σ_p=0.2.
   d.strong_noise_factor = ml_collections.FieldReference(None, field_type=float)  # None: 5√M
   d.layout = "two_vectors"
-  d.project_noise = False
+  d.project_noise = False  # True: noise ⟂ span{μ₊, μ₋} (the paper's Def. 3.1); scripts: False.
   d.label_flip = 0.0
   d.num_test = 100
   d.mnist_classes = (0, 1)

@@ -17,7 +17,9 @@ What it does:
   2. Boundary: for each N the SNR where the trial-mean test loss crosses `cutoff` (0.2)
      by interpolation in log SNR, then least squares log N = log c − k log SNR
      (theory: k = 2 for the ViT, Jiang et al. Thm 4.1/4.2; k = q for the CNN, Cao et al.
-     Thm 4.3/4.4), with a bootstrap-over-trials 95 % interval for k.
+     Thm 4.3/4.4), with a bootstrap-over-trials 95 % interval for k. Beside it, a logistic
+     fit of 1[test loss < cutoff] on (log N, log SNR) over all runs, whose decision line
+     gives k (`fit_boundary_logistic`); the plots also draw the paper's N·SNR² = 1000.
   3. Dynamics: for one harmful and one benign setting, every GD step logs the losses,
      pooled attention, V projections, QK logits and the stable rank of W_V (spec §6).
   4. Report: heat maps, cutoff maps with the fitted and theoretical curves, the ViT/CNN

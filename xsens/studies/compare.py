@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Callable, Iterator
-
-import math
 
 import numpy as np
 
