@@ -341,32 +341,28 @@ def _train_s(wd: Workdir, out: loop.LoopResult) -> float:
   return train_s
 
 
-_CHUNKS = {}  # (model, optimiser) -> (the jitted chunk, the optimiser kept alive).
-
-
+@functools.lru_cache(maxsize=None)
 def _ce_chunk(model, tx):
   """jit (state, x, y, length) -> the state after `length` full-batch steps, with the loss
-  and accuracy at its end; one compiled function per (model, optimiser) and shape."""
-  key = (model, id(tx))
-  if key not in _CHUNKS:
-    def loss_fn(p, x, y):
-      logits = model.apply({"params": p}, x)
-      return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+  and accuracy at its end; one compiled function per (model, optimiser) and shape (the
+  optimisers come from `_optimizer`, one object per setting, so seeds share it)."""
+  def loss_fn(p, x, y):
+    logits = model.apply({"params": p}, x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
-    @functools.partial(jax.jit, static_argnums=3)
-    def chunk(state, x, y, length):
-      def body(carry, _):
-        p, opt = carry
-        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-        upd, opt = tx.update(g, opt, p)
-        return (optax.apply_updates(p, upd), opt), loss
-      (p, opt), _ = jax.lax.scan(body, (state["params"], state["opt"]), None, length=length)
-      logits = model.apply({"params": p}, x)
-      loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-      return {"params": p, "opt": opt, "loss": loss,
-              "accuracy": jnp.mean(jnp.argmax(logits, -1) == y)}
-    _CHUNKS[key] = (chunk, tx)
-  return _CHUNKS[key][0]
+  @functools.partial(jax.jit, static_argnums=3)
+  def chunk(state, x, y, length):
+    def body(carry, _):
+      p, opt = carry
+      loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+      upd, opt = tx.update(g, opt, p)
+      return (optax.apply_updates(p, upd), opt), loss
+    (p, opt), _ = jax.lax.scan(body, (state["params"], state["opt"]), None, length=length)
+    logits = model.apply({"params": p}, x)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+    return {"params": p, "opt": opt, "loss": loss,
+            "accuracy": jnp.mean(jnp.argmax(logits, -1) == y)}
+  return chunk
 
 
 def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
