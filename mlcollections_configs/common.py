@@ -31,6 +31,20 @@ def _overridable(value):
   return tuple(value) if isinstance(value, list) else value
 
 
+def imagenet_stream_config(**fields) -> ml_collections.ConfigDict:
+  """The `config.imagenet` block of the no-training ImageNet set-ups: where the streamed
+  validation split is (TFDS name, split, `data_dir`: None means $TFDS_DATA_DIR or
+  ~/tensorflow_datasets; the feature keys), which seeded subset, and the 224² central
+  crop; `fields` adds or overrides the set-up's own."""
+  block = {"name": "imagenet2012", "split": "validation",
+           "data_dir": ml_collections.FieldReference(None, field_type=str),
+           "image_key": "image", "label_key": "label",
+           "seed": 0,                      # order / subset of the validation images
+           "image_size": 224, "crop_fraction": 224 / 256, "num_workers": 8}
+  block.update(fields)
+  return ml_collections.ConfigDict(block)
+
+
 def train_config() -> ml_collections.ConfigDict:
   """Every field `xsens.train.trainer.train_and_evaluate` reads, with defaults."""
   c = ml_collections.ConfigDict()

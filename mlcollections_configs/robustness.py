@@ -98,19 +98,13 @@ def imagenet_config(smoke: bool = False, scale: bool = False) -> ml_collections.
   path = lambda: ml_collections.FieldReference(None, field_type=str)
   config = ml_collections.ConfigDict()
   config.study = "robustness"
-  config.imagenet = ml_collections.ConfigDict({
-      "name": "imagenet2012", "split": "validation",
-      "data_dir": path(),                   # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
-      "image_key": "image", "label_key": "label",
-      "corrupted_name": "imagenet2012_corrupted", "corrupted_split": "validation",
-      "corruption_source": "auto",          # auto | tfds | synthesize
-      "limit": ml_collections.FieldReference(10000, field_type=int),  # None: all 50k
-      "seed": 0,                            # order / subset of the validation images
-      "image_size": 224,                    # model resolution (ViT posemb is resized)
-      "crop_fraction": 224 / 256,           # ImageNet-C's central crop
-      "normalize": "half",                  # [-1, 1], as vit_jax and big_transfer
-      "batch_size": 250, "num_workers": 8,
-  })
+  config.imagenet = common.imagenet_stream_config(
+      corrupted_name="imagenet2012_corrupted", corrupted_split="validation",
+      corruption_source="auto",             # auto | tfds | synthesize
+      limit=ml_collections.FieldReference(10000, field_type=int),  # None: all 50k
+      # image_size: model resolution (ViT posemb is resized); crop: ImageNet-C's central crop.
+      normalize="half",                     # [-1, 1], as vit_jax and big_transfer
+      batch_size=250)
   config.robustness = rc = robustness_config()
   # Not measured in this setup (see xsens.studies.robustness_imagenet): weight noise,
   # sharpness, CKA and probes.

@@ -88,12 +88,7 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
   path = lambda: ml_collections.FieldReference(None, field_type=str)
   config = ml_collections.ConfigDict()
   config.study = "sensitivity_imagenet"
-  config.imagenet = ml_collections.ConfigDict({
-      "name": "imagenet2012", "split": "validation",
-      "data_dir": path(),                   # None: $TFDS_DATA_DIR or ~/tensorflow_datasets
-      "image_key": "image", "label_key": "label",
-      "seed": 0,                            # which validation images (a seeded subset)
-      "image_size": 224, "crop_fraction": 0.875, "num_workers": 8})
+  config.imagenet = common.imagenet_stream_config()
   sc = config.sensitivity = ml_collections.ConfigDict()
   sc.seed = 0
   sc.patch_size = 16                        # ViT-B/16's tokens: 14 x 14 patches at 224²
