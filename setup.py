@@ -26,6 +26,9 @@ CORE = [
 EXTRAS = {
     "test": ["pytest>=8", "pytest-xdist>=3.5", "nbformat>=5.9", "nbclient>=0.10",
              "ipykernel>=6.29"],
+    # The real PyTorch baselines of experiments/bench_*.py (docs/benchmarks.md); a CPU build:
+    # pip install -e ".[bench]" --extra-index-url https://download.pytorch.org/whl/cpu
+    "bench": ["torch==2.13.0"],
 }
 
 setup(

@@ -10,8 +10,13 @@ exactly `--steps` full-batch GD steps (no early stop):
   * vmapped GD: the same GD loop alone on pre-drawn data (`vmap` of a `fori_loop`), the
     rate compared with the sequential loops below;
   * sequential jitted: a Python loop over runs and steps calling a jitted GD step;
-  * sequential eager (the authors' PyTorch pattern): a Python loop over runs and steps with
-    un-jitted JAX ops (op-by-op dispatch), timed on a few runs/steps and extrapolated;
+  * PyTorch (the authors' pattern, the real thing; needs `pip install -e ".[bench]"`): per
+    run, nn.Linear W_Q, W_K, W_V (no bias) and a frozen w_O, torch.optim.SGD(lr=η),
+    SoftMarginLoss, a Python loop of zero_grad / backward / step on the full batch —
+    `--torch_runs` runs from the same initial weights and data as the JAX runs, checked to
+    end at the same weights (relative error printed), torch.set_num_threads(os.cpu_count());
+  * sequential op-by-op JAX: a Python loop over runs and steps with un-jitted JAX ops,
+    timed on a few runs/steps (not the authors' code: a dispatch-bound reference);
   * reduced: `xsens.train.reduced_vit_gd.fit` (exact, state in the span of the tokens);
   * achieved GFLOP/s = XLA cost analysis of one vmapped GD step × steps / vmapped-GD time, against
     the measured fp32 matmul peak (best of a 2048² (CPU) or 8192² (accelerator) jnp.dot).
@@ -66,7 +71,56 @@ def matmul_peak(n: int, repeats: int = 5) -> float:
   return 2 * n ** 3 / _best_time(lambda: f(a, b), repeats) / 1e9
 
 
-def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int) -> dict:
+def torch_authors_loop(params, w_o, x, y, eta: float, steps: int, runs: int):
+  """The authors' PyTorch step loop over `runs` runs; (run·steps/s, final W_V of run 0).
+
+  params/w_o/x/y: the vmapped JAX arrays ([runs, ...]); each run starts from its weights.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(os.cpu_count())
+
+  class OneLayerViT(torch.nn.Module):
+    """Spec §2 in the authors' matrix form: mean_l softmax(Q Kᵀ)_l · X W_V w_O."""
+
+    def __init__(self, wq, wk, wv, wo):
+      super().__init__()
+      d, d_h = wq.shape
+      self.q = torch.nn.Linear(d, d_h, bias=False)
+      self.k = torch.nn.Linear(d, d_h, bias=False)
+      self.v = torch.nn.Linear(d, wv.shape[1], bias=False)
+      self.o = torch.nn.Linear(wv.shape[1], 1, bias=False)
+      with torch.no_grad():  # nn.Linear stores the transposes.
+        for lin, w in ((self.q, wq), (self.k, wk), (self.v, wv), (self.o, wo[:, None])):
+          lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))
+      self.o.weight.requires_grad_(False)
+
+    def forward(self, x):
+      attn = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
+      return self.o(attn @ self.v(x)).squeeze(-1).mean(-1)
+
+  np_params = {k: np.array(v) for k, v in params.items()}  # Writable copies for torch.
+  xs, ys, wos = np.array(x), np.array(y), np.array(w_o)
+  crit = torch.nn.SoftMarginLoss()
+
+  def one_run(i: int, num_steps: int):
+    model = OneLayerViT(np_params["wq"][i], np_params["wk"][i], np_params["wv"][i], wos[i])
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=eta)
+    xt, yt = torch.from_numpy(xs[i]), torch.from_numpy(ys[i].astype(np.float32))
+    for _ in range(num_steps):
+      loss = crit(model(xt), yt)
+      opt.zero_grad()
+      loss.backward()
+      opt.step()
+    return model.v.weight.detach().numpy().T.copy()
+
+  one_run(0, min(steps, 10))  # Warm-up: thread pool, allocator, autograd.
+  t0 = time.perf_counter()
+  final_wv = [one_run(i, steps) for i in range(runs)][0]
+  return runs * steps / (time.perf_counter() - t0), final_wv
+
+
+def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int,
+          torch_runs: int = 4) -> dict:
   config = bo_config.get_config(variant or None)
   config.train.max_steps = steps
   config.train.loss_threshold = 1e-30  # Never stops early: exactly `steps` updates.
@@ -143,6 +197,19 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
       jax.block_until_ready(p)
     eager_rate = eager_runs * eager_steps / (time.perf_counter() - t0)
 
+  # The authors' PyTorch loop on the same data and initial weights (optional extra).
+  torch_rate, torch_rel_err = float("nan"), float("nan")
+  try:
+    import torch  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    print('torch is not installed: pip install -e ".[bench]" for the PyTorch baseline',
+          file=sys.stderr)
+  else:
+    torch_rate, wv_torch = torch_authors_loop(params, w_o, x, y, eta, steps,
+                                              min(runs, torch_runs))
+    wv_jax = np.asarray(gd_only(params, w_o, x, y, mask)["wv"][0])
+    torch_rel_err = float(np.linalg.norm(wv_torch - wv_jax) / np.linalg.norm(wv_jax))
+
   peak = matmul_peak(2048 if jax.default_backend() == "cpu" else 8192)
   rate = runs * steps / gd_s
   return {
@@ -156,13 +223,27 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
       "gd_only_s": gd_s, "vmapped_run_steps_per_s": rate,
       "sequential_jit_run_steps_per_s": seq_jit_rate,
       "sequential_eager_run_steps_per_s": eager_rate,
+      "torch_authors_loop_run_steps_per_s": torch_rate,
+      "torch_final_wv_rel_err": torch_rel_err,
+      "torch_version": _torch_version(),
       "reduced_run_steps_per_s": runs * steps / red_s,
+      "speedup_vs_torch": rate / torch_rate,
+      "reduced_speedup_vs_torch": runs * steps / red_s / torch_rate,
+      "chunk_speedup_vs_torch": runs * steps / vmapped_s / torch_rate,
       "speedup_vs_eager": rate / eager_rate, "speedup_vs_seq_jit": rate / seq_jit_rate,
       "gd_step_gflop_per_run": step_flops / runs / 1e9,
       "achieved_gflops": achieved, "matmul_peak_gflops": peak,
       "fraction_of_peak": achieved / peak,
       "reduced_speedup_vs_eager": runs * steps / red_s / eager_rate,
   }
+
+
+def _torch_version() -> str:
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return "not installed"
+  return torch.__version__
 
 
 def main() -> None:
@@ -172,9 +253,10 @@ def main() -> None:
   ap.add_argument("--steps", type=int, default=50)
   ap.add_argument("--eager_runs", type=int, default=2)
   ap.add_argument("--eager_steps", type=int, default=5)
+  ap.add_argument("--torch_runs", type=int, default=4)
   ap.add_argument("--json", default="")
   a = ap.parse_args()
-  r = bench(a.variant, a.runs, a.steps, a.eager_runs, a.eager_steps)
+  r = bench(a.variant, a.runs, a.steps, a.eager_runs, a.eager_steps, a.torch_runs)
   print("| quantity | value |\n|---|---|")
   for k, v in r.items():
     print(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |")

@@ -22,9 +22,14 @@ Measures, and prints as markdown tables:
     pre-made inputs (the estimator's ceiling: its overhead is the gap);
   * baselines on the same (token, draw) evaluations: (a)
     `token_sensitivity_loop` (a Python loop over (token, draw) of jitted
-    batch forwards); (b) the official PyTorch code's pattern (for each
-    example, token and draw, one jitted forward of batch 1), timed on a
-    subsample of examples and extrapolated per evaluation;
+    batch forwards); (b) the official code's per-example pattern written in
+    JAX (for each example, token and draw, one jitted forward of batch 1),
+    timed on a subsample of examples and extrapolated per evaluation — an
+    emulation, not PyTorch (that is the next item);
+  * PyTorch (the real thing, `pip install -e ".[bench]"`; experiments/torch_baselines.py):
+    the same ViT shapes in PyTorch on the same tokens of the first ViT case, the official
+    per-example pattern, batched eager, and batched under `torch.compile`; the summary
+    gives the estimator's speed as a ratio to each (same run, same machine);
   * memory: `memory_analysis()` of the compiled estimator (temp + argument +
     output bytes) as R grows, chunked vs unchunked (compiled, not run);
   * profile: the ViT forward's thunk time by op kind (XLA profiler trace)
@@ -58,6 +63,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import jaxlib
+import numpy as np
 
 from xsens.measures import sensitivity as sens
 from xsens.measures import tokens as tokens_lib
@@ -438,6 +444,35 @@ def profile_vit(patch: int, batch: int, calls: int) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------
 
 
+def torch_section(cases, rounds: int, quick: bool) -> list[dict[str, Any]]:
+  """PyTorch patterns on the first ViT case's shapes; [] when torch is not installed."""
+  try:
+    import torch_baselines  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    print(f"  skipped ({e}): pip install -e \".[bench]\" for the PyTorch baselines")
+    return []
+  vit_cases = [r for r in cases if r["model"].startswith("ViT")]
+  if not vit_cases:
+    return []
+  first = vit_cases[0]
+  key = (first["model"], first["batch"], first["num_draws"])
+  same = [r for r in vit_cases if (r["model"], r["batch"], r["num_draws"]) == key
+          and r["method"].startswith("chunk=")]
+  best = max(same, key=lambda r: r["evals_per_s"])
+  patch = int(first["model"].split("p")[-1])
+  _, tok = tokens_lib.token_view(lambda v, x: x, images_for(first["batch"]), patch)
+  res = torch_baselines.bench(
+      np.asarray(tok), sigma=SIGMA, num_draws=first["num_draws"], vit_kw=VIT_KW,
+      num_classes=NUM_CLASSES, rounds=rounds, per_example_n=1 if quick else 2)
+  print(f"  torch {res['torch_version']}, {res['torch_threads']} threads: " + ", ".join(
+      f"{k} {v:,.0f}" for k, v in res.items() if k.endswith("evals_per_s")), flush=True)
+  label = f"{first['model']} B={first['batch']} R={first['num_draws']}"
+  return [{"case": label, "xsens_evals_per_s": best["evals_per_s"], "pattern": k[:-len(
+      "_evals_per_s")], "torch_evals_per_s": v, "ratio": best["evals_per_s"] / v,
+           "torch_version": res["torch_version"], "compile_s": res.get("compile_s")}
+          for k, v in res.items() if k.endswith("evals_per_s")]
+
+
 def _fmt_bytes(n: int) -> str:
   return f"{n / 2**20:,.1f} MiB"
 
@@ -525,6 +560,9 @@ def main(argv=None):
             f"{row['gflops']:6.1f} GFLOP/s", flush=True)
     cases.extend(case)
 
+  section("PyTorch baselines")
+  torch_rows = torch_section(cases, rounds, args.quick)
+
   section("Memory (compiled, not run)")
   draws = [1, 4] if args.quick else [1, 4, 16, 64]
   mem = memory_table(4, 64, draws, [(1, None), (4, None), (None, None)]
@@ -603,13 +641,21 @@ def main(argv=None):
           f"{est['evals_per_s']:,.0f} | {est['gflops']:.1f} | "
           f"{est['pct_peak']:.0f}% | {fmt('forward only')} | "
           f"{fmt('(a) loop')} | {fmt('(b) per-example')} |")
+  if torch_rows:
+    print("\n## Against PyTorch (same shapes, same tokens, this run)")
+    print("| case | xsens estimator evals/s | PyTorch pattern | PyTorch evals/s | "
+          "xsens / PyTorch |")
+    print("|---|---|---|---|---|")
+    for r in torch_rows:
+      print(f"| {r['case']} | {r['xsens_evals_per_s']:,.0f} | {r['pattern']} | "
+            f"{r['torch_evals_per_s']:,.0f} | {r['ratio']:.2f} |")
   elapsed = time.perf_counter() - t_start
   print(f"\nTotal benchmark time: {elapsed:.0f} s")
 
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(machine=info, peak_gflops=peak, forward_sweep=sweep,
-                     estimator=cases, memory=mem, profile=prof,
+                     estimator=cases, torch=torch_rows, memory=mem, profile=prof,
                      seconds=elapsed, quick=args.quick), f, indent=1,
                 default=str)
     print(f"wrote {args.json}")

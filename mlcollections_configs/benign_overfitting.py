@@ -1,12 +1,15 @@
 """Benign overfitting of a one-layer ViT: the N × SNR phase diagram, dynamics, CNN baseline.
 
 Jiang et al., "Unveil Benign Overfitting for Transformer in Vision", NeurIPS 2024
-(arXiv 2409.19345), Fig. 1; baseline Cao et al., NeurIPS 2022 (arXiv 2202.06526).
+(arXiv 2409.19345), Fig. 1; baselines Cao et al., NeurIPS 2022 (arXiv 2202.06526) and Kou
+et al., ICML 2023 (PMLR 202:17615–17659).
 
   xsens --config=mlcollections_configs/benign_overfitting.py --workdir=workdirs/benign_overfitting
   xsens --config=mlcollections_configs/benign_overfitting.py:smoke --workdir=/tmp/bo_smoke
   xsens --config=mlcollections_configs/benign_overfitting.py:paper --workdir=workdirs/bo_paper
   xsens --config=mlcollections_configs/benign_overfitting.py:cnn,q=3 --workdir=workdirs/bo_cnn
+  xsens --config=mlcollections_configs/benign_overfitting.py:cnn,q=2,steps=3000 --workdir=workdirs/bo_cnn_q2
+  xsens --config=mlcollections_configs/benign_overfitting.py:kou --workdir=workdirs/bo_kou
   xsens --config=mlcollections_configs/benign_overfitting.py:mnist --workdir=workdirs/bo_mnist
 
 Variants:
@@ -17,6 +20,12 @@ Variants:
   10 trials, η=0.1, ≤1000 steps, ε=0.01, d_h=d_v=512, init /16, 100 test samples; the
   dynamics runs at the authors' d=2048, M=3, N=10, η=0.01, 500 steps, 10 runs.
 - `cnn`: only Cao et al.'s two-layer CNN (σ(z)=max(0,z)^q, `q=` sets q) on the default grid.
+- `kou`: Kou et al.'s ReLU CNN with label noise (ICML 2023; rebuttal A4–A5): q = 1, two
+  tokens [ỹμ, ξ] with ξ ⟂ μ of std σ_p (no strong token), ±μ layout, 10 % of the training
+  labels flipped (test labels clean); ‖μ‖ ∈ 0.25..16, η = 10/max(‖μ‖², σ_p² d), ≤ 4,000
+  steps; theory N·SNR⁴ = const at fixed d.
+- `steps=N`: at most N GD steps per run (train.max_steps; default 300), e.g.
+  `cnn,q=2,steps=3000` so that the q = 2 runs reach train loss ε.
 - `mnist`: the signal token is an mnist5k digit (0 vs 1, unit-norm × ‖μ‖, d=784) among
   Gaussian noise tokens; the same N × ‖μ‖ sweep.
 - `smoke`: seconds; what the tests run.
@@ -27,7 +36,9 @@ and, beside it, from a logistic fit of 1[test loss < cutoff] on (log N, log SNR)
 heat maps of the mean test loss and of loss < 0.2 with the fitted, theoretical and logistic
 curves and (ViT) the paper's Fig. 1 curve N·SNR² = 1000; the ViT/CNN boundary overlay; and the
 training dynamics (loss, pooled attention, V projections, QK logits, stable rank of W_V) of a
-harmful (‖μ‖=1) and a benign (‖μ‖=25) run.
+harmful (‖μ‖=1) and a benign (‖μ‖=25) run; per model, the GD steps to train loss < ε
+against SNR (steps_<model>.png) and their power-law fit on N and ‖μ‖. Theory exponents:
+2 (ViT), q (Cao's CNN), 4 (Kou's ReLU CNN, q = 1).
 """
 
 import math
@@ -53,7 +64,8 @@ def _scaled_dynamics(d: int, d_h: int, d_v: int, **overrides) -> ml_collections.
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, paper=False, cnn=False, mnist=False, smoke=False, q=3.0)
+  arg = parse_arg(arg, paper=False, cnn=False, kou=False, mnist=False, smoke=False, q=3.0,
+                  steps=0)
   config = ml_collections.ConfigDict()
   config.study = "benign_overfitting"
   config.seed = 0
@@ -122,6 +134,25 @@ def get_config(arg=None):
   if arg.cnn:
     config.models = ("cnn",)
     dyn.enabled = False
+  if arg.kou:
+    # Kou et al. (ICML 2023) as the spec reads them: Cao's CNN with ReLU (q = 1), x = [ỹμ, ξ]
+    # with ξ ⟂ μ at σ_p (no strong token), labels flipped with probability 0.1; the test
+    # set keeps clean labels. Theory: benign iff n‖μ‖⁴ ≳ d σ_p⁴, i.e. N·SNR⁴ = const.
+    config.models = ("cnn",)
+    c.q = 1.0
+    d.num_tokens = 2
+    d.layout = "plus_minus"
+    d.project_noise = True
+    d.strong_noise_factor = 1.0
+    d.label_flip = 0.1
+    # The boundary sits at SNR ≈ 0.2–0.5 (no strong token), so a finer grid below ‖μ‖ = 16.
+    s.mu_norms = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0, 5.7, 8.0, 16.0)
+    # η = 10 / max(‖μ‖², σ_p² d): a constant inside Cao/Kou's Õ(·) bound; ReLU is
+    # 1-homogeneous, so it does not overflow, and at 1 memorising the flipped labels takes
+    # more than 3,000 steps (probed at N = 10, 20).
+    c.learning_rate = 10.0
+    t.max_steps = 4000
+    dyn.enabled = False
   if arg.mnist:
     config.models = ("vit",)
     d.kind = "mnist"
@@ -132,7 +163,7 @@ def get_config(arg=None):
     dyn.enabled = False
   if arg.smoke:
     d.d = 32
-    d.num_tokens = 4
+    d.num_tokens = 2 if arg.kou else 4
     d.sigma_p = 6.4 / math.sqrt(32)
     d.num_test = 40
     v.d_h = v.d_v = 16
@@ -149,4 +180,6 @@ def get_config(arg=None):
     if arg.mnist:
       d.d = 784
       d.sigma_p = 6.4 / math.sqrt(784)
+  if arg.steps:
+    t.max_steps = int(arg.steps)
   return config

@@ -376,6 +376,56 @@ def test_curves_draw_the_paper_n_snr2_1000_curve():
   assert "paper N·SNR²=1000" not in bo._curves(snrs, ns, fit, 3.0)
 
 
+def test_power_law_fit_recovers_exponents_and_skips_unconverged():
+  rng = np.random.default_rng(0)
+  eta = np.geomspace(0.01, 0.3, 5)[:, None, None]
+  inv_eps = np.geomspace(10, 1000, 4)[None, :, None]
+  mu = np.geomspace(1, 100, 6)[None, None, :]
+  t = 3.0 / eta * inv_eps ** 0.8 * mu ** -0.5 * np.exp(0.01 * rng.standard_normal((5, 4, 6)))
+  t[0, 0, 0] = np.nan  # A run that did not converge is left out, not fitted as 0.
+  fit = bo.power_law_fit(t, {"eta": eta, "inv_eps": inv_eps, "mu": mu})
+  assert fit["runs"] == t.size - 1 and fit["r2"] > 0.99
+  assert fit["b_eta"] == pytest.approx(-1.0, abs=0.02)
+  assert fit["b_inv_eps"] == pytest.approx(0.8, abs=0.02)
+  assert fit["b_mu"] == pytest.approx(-0.5, abs=0.02)
+  assert fit["a"] == pytest.approx(np.log(3.0), abs=0.05)
+  assert np.isnan(bo.power_law_fit(t[:1, :1, :3], {"eta": eta[:1], "inv_eps": inv_eps[:, :1],
+                                                    "mu": mu[..., :3]})["b_eta"])
+
+
+def test_convergence_fit_uses_only_converged_runs():
+  ns, mus = np.array([2, 4, 8]), np.array([1.0, 10.0])
+  steps = (5.0 * ns[:, None, None] ** 1.5 * mus[None, :, None] ** -1.0) * np.ones((1, 1, 3))
+  converged = np.ones_like(steps)
+  steps[0, 0, 0], converged[0, 0, 0] = 300.0, 0.0  # Stopped at max_steps: not a time.
+  fit = bo.convergence_fit(steps, converged, ns, mus)
+  assert fit["b_n"] == pytest.approx(1.5) and fit["b_mu"] == pytest.approx(-1.0)
+  assert fit["runs"] == steps.size - 1 and fit["max_steps_seen"] < 300
+
+
+def test_theory_exponent_per_model_and_kou_variant():
+  assert bo.theory_exponent(bo_config.get_config(), "vit") == 2.0
+  assert bo.theory_exponent(bo_config.get_config("cnn,q=3"), "cnn") == 3.0
+  kou = bo_config.get_config("kou")
+  assert bo.theory_exponent(kou, "cnn") == 4.0 and kou.models == ("cnn",)
+  assert (kou.cnn.q, kou.data.num_tokens, kou.data.label_flip) == (1.0, 2, 0.1)
+  assert kou.data.project_noise and kou.data.strong_noise_factor == 1.0
+  assert bo_config.get_config("cnn,q=2,steps=3000").train.max_steps == 3000
+
+
+def test_kou_variant_flips_train_labels_only_and_generalises_at_high_snr():
+  config = bo_config.get_config("kou,smoke")
+  config.train.max_steps = 400
+  run = jax.jit(jax.vmap(bo.make_run_fn(config, "cnn", 8)))
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(6))
+  n = jnp.full((6,), 8, jnp.int32)
+  mu = jnp.asarray([0.05] * 3 + [20.0] * 3)
+  out = jax.device_get(run(keys, n, mu))
+  # At high SNR the clean test labels are predicted although training labels were flipped.
+  assert out["test_accuracy"][3:].min() >= 0.95
+  assert out["test_accuracy"][:3].mean() < out["test_accuracy"][3:].mean() - 0.2
+
+
 # ---------------------------------------------------------------------------------- smoke
 
 

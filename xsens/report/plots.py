@@ -41,7 +41,8 @@ def grouped_bar_plot(path: str, groups: Sequence[str], series: Mapping[str, Sequ
 
 def line_plot(path: str, x: Sequence[float], series: Mapping[str, Sequence[float]], *,
               errors: Mapping[str, Sequence[float]] | None = None, xlabel: str = "",
-              ylabel: str = "", title: str = "", logx: bool = False) -> str:
+              ylabel: str = "", title: str = "", logx: bool = False,
+              logy: bool = False) -> str:
   """One line per series (with a ± band when `errors` has it). Returns the file name."""
   fig, ax = plt.subplots(figsize=(4.8, 3.4))
   for name, ys in series.items():
@@ -54,6 +55,8 @@ def line_plot(path: str, x: Sequence[float], series: Mapping[str, Sequence[float
     ax.set_xscale("log")
     ax.set_xticks(list(x), [f"{v:g}" for v in x])
     ax.minorticks_off()
+  if logy:
+    ax.set_yscale("log")
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.set_title(title)

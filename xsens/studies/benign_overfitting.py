@@ -16,13 +16,17 @@ What it does:
      checkpointed, so an interrupted sweep resumes from the chunks on disk.
   2. Boundary: for each N the SNR where the trial-mean test loss crosses `cutoff` (0.2)
      by interpolation in log SNR, then least squares log N = log c − k log SNR
-     (theory: k = 2 for the ViT, Jiang et al. Thm 4.1/4.2; k = q for the CNN, Cao et al.
-     Thm 4.3/4.4), with a bootstrap-over-trials 95 % interval for k. Beside it, a logistic
+     (theory, `theory_exponent`: k = 2 for the ViT, Jiang et al. Thm 4.1/4.2; k = q for
+     the CNN, Cao et al. Thm 4.3/4.4; k = 4 for the ReLU CNN, Kou et al. ICML 2023), with
+     a bootstrap-over-trials 95 % interval for k. Beside it, a logistic
      fit of 1[test loss < cutoff] on (log N, log SNR) over all runs, whose decision line
      gives k (`fit_boundary_logistic`); the plots also draw the paper's N·SNR² = 1000.
   3. Dynamics: for one harmful and one benign setting, every GD step logs the losses,
      pooled attention, V projections, QK logits and the stable rank of W_V (spec §6).
-  4. Report: heat maps, cutoff maps with the fitted and theoretical curves, the ViT/CNN
+  4. Convergence time: a power-law fit of the recorded steps to train loss < ε over N and
+     ‖μ‖ (`convergence_fit`) and steps_<model>.png; the η and ε dependence is measured by
+     experiments/benign_convergence_time.py.
+  5. Report: heat maps, cutoff maps with the fitted and theoretical curves, the ViT/CNN
      overlay, dynamics figures, results.md / results.json.
 
 Stopping: a run stops at the first step whose train loss (before the update) is < ε, and
@@ -42,6 +46,7 @@ import json
 import math
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -223,6 +228,61 @@ def cnn_lr_scale(config):
             else float(dc.strong_noise_factor))
   noise2 = (factor * float(dc.sigma_p)) ** 2 * int(dc.d)
   return lambda mu_norm: lr / jnp.maximum(mu_norm ** 2, noise2)
+
+
+def theory_exponent(config, model: str) -> float:
+  """The k of the theoretical boundary N·SNR^k = const at fixed d (spec §4, §8).
+
+  ViT: 2 (Jiang et al. Thm 4.1–4.2). CNN σ(z) = max(0, z)^q: q (Cao et al., stated for
+  q > 2); ReLU, q = 1: 4 (Kou et al.'s n‖μ‖⁴ ≥ C d σ_p⁴, i.e. N·SNR⁴ ≥ C/d).
+  """
+  if model == "vit":
+    return 2.0
+  q = float(config.cnn.q)
+  return 4.0 if q == 1.0 else q
+
+
+def power_law_fit(t, factors: dict) -> dict:
+  """Least squares log t = a + Σ_f b_f log f over the entries with t ≥ 1 and finite t.
+
+  Args:
+    t: [...] positive times (GD steps); NaN marks a run to leave out.
+    factors: {name: [...] positive values broadcastable to t's shape}.
+  Returns:
+    {"a", "b_<name>" per factor, "r2", "runs"}; NaN coefficients when fewer usable runs
+    than factors + 2.
+  """
+  t = np.asarray(t, float)
+  ok = np.isfinite(t) & (t >= 1)
+  cols = [np.log(np.broadcast_to(np.asarray(v, float), t.shape)[ok]) for v in factors.values()]
+  out = {"runs": int(ok.sum())}
+  if ok.sum() < len(factors) + 2:
+    return out | {"a": float("nan"), "r2": float("nan")} | {f"b_{k}": float("nan")
+                                                            for k in factors}
+  design = np.stack([np.ones(ok.sum())] + cols, 1)
+  target = np.log(t[ok])
+  coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+  resid = target - design @ coef
+  r2 = 1.0 - float(resid @ resid) / max(float(((target - target.mean()) ** 2).sum()), 1e-12)
+  return out | {"a": float(coef[0]), "r2": r2} | {
+      f"b_{k}": float(b) for k, b in zip(factors, coef[1:])}
+
+
+def convergence_fit(steps, converged, n_values, mu_norms) -> dict:
+  """`power_law_fit` of the steps to train loss < ε on N and ‖μ‖ over the converged runs.
+
+  Args:
+    steps, converged: [nN, nMu, trials] GD steps to train loss < ε and the flag.
+    n_values [nN], mu_norms [nMu].
+  Returns:
+    {"a", "b_n", "b_mu", "r2", "runs", "median_steps", "max_steps_seen"}: t ∝ N^b_n ‖μ‖^b_mu.
+  """
+  steps = np.where(np.asarray(converged) > 0.5, np.asarray(steps, float), np.nan)
+  seen = steps[np.isfinite(steps)]
+  fit = power_law_fit(steps, {"n": np.asarray(n_values, float)[:, None, None],
+                              "mu": np.asarray(mu_norms, float)[None, :, None]})
+  return fit | {"median_steps": float(np.median(seen)) if seen.size else float("nan"),
+                "max_steps_seen": float(seen.max()) if seen.size else float("nan")}
 
 
 def uses_reduced_solver(config, n_max: int) -> bool:
@@ -654,7 +714,9 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                                             bootstrap=int(config.report.bootstrap),
                                             seed=int(config.seed))
     fits[model] = fit
-    theory = 2.0 if model == "vit" else float(config.cnn.q)
+    theory = theory_exponent(config, model)
+    fit["convergence"] = conv = convergence_fit(res["steps"], res["converged"], ns,
+                                                config.sweep.mu_norms)
     lg = fit["logistic"]
     rows.append({"model": model, "runs": int(res["test_loss"].size),
                  "converged_frac": float(np.nanmean(res["converged"])),
@@ -662,7 +724,8 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                  "k_stderr": fit["k_stderr"], "k_logistic": lg["k"],
                  "k_logistic_ci95_lo": lg["k_ci95"][0], "k_logistic_ci95_hi": lg["k_ci95"][1],
                  "k_theory": theory, "c_fit": fit["c"],
-                 "boundary_points": fit["num_points"], "wall_s": round(res["wall_s"], 1)})
+                 "boundary_points": fit["num_points"],
+                 "median_steps": conv["median_steps"], "wall_s": round(res["wall_s"], 1)})
     np.savez(os.path.join(workdir, f"grid_{model}.npz"), n_values=ns, mu_norms=np.asarray(
         list(config.sweep.mu_norms)), snr=snrs, **{k: res[k] for k in RESULT_FIELDS})
     mean = np.nanmean(res["test_loss"], -1)
@@ -683,6 +746,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
         os.path.join(workdir, f"cutoff_{model}.png"), (mean < cutoff).astype(float), ns, snrs,
         title=f"{model}: mean test loss < {cutoff}", cbar_label=f"loss < {cutoff}",
         curves=curves, cmap="gray"))
+    plot_files.append(_steps_figure(workdir, model, res, ns, snrs, config))
   if len(fits) > 1:
     plot_files.append(plots.boundary_overlay(
         os.path.join(workdir, "boundary_overlay.png"),
@@ -735,11 +799,33 @@ def _curves(snrs, ns, fit, theory_k, *, paper_curve: bool = False) -> dict:
   return out
 
 
+def _steps_figure(workdir: str, model: str, res: dict, ns, snrs, config) -> str:
+  """Mean GD steps to train loss < ε (converged runs) against SNR, for three N."""
+  steps = np.where(res["converged"] > 0.5, res["steps"], np.nan)
+  picks = sorted({0, len(ns) // 2, len(ns) - 1})
+  with warnings.catch_warnings():  # A (N, ‖μ‖) with no converged run is NaN (no point).
+    warnings.simplefilter("ignore", RuntimeWarning)
+    series = {f"N={ns[i]}": np.nanmean(steps[i], -1) for i in picks}
+  return plots.line_plot(
+      os.path.join(workdir, f"steps_{model}.png"), snrs, series, xlabel="SNR", logx=True,
+      ylabel=f"GD steps to train loss < {config.train.loss_threshold}",
+      title=f"{model}: convergence time ({_eta_label(config, model)})", logy=True)
+
+
+def _eta_label(config, model: str) -> str:
+  """The GD step of `model`'s runs, in words (the CNN's may be normalised per ‖μ‖)."""
+  if model == "cnn" and config.cnn.normalize_lr:
+    return f"η = {config.cnn.learning_rate:g}/max(‖μ‖², σ̃_p² d)"
+  return f"η = {config.cnn.learning_rate if model == 'cnn' else config.train.learning_rate:g}"
+
+
 def _notes(config, fits, dyn, snrs) -> str:
   mus = [float(m) for m in config.sweep.mu_norms]
   lines = [f"Grid: N ∈ {list(config.sweep.n_values)}, ‖μ‖ ∈ {mus} "
            f"(SNR {snrs.min():.3g}..{snrs.max():.3g}), {config.sweep.trials} trials; "
-           f"σ_p={config.data.sigma_p}, GD η={config.train.learning_rate}, stop at train loss "
+           f"σ_p={config.data.sigma_p}, GD "
+           f"{', '.join(f'{m}: {_eta_label(config, m)}' for m in config.models)}, "
+           f"stop at train loss "
            f"< {config.train.loss_threshold} or {config.train.max_steps} steps.",
            f"Boundary: per N the SNR where the trial-mean test loss crosses "
            f"{config.report.cutoff}; least squares log N = log c − k log SNR; 95 % CI from "
@@ -750,6 +836,10 @@ def _notes(config, fits, dyn, snrs) -> str:
                  f"logistic fit of 1[loss < {config.report.cutoff}] on (log N, log SNR) over "
                  f"all runs: k = {f['logistic']['k']:.3g} (95 % CI "
                  f"{f['logistic']['k_ci95'][0]:.3g}..{f['logistic']['k_ci95'][1]:.3g}).")
+    c = f["convergence"]
+    lines.append(f"  Convergence time ({c['runs']} converged runs, median {c['median_steps']:g} "
+                 f"steps, max {c['max_steps_seen']:g}): log t = a + b_N log N + b_μ log ‖μ‖ "
+                 f"with b_N = {c['b_n']:.3g}, b_μ = {c['b_mu']:.3g} (R² {c['r2']:.2f}).")
   for name, d in dyn.items():
     fm = d["final_mean"]
     lines.append(f"- dynamics {name} (SNR {d['snr']:.3g}, N·SNR² {d['n_snr2']:.3g}): final test "

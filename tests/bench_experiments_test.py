@@ -1,0 +1,67 @@
+"""The measurement scripts in experiments/: the convergence-time study and the PyTorch
+baselines of the benchmarks (those run only where the `bench` extra installed torch)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import benign_convergence_time
+
+
+@pytest.mark.slow
+def test_convergence_time_runs_the_study_per_eta_eps_and_fits(tmp_path):
+  root = str(tmp_path / "conv")
+  argv = [f"--root={root}", "--variant=smoke", "--n=2,8", "--mu=8,64", "--trials=2",
+          "--eta=0.1,0.2", "--eps=0.1,0.03", "--max_steps=400"]
+  fit, median_eta_t = benign_convergence_time.main(argv)
+  assert sorted(os.listdir(root))[:4] == ["convergence_time.json", "convergence_time.md",
+                                          "convergence_time.png", "eta0.1_eps0.03"]
+  assert median_eta_t.shape == (2, 2) and fit["runs"] > 0
+  # Halving ε cannot make GD reach it sooner: per η, the median time grows with 1/ε.
+  assert np.all(median_eta_t[:, 1] >= median_eta_t[:, 0])
+  with open(os.path.join(root, "convergence_time.json")) as f:
+    assert json.load(f)["fit"]["runs"] == fit["runs"]
+  # A rerun reads the saved sweeps (same numbers).
+  again, _ = benign_convergence_time.main(argv)
+  assert again == fit
+
+
+def test_authors_pytorch_loop_ends_at_the_jax_gd_weights():
+  torch = pytest.importorskip("torch")
+  del torch
+  from experiments import bench_benign_overfitting as bench  # pylint: disable=import-outside-toplevel
+  from xsens.data import signal_noise as sn  # pylint: disable=import-outside-toplevel
+  from xsens.models import one_layer_vit as vit  # pylint: disable=import-outside-toplevel
+  from xsens.train import full_batch_gd as gd  # pylint: disable=import-outside-toplevel
+  keys = jax.random.split(jax.random.key(0), 2)
+  x, y, _ = jax.vmap(lambda k: sn.sample(k, 6, num_tokens=4, d=16, mu_norm=3.0,
+                                         sigma_p=0.5))(keys)
+  params, w_o = jax.vmap(lambda k: vit.init(k, 16, 8, 8))(keys)
+  mask = jnp.ones((2, 6))
+
+  def jax_loop(p, w, x, y, m):
+    return jax.lax.fori_loop(0, 7, lambda _, p: gd.gd_step(vit.apply, p, w, x, y, m, 0.5)[1], p)
+
+  want = np.asarray(jax.vmap(jax_loop)(params, w_o, x, y, mask)["wv"][0])
+  rate, got = bench.torch_authors_loop(params, w_o, x, y, 0.5, 7, 2)
+  assert rate > 0
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_pytorch_sensitivity_patterns_count_flips():
+  torch = pytest.importorskip("torch")
+  from experiments import torch_baselines  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(0)
+  model = torch_baselines.TokenViT(4, 5, width=16, depth=1, num_heads=2, mlp_dim=32,
+                                   num_classes=3).eval()
+  tokens = torch.randn(6, 5, 4)
+  assert model(tokens).shape == (6, 3)
+  for fn in (lambda s: torch_baselines.per_example(model, tokens, s, 2, 3),
+             lambda s: torch_baselines.batched(model, tokens, s, 2)):
+    np.testing.assert_array_equal(fn(0.0), np.zeros(5))  # No noise: nothing flips.
+    loud = fn(1e4)
+    assert loud.shape == (5,) and loud.max() > 0 and loud.max() <= 1
