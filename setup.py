@@ -9,6 +9,7 @@ CORE = [
     "orbax-checkpoint>=0.11.20",
     "tensorflow-datasets>=4.9.7",
     "array_record>=0.7",
+    "grain>=0.2.18",        # streams TFDS ArrayRecord training data (tested with 0.2.18)
     "ml-collections>=1.0",
     "chex>=0.1.89",
     "absl-py>=2.1",

@@ -73,6 +73,13 @@ def train_config() -> ml_collections.ConfigDict:
   c.pretrained = ml_collections.ConfigDict({
       "path": ml_collections.FieldReference(None, field_type=str), "reinit_head": True})
   c.batch_size = 128
+  # Gradient accumulation: each step's batch in `accum_steps` micro-batches (1: one pass).
+  c.accum_steps = 1
+  # Parameter sharding (xsens/train/sharding.py): FSDP splits every state leaf of at least
+  # `min_size` elements over the `data` axis; `model_axis_size` > 1 makes the mesh
+  # (data, model). The defaults replicate the state on a 1-D mesh.
+  c.sharding = ml_collections.ConfigDict({"fsdp": False, "min_size": 2 ** 20,
+                                          "model_axis_size": 1})
   c.total_steps = ml_collections.FieldReference(1000, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)
   c.target_train_accuracy = ml_collections.FieldReference(None, field_type=float)

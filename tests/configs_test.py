@@ -28,7 +28,9 @@ TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py",
                     "churn": "tests/distillation_study_test.py",
                     "sensitivity_language": "tests/sensitivity_language_test.py",
                     "grokking": "tests/grokking_test.py",
-                    "synthetic_sensitivity": "tests/synthetic_sensitivity_test.py"}
+                    "synthetic_sensitivity": "tests/synthetic_sensitivity_test.py",
+                    "vit_finetune_imagenet": "tests/finetune_configs_test.py",
+                    "vit_cifar10": "tests/finetune_configs_test.py"}
 
 
 def config_names():

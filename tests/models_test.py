@@ -340,7 +340,7 @@ def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"at least 8x8; got 4x4"):
     get_model("resnet18", NUM_CLASSES, (4, 4, 3))
   with pytest.raises(ConfigError, match=r"unknown field for model 'vit'; allowed: "
-                     r"attention, depth, dropout_rate, mlp_dim"):
+                     r"attention, attention_impl, depth, dropout_rate, dtype, mlp_dim"):
     get_model("vit", NUM_CLASSES, MNIST, activation="relu")
 
 

@@ -58,8 +58,9 @@ _CONFIG, _WORKDIR, _OVERWRITE = define_flags()
 def main(argv) -> None:
   del argv
   # Imported here so `--help` stays fast and flags are parsed before JAX starts.
-  from xsens import studies  # pylint: disable=g-import-not-at-top
+  from xsens import paths, studies  # pylint: disable=g-import-not-at-top
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  from xsens.train import sharding  # pylint: disable=g-import-not-at-top
   from xsens.train.loop import Preempted, TrainingDivergedError  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
@@ -68,6 +69,9 @@ def main(argv) -> None:
   for signum in (signal.SIGTERM, signal.SIGINT):  # Outside the loop (which saves first).
     signal.signal(signum, _stop_on_signal)
   try:
+    # Multi-host (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or
+    # XSENS_DISTRIBUTED=1): before anything touches a device (the lock asks the process index).
+    sharding.maybe_initialize_distributed()
     with workdir_lib.locked(workdir):  # One process per workdir, before anything else.
       out = studies.run(config, workdir, overwrite=_OVERWRITE.value)
   except ConfigError as e:
@@ -78,9 +82,11 @@ def main(argv) -> None:
   except Preempted as e:  # SIGTERM / SIGINT: checkpoint committed; 128 + signal number.
     print(f"xsens: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
+  if not paths.is_writer():  # Multi-host: process 0 reports (and alone wrote the files).
+    return
   if out.get("markdown"):
     print(out["markdown"])
-  print(f"Results in {os.path.abspath(workdir)}: results.md, results.json and plots; "
+  print(f"Results in {paths.absolute(workdir)}: results.md, results.json and plots; "
         "per-run metrics.jsonl, TensorBoard events (tb/) and checkpoints.")
 
 

@@ -52,3 +52,35 @@ def default_data_config() -> ml_collections.ConfigDict:
           "noise_std": 1.0,
       },
   })
+
+
+def stream_config(**overrides) -> ml_collections.ConfigDict:
+  """A `data.stream` block: train (and evaluate) from a prepared TFDS image dataset read
+  with grain, example by example, instead of holding the splits in memory.
+
+  Absent (the default), the splits are loaded into memory (`xsens.data.pipeline`). Set
+  `config.data.stream = stream_config(...)`; `data.image_size` (H, W) is then required and
+  `data.normalize` is "half" or "zero_one". See `xsens.data.streaming` (training mode).
+
+  Fields:
+    crop: training crop, "inception" (random resized crop), "pad_crop" (zero-pad, random
+      crop) or "resize" (the whole image).
+    area_range, aspect_range: of the "inception" crop (area fraction; width / height).
+    pad: pixels of zero padding on each side for "pad_crop".
+    flip: random horizontal flips.
+    resample: "bilinear", "bicubic" or "nearest" (training resize).
+    eval_crop: "resize" (the whole image) or "center" (a central square of
+      `eval_crop_fraction` of the shorter side), resized with `eval_resample`.
+    num_workers: grain worker processes of the training stream (0: in the trainer process).
+    worker_buffer_size: batches each worker reads ahead.
+    eval_threads: decoding threads of the evaluation streams.
+  """
+  block = {"crop": "inception", "area_range": (0.08, 1.0), "aspect_range": (3 / 4, 4 / 3),
+           "pad": 4, "flip": True, "resample": "bilinear",
+           "eval_crop": "resize", "eval_crop_fraction": 0.875, "eval_resample": "bilinear",
+           "num_workers": 0, "worker_buffer_size": 2, "eval_threads": 4}
+  unknown = sorted(set(overrides) - set(block))
+  if unknown:
+    raise ValueError(f"unknown data.stream field {unknown[0]!r}; allowed: {sorted(block)}")
+  block.update({k: tuple(v) if isinstance(v, list) else v for k, v in overrides.items()})
+  return ml_collections.ConfigDict(block)

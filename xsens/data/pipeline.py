@@ -278,6 +278,10 @@ def validate_data_config(data_config) -> None:
   and file indexes), which reports a missing dataset, a bad split or a missing feature key.
   Text datasets (`is_text`) are checked by `xsens.data.text`.
   """
+  if data_config.get("stream") is not None:  # Read with grain (xsens.data.streaming).
+    from xsens.data import streaming  # pylint: disable=g-import-not-at-top
+    streaming.validate_stream_data_config(data_config)
+    return
   if is_text(data_config):
     text.validate_text_data_config(data_config)
     return

@@ -1,4 +1,13 @@
-"""Streaming evaluation batches from large TFDS image-classification splits (e.g. ImageNet).
+"""Streaming batches from large TFDS image-classification splits (e.g. ImageNet): one module,
+two modes sharing the TFDS opening (`_open`: TF-free `as_data_source`), the decoding
+(`decode_image`), PIL resizing and `normalize_pixels`:
+
+- evaluation (`open_stream` -> `Stream`, described below): a fixed, padded pass over a split;
+- training (`open_train_stream` -> `TrainStream`, at the end of this module): an endless,
+  per-process-sharded grain stream with random crops and flips, whose iterator state the
+  trainer checkpoints (`data.stream`, `xsens.data.config.stream_config`).
+
+Evaluation mode:
 
 `xsens.data.pipeline.load_split` holds a whole split in host memory as one fixed-shape float32
 array. That cannot hold imagenet2012 (variable-size JPEGs; 50k validation images are ~30 GB
@@ -50,6 +59,7 @@ import io
 import os
 from typing import Any
 
+import grain
 import jax
 import numpy as np
 from PIL import Image
@@ -412,3 +422,394 @@ def open_stream(name: str | None = None, *, split: str = "validation", data_dir=
                 crop_fraction=float(crop_fraction), resample=resample, normalize=normalize,
                 batch_size=int(batch_size), num_workers=int(num_workers), image_key=image_key,
                 label_key=label_key, source=source)
+
+
+# ------------------------------------------------------------------------------------------------
+# Training mode: random augmentations on an endless, sharded grain stream.
+#
+# The same decode (`decode_image`), resize (PIL), `normalize_pixels` and TFDS opening (`_open`)
+# as the evaluation mode above. Order: grain's `IndexSampler` (a seeded global shuffle, a new
+# permutation every epoch, endless), sharded per JAX process (`ShardOptions(process_index,
+# process_count, drop_remainder=True)`: each process reads its own contiguous slice of the
+# split, shuffled within it). Per example, the generator is `example_rng(order_seed,
+# augment_seed, i)` for its global sampler position i = process_index + process_count * k
+# (k: the process-local position, step * (batch_size / process_count) + row), so every crop
+# and flip is a pure function of (seeds, step, process, row). The iterator's state
+# (`get_state()` / `set_state()`, JSON bytes) is saved with each checkpoint by the trainer.
+
+TRAIN_CROPS = ("inception", "pad_crop", "resize")
+
+
+@dataclasses.dataclass(frozen=True)
+class Augment:
+  """Training-time geometry of one image (see `augment_image`).
+
+  crop: "inception" (random resized crop), "pad_crop" (zero-pad `pad` pixels, random crop
+    of `image_size`) or "resize" (the whole image resized, no random crop).
+  area_range: (min, max) fraction of the image area of an inception crop.
+  aspect_range: (min, max) width / height of an inception crop (drawn log-uniformly).
+  pad: padding of "pad_crop", in pixels on each side.
+  flip: a horizontal flip with probability 1/2.
+  resample: PIL filter of the resize ("bilinear", "bicubic", "nearest").
+  """
+  crop: str = "inception"
+  area_range: tuple[float, float] = (0.08, 1.0)
+  aspect_range: tuple[float, float] = (3 / 4, 4 / 3)
+  pad: int = 4
+  flip: bool = True
+  resample: str = "bilinear"
+
+
+def inception_crop_box(height: int, width: int, rng: np.random.Generator,
+                       area_range: Sequence[float] = (0.08, 1.0),
+                       aspect_range: Sequence[float] = (3 / 4, 4 / 3),
+                       attempts: int = 10) -> tuple[int, int, int, int]:
+  """(top, left, h, w) of a random resized ("inception") crop box.
+
+  Up to `attempts` draws of an area fraction a ~ U(area_range) and a log-uniform aspect
+  ratio r (width / height) in `aspect_range`; the box is w = round(sqrt(a H W r)),
+  h = round(sqrt(a H W / r)), and the first one that fits is placed uniformly
+  (top ~ U{0..H-h}, left ~ U{0..W-w}). If none fits, the whole image. This is the scheme
+  of big_vision's `inception_crop` (pp/ops_image.py, via
+  `tf.image.sample_distorted_bounding_box`, area 5%-100% by default there) and of
+  torchvision's `RandomResizedCrop` (area 8%-100%, ratio 3/4-4/3, 10 attempts); the draws
+  are NumPy's, so the boxes are not TensorFlow's.
+  """
+  area = float(height * width)
+  log_lo, log_hi = np.log(aspect_range[0]), np.log(aspect_range[1])
+  for _ in range(attempts):
+    target = area * rng.uniform(area_range[0], area_range[1])
+    ratio = float(np.exp(rng.uniform(log_lo, log_hi)))
+    w = int(round(np.sqrt(target * ratio)))
+    h = int(round(np.sqrt(target / ratio)))
+    if 0 < h <= height and 0 < w <= width:
+      top = int(rng.integers(0, height - h + 1))
+      left = int(rng.integers(0, width - w + 1))
+      return top, left, h, w
+  return 0, 0, height, width
+
+
+def augment_image(image: np.ndarray, image_size: Sequence[int], rng: np.random.Generator,
+                  augment: Augment) -> np.ndarray:
+  """One random training view. [H, W, 3] uint8 -> [image_size[0], image_size[1], 3] uint8.
+
+  Draws, in this order: the crop box (`inception_crop_box`, or the pad-crop offsets
+  top, left ~ U{0..2 pad}), then the flip (rng.random() < 0.5).
+  """
+  out_h, out_w = int(image_size[0]), int(image_size[1])
+  if augment.crop == "inception":
+    top, left, h, w = inception_crop_box(image.shape[0], image.shape[1], rng,
+                                         augment.area_range, augment.aspect_range)
+    image = _resize(image[top:top + h, left:left + w], (out_h, out_w), augment.resample)
+  elif augment.crop == "pad_crop":
+    image = _resize(image, (out_h, out_w), augment.resample)
+    p = int(augment.pad)
+    padded = np.pad(image, ((p, p), (p, p), (0, 0)))
+    top, left = int(rng.integers(0, 2 * p + 1)), int(rng.integers(0, 2 * p + 1))
+    image = padded[top:top + out_h, left:left + out_w]
+  elif augment.crop == "resize":
+    image = _resize(image, (out_h, out_w), augment.resample)
+  else:
+    raise ValueError(f"crop must be one of {', '.join(TRAIN_CROPS)}, got {augment.crop!r}")
+  if augment.flip and rng.random() < 0.5:
+    image = image[:, ::-1]
+  return np.ascontiguousarray(image)
+
+
+def _resize(image: np.ndarray, size: tuple[int, int], resample: str) -> np.ndarray:
+  if image.shape[:2] == size:
+    return image
+  pil = Image.fromarray(np.ascontiguousarray(image))
+  return np.asarray(pil.resize((size[1], size[0]), RESAMPLE[resample]), dtype=np.uint8)
+
+
+def example_rng(order_seed: int, augment_seed: int, index: int) -> np.random.Generator:
+  """The generator of the example at global sampler position `index`: grain's per-record
+  `Philox(key=order_seed + index)` (what `RandomMap` receives) mixed with `augment_seed`."""
+  grain_rng = np.random.Generator(np.random.Philox(key=order_seed + index))
+  return _mix(grain_rng, augment_seed)
+
+
+def _mix(grain_rng: np.random.Generator, augment_seed: int) -> np.random.Generator:
+  return np.random.default_rng([int(augment_seed), int(grain_rng.integers(2 ** 63))])
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainExample(grain.transforms.RandomMap):
+  """A TFDS example -> {"image": [h, w, 3] normalised, "label": int32} (picklable, so it runs
+  in grain's worker processes)."""
+  image_key: str
+  label_key: str
+  image_size: tuple[int, int]
+  augment: Augment
+  normalize: str
+  augment_seed: int
+
+  def random_map(self, element, rng: np.random.Generator):
+    image = augment_image(decode_image(element[self.image_key]), self.image_size,
+                          _mix(rng, self.augment_seed), self.augment)
+    return {"image": normalize_pixels(image, self.normalize),
+            "label": np.int32(element[self.label_key])}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainStream:
+  """Endless augmented training batches of one TFDS split (see `open_train_stream`)."""
+  name: str
+  split: str
+  data_dir: str
+  num_examples: int            # Examples in the split (all processes together).
+  num_classes: int | None
+  image_size: tuple[int, int]
+  normalize: str
+  augment: Augment
+  batch_size: int              # Global batch size.
+  order_seed: int
+  augment_seed: int
+  num_workers: int             # grain worker processes (0: in this process).
+  worker_buffer_size: int
+  image_key: str
+  label_key: str
+  source: Any = dataclasses.field(repr=False)
+  vocab_size = None            # Images only (the trainer asks, like `pipeline.Split`).
+
+  def __len__(self) -> int:
+    return self.num_examples
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    return (*self.image_size, 3)
+
+  @property
+  def dtype(self) -> np.dtype:
+    return np.dtype(np.uint8 if self.normalize == "uint8" else np.float32)
+
+  @property
+  def local_batch_size(self) -> int:
+    return self.batch_size // jax.process_count()
+
+  def sampler(self) -> "grain.samplers.IndexSampler":
+    """grain's endless shuffled sampler over this process's shard of the split."""
+    shard = grain.sharding.ShardOptions(shard_index=jax.process_index(),
+                                        shard_count=jax.process_count(), drop_remainder=True)
+    return grain.samplers.IndexSampler(self.num_examples, shard_options=shard, shuffle=True,
+                                       num_epochs=None, seed=int(self.order_seed))
+
+  def loader(self) -> "grain.DataLoader":
+    """The grain DataLoader of this process's batches {"image" [b, h, w, 3], "label" [b]},
+    b = batch_size / process_count."""
+    op = _TrainExample(self.image_key, self.label_key, self.image_size, self.augment,
+                       self.normalize, int(self.augment_seed))
+    if self.num_workers:  # grain's workers read its absl flags: their defaults, outside
+      from absl import flags  # an absl app (tests, notebooks).  # pylint: disable=g-import-not-at-top
+      if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return grain.DataLoader(
+        data_source=self.source, sampler=self.sampler(),
+        operations=[op, grain.transforms.Batch(self.local_batch_size, drop_remainder=True)],
+        worker_count=int(self.num_workers), worker_buffer_size=int(self.worker_buffer_size))
+
+  def global_index(self, step: int, row: int) -> int:
+    """The sampler position of local `row` of this process's batch at `step` (0-based).
+
+    With W = max(1, num_workers) grain workers, worker w reads this process's positions
+    w, w + W, w + 2W, ... and batch `step` is the (step // W)-th batch of worker step % W;
+    so the batches (not their set over an epoch) depend on `num_workers`.
+    """
+    workers = max(1, int(self.num_workers))
+    w, j = step % workers, step // workers
+    k = w + workers * (j * self.local_batch_size + row)
+    return jax.process_index() + jax.process_count() * k
+
+
+def open_train_stream(data_config, *, batch_size: int, order_seed: int, augment_seed: int,
+                      augment: Augment | None = None, num_workers: int = 0,
+                      worker_buffer_size: int = 2) -> TrainStream:
+  """Opens `data_config.train_split` of a prepared TFDS image dataset as a `TrainStream`.
+
+  Reads `name`, `data_dir`, `train_split`, `image_key`, `label_key`, `image_size` (required)
+  and `normalize` ("half", "zero_one") of the `data` block. ConfigErrors name `data.*`.
+  """
+  image_size = _image_size_field(data_config)
+  normalize = data_config["normalize"]
+  if normalize not in ("half", "zero_one"):
+    raise ConfigError("data.normalize", f"{normalize!r} is not available when streaming; "
+                      "allowed: half, zero_one")
+  data_dir = _resolve_data_dir(data_config["data_dir"])
+  source, num_classes = _open(data_config["name"], data_config["train_split"], data_dir,
+                              data_config["image_key"], data_config["label_key"],
+                              "data.name", "data.train_split")
+  if batch_size % jax.process_count():
+    raise ConfigError("batch_size", f"{batch_size} must be divisible by the process count "
+                      f"{jax.process_count()}")
+  if len(source) // jax.process_count() < batch_size // jax.process_count():
+    raise ConfigError("batch_size", f"{batch_size} exceeds the {len(source)} examples of "
+                      f"{data_config['train_split']!r}")
+  return TrainStream(
+      name=data_config["name"], split=data_config["train_split"], data_dir=data_dir,
+      num_examples=len(source), num_classes=None if num_classes is None else int(num_classes),
+      image_size=image_size, normalize=normalize, augment=augment or Augment(),
+      batch_size=int(batch_size), order_seed=int(order_seed), augment_seed=int(augment_seed),
+      num_workers=int(num_workers), worker_buffer_size=int(worker_buffer_size),
+      image_key=data_config["image_key"], label_key=data_config["label_key"], source=source)
+
+
+def _image_size_field(data_config) -> tuple[int, int]:
+  size = data_config.get("image_size")
+  if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+    size = (size, size)
+  if (size is None or isinstance(size, str) or len(tuple(size)) != 2 or
+      not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s > 0
+              for s in size)):
+    raise ConfigError("data.image_size", f"must be (H, W) when streaming (every image is "
+                      f"cropped to it), got {size!r}")
+  return int(size[0]), int(size[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer's side: the `data.stream` block (`xsens.data.config.stream_config`).
+
+
+def is_streaming(data_config) -> bool:
+  """Whether `data_config` asks to stream (a `data.stream` block is set)."""
+  return data_config.get("stream") is not None
+
+
+_NOT_WHEN_STREAMING = ("classes", "class_fractions", "num_train", "random_labels")
+
+
+def _is_int(value, low: int) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= low
+
+
+def _check_range(value, field: str, upper: float | None) -> tuple[float, float]:
+  ok = (not isinstance(value, str) and hasattr(value, "__len__") and len(value) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        and 0 < value[0] <= value[1] and (upper is None or value[1] <= upper))
+  if not ok:
+    bound = f" <= {upper}" if upper is not None else ""
+    raise ConfigError(field, f"must be (low, high) with 0 < low <= high{bound}, got {value!r}")
+  return float(value[0]), float(value[1])
+
+
+def augment_from_config(block) -> Augment:
+  """The `Augment` of a `data.stream` block; ConfigError naming `data.stream.<field>`."""
+  from xsens.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
+  allowed = data_config_lib.stream_config()
+  unknown = sorted(set(block) - set(allowed))
+  if unknown:
+    raise ConfigError(f"data.stream.{unknown[0]}", f"unknown field; allowed: "
+                      f"{', '.join(sorted(allowed))}")
+  b = {**allowed.to_dict(), **dict(block)}
+  f = "data.stream."
+  if b["crop"] not in TRAIN_CROPS:
+    raise ConfigError(f + "crop", f"got {b['crop']!r}; allowed: {', '.join(TRAIN_CROPS)}")
+  area = _check_range(b["area_range"], f + "area_range", 1.0)
+  aspect = _check_range(b["aspect_range"], f + "aspect_range", None)
+  for field, low in (("pad", 0), ("num_workers", 0), ("worker_buffer_size", 1),
+                     ("eval_threads", 1)):
+    if not _is_int(b[field], low):
+      raise ConfigError(f + field, f"must be an int >= {low}, got {b[field]!r}")
+  if not isinstance(b["flip"], bool):
+    raise ConfigError(f + "flip", f"must be True or False, got {b['flip']!r}")
+  for field in ("resample", "eval_resample"):
+    if b[field] not in RESAMPLE:
+      raise ConfigError(f + field, f"got {b[field]!r}; allowed: {', '.join(RESAMPLE)}")
+  if b["eval_crop"] not in CROPS:
+    raise ConfigError(f + "eval_crop", f"got {b['eval_crop']!r}; allowed: {', '.join(CROPS)}")
+  frac = b["eval_crop_fraction"]
+  if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+    raise ConfigError(f + "eval_crop_fraction", f"must be in (0, 1], got {frac!r}")
+  return Augment(crop=b["crop"], area_range=area, aspect_range=aspect, pad=int(b["pad"]),
+                 flip=b["flip"], resample=b["resample"])
+
+
+def validate_stream_data_config(data_config) -> None:
+  """Checks a `data` block with `stream` set: the block's fields, the fields that streaming
+  does not offer, and the dataset, splits and feature keys (metadata only)."""
+  augment_from_config(data_config["stream"])
+  name = data_config["name"]
+  from xsens.data import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
+  if (not isinstance(name, str) or name in pipeline_lib.EMBEDDED or pipeline_lib.is_text(
+      data_config) or name.startswith(pipeline_lib.SYNTHETIC_PREFIX)):
+    raise ConfigError("data.name", f"streaming (data.stream) reads a prepared TFDS image "
+                      f"dataset, not {name!r}; remove data.stream to load it in memory")
+  pipeline_lib._check_common(data_config)  # pylint: disable=protected-access
+  for field in _NOT_WHEN_STREAMING:
+    if data_config.get(field) is not None:
+      raise ConfigError(f"data.{field}", f"is not available when streaming (data.stream is "
+                        f"set); got {data_config[field]!r}, use None")
+  _image_size_field(data_config)
+  if data_config["normalize"] not in ("half", "zero_one"):
+    raise ConfigError("data.normalize", f"{data_config['normalize']!r} is not available "
+                      "when streaming; allowed: half, zero_one")
+  if data_config["train_split"] == data_config["test_split"]:
+    raise ConfigError("data.test_split", f"must differ from data.train_split, both are "
+                      f"{data_config['test_split']!r}")
+  data_dir = _resolve_data_dir(data_config["data_dir"])
+  for role in ("train", "test"):
+    _open(name, data_config[f"{role}_split"], data_dir, data_config["image_key"],
+          data_config["label_key"], "data.name", f"data.{role}_split")
+
+
+def open_eval_stream(data_config, role: str, *, batch_size: int,
+                     limit: int | None = None) -> Stream:
+  """The `role` ("train" / "test") split with the `data.stream` block's evaluation crop, as a
+  `Stream` of fixed `batch_size` (global) batches in stored order."""
+  block = {**_stream_defaults(), **dict(data_config["stream"])}
+  return open_stream(
+      data_config["name"], split=data_config[f"{role}_split"],
+      data_dir=data_config["data_dir"], image_size=_image_size_field(data_config),
+      crop=block["eval_crop"], crop_fraction=block["eval_crop_fraction"],
+      resample=block["eval_resample"], normalize=data_config["normalize"], limit=limit,
+      shuffle=False, batch_size=batch_size, num_workers=block["eval_threads"],
+      image_key=data_config["image_key"], label_key=data_config["label_key"],
+      field="data.name", split_field=f"data.{role}_split")
+
+
+def open_training_stream(data_config, *, batch_size: int, order_seed: int,
+                         augment_seed: int) -> TrainStream:
+  """`open_train_stream` with the `data.stream` block's augmentation and workers."""
+  block = {**_stream_defaults(), **dict(data_config["stream"])}
+  return open_train_stream(data_config, batch_size=batch_size, order_seed=order_seed,
+                           augment_seed=augment_seed,
+                           augment=augment_from_config(data_config["stream"]),
+                           num_workers=block["num_workers"],
+                           worker_buffer_size=block["worker_buffer_size"])
+
+
+def _stream_defaults() -> dict:
+  from xsens.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
+  return data_config_lib.stream_config().to_dict()
+
+
+class TrainFeed:
+  """The trainer's cursor over a `TrainStream`: the next local batch, and the grain
+  iterator's state (JSON bytes) to save with a checkpoint and restore on a resume. The
+  iterator (and its worker processes) starts on first use."""
+
+  def __init__(self, stream: TrainStream):
+    self.stream = stream
+    self._iterator = None
+
+  def _it(self):
+    if self._iterator is None:
+      self._iterator = iter(self.stream.loader())
+    return self._iterator
+
+  def next(self) -> dict[str, np.ndarray]:
+    """{"image" [b, h, w, 3], "label" [b] int32}, b = batch_size / process_count."""
+    return next(self._it())
+
+  def get_state(self) -> bytes:
+    return self._it().get_state()
+
+  def set_state(self, state: bytes) -> None:
+    self._it().set_state(state)
+
+  def close(self) -> None:
+    """Stops the worker processes (if any); a later `next` starts a fresh iterator."""
+    inner = getattr(self._iterator, "_iterator", None)  # grain keeps no public close().
+    if inner is not None and hasattr(inner, "close"):
+      inner.close()
+    self._iterator = None

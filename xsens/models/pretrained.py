@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import paths
 from xsens.models import bit as bit_lib
 from xsens.models import convnext as convnext_lib
 from xsens.models import vit as vit_lib
@@ -97,7 +98,10 @@ def one_line(error: Exception, limit: int = 400) -> str:
 
 
 def read_npz(path: Union[str, os.PathLike]) -> dict[str, np.ndarray]:
-  """Reads a flat `np.savez` checkpoint into {key: array} (fully loaded)."""
+  """Reads a flat `np.savez` checkpoint into {key: array} (fully loaded); a remote path
+  (`gs://...`) is read through `etils.epath` (`xsens.paths`)."""
+  if paths.is_remote(path):
+    return paths.load_npz(path, allow_pickle=False)
   with np.load(path, allow_pickle=False) as data:
     return {k: np.asarray(data[k]) for k in data.files}
 
@@ -509,7 +513,9 @@ def read_safetensors(path: Union[str, os.PathLike]) -> dict[str, np.ndarray]:
   """
   from safetensors import numpy as st_numpy  # pylint: disable=g-import-not-at-top
   try:
-    return {k: np.asarray(v) for k, v in st_numpy.load_file(os.fspath(path)).items()}
+    arrays = (st_numpy.load(paths.read_bytes(path)) if paths.is_remote(path)
+              else st_numpy.load_file(os.fspath(path)))
+    return {k: np.asarray(v) for k, v in arrays.items()}
   except OSError:
     raise
   except Exception as e:  # safetensors raises its own SafetensorError for a bad header.

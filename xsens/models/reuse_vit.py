@@ -26,6 +26,13 @@ parameter, with each block's `MultiHeadDotProductAttention_0` renamed `attention
 The attention each layer uses (all H heads, [B, H, T, T]) is sown into
 `intermediates` as `attention_weights`, as the ViT does:
 `model.apply(variables, x, train=False, mutable=['intermediates'])`.
+
+The ViT's launch fields apply (`dtype`, `remat`, `attention_impl`): a layer whose
+attention no later layer reuses, run without `intermediates` mutable and without
+attention dropout, computes its fresh heads with the core `attention_impl`
+(`xsens.models.attention`) and forms no [B, H, T, T] weights; reused weights are
+multiplied into the values with heads folded into the batch unless
+`attention_impl="einsum"`.
 """
 
 import flax.linen as nn
@@ -33,7 +40,8 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
-from xsens.models.vit import MlpBlock, ViT, embed_tokens, skipped_parts
+from xsens.models import attention as attention_lib
+from xsens.models.vit import MlpBlock, ViT, classifier_head, embed_tokens, skipped_parts
 
 
 def resolve_reuse_heads(reuse_heads: int, num_heads: int) -> int:
@@ -53,7 +61,8 @@ class ReuseAttention(nn.Module):
   """Self-attention that reuses P heads of the previous layer's attention.
 
   (x [B, T, D], prev_scores [B, H', T, T] or None) -> (out [B, T, D],
-  scores [B, H, T, T]); prev_scores needs H' >= P heads and is ignored when P = 0.
+  scores [B, H, T, T], or None when `need_scores` is False and `intermediates` is not
+  mutable); prev_scores needs H' >= P heads and is ignored when P = 0.
   Parameter names: `query`, `key`, `value`, `out` for the fresh heads (as in
   flax's MultiHeadDotProductAttention), `value_reuse`, `out_reuse` for the reused
   ones. Under partial reuse `out` has no bias (spec §A.2); `out_reuse` always has.
@@ -63,6 +72,10 @@ class ReuseAttention(nn.Module):
   # Dropout on the attention probabilities where they are used (never on the
   # returned scores); off at 0.
   attention_dropout_rate: float = 0.0
+  # Whether a later layer reads the returned scores (False: they may be left unformed).
+  need_scores: bool = True
+  attention_impl: str = "einsum"
+  dtype: object = None   # Compute dtype (None: float32, from the params).
 
   @nn.compact
   def __call__(self, x, prev_scores=None, train: bool = False):
@@ -75,23 +88,39 @@ class ReuseAttention(nn.Module):
       raise ValueError(f"width {d} must be divisible by num_heads={h}")
     dh = d // h
     drop = nn.Dropout(self.attention_dropout_rate, deterministic=not train)
-    out = jnp.zeros((b, t, d), jnp.float32)
+    impl, dt = self.attention_impl, self.dtype
+    sow = self.is_mutable_collection("intermediates")
+    explicit = (impl == "einsum" or self.need_scores or sow
+                or (train and self.attention_dropout_rate > 0))
+
+    def times_values(weights, value):  # [B, h, T, T] · [B, T, h, dh] -> [B, T, h, dh]
+      if impl == "einsum":
+        return jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+      return attention_lib.weights_times_values(weights, value)
+
+    out = jnp.zeros((b, t, d), x.dtype)
     parts = []
     if p < h:
-      dense = lambda name: nn.DenseGeneral((h - p, dh), name=name)
+      dense = lambda name: nn.DenseGeneral((h - p, dh), dtype=dt, name=name)
       query, key, value = dense("query")(x), dense("key")(x), dense("value")(x)
-      a_new = nn.dot_product_attention_weights(query, key)  # [B, H-P, T, T]
-      y = jnp.einsum("bhqk,bkhd->bqhd", drop(a_new), value)
-      out = out + nn.DenseGeneral(d, axis=(-2, -1), use_bias=p == 0, name="out")(y)
-      parts.append(a_new)
+      if explicit:
+        a_new = nn.dot_product_attention_weights(query, key)  # [B, H-P, T, T]
+        y = times_values(drop(a_new), value)
+        parts.append(a_new)
+      else:
+        y = attention_lib.attend(query, key, value, impl=impl)
+      out = out + nn.DenseGeneral(d, axis=(-2, -1), use_bias=p == 0, dtype=dt,
+                                  name="out")(y)
     if p > 0:
       if prev_scores is None or prev_scores.shape[1] < p:
         raise ValueError(f"reuse_heads={p} needs previous scores with >= {p} heads")
       a_reuse = prev_scores[:, :p]
-      value = nn.DenseGeneral((p, dh), name="value_reuse")(x)
-      y = jnp.einsum("bhqk,bkhd->bqhd", drop(a_reuse), value)
-      out = out + nn.DenseGeneral(d, axis=(-2, -1), name="out_reuse")(y)
+      value = nn.DenseGeneral((p, dh), dtype=dt, name="value_reuse")(x)
+      y = times_values(drop(a_reuse), value)
+      out = out + nn.DenseGeneral(d, axis=(-2, -1), dtype=dt, name="out_reuse")(y)
       parts.append(a_reuse)
+    if not (self.need_scores or sow):
+      return out.astype(x.dtype), None
     scores = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
     self.sow("intermediates", "attention_weights", scores)
     return out.astype(x.dtype), scores
@@ -108,13 +137,19 @@ class ReuseEncoderBlock(nn.Module):
   dropout_rate: float = 0.0
   skip_attention: bool = False
   skip_mlp: bool = False
+  need_scores: bool = True
+  attention_impl: str = "einsum"
+  dtype: object = None
 
   @nn.compact
   def __call__(self, x, prev_scores, train: bool):
-    ln_0 = nn.LayerNorm(name="LayerNorm_0")
-    attention = ReuseAttention(self.num_heads, self.reuse_heads, name="attention")
-    ln_1 = nn.LayerNorm(name="LayerNorm_1")
-    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_0")
+    ln_0 = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")
+    attention = ReuseAttention(self.num_heads, self.reuse_heads,
+                               need_scores=self.need_scores,
+                               attention_impl=self.attention_impl, dtype=self.dtype,
+                               name="attention")
+    ln_1 = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_1")
+    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name="MlpBlock_0")
     init = self.is_initializing()
     scores = prev_scores
     if init or not self.skip_attention:
@@ -164,21 +199,21 @@ class ReuseViT(ViT):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
+    dt = attention_lib.compute_dtype(self.dtype)
     x = embed_tokens(self, x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     skipped = skipped_parts(self.skip, self.depth)
+    reuses = [layer_reuse_heads(i, self.reuse_heads, self.reuse_layers, self.num_heads)
+              for i in range(self.depth)]
+    # `train` (argument 3, `self` being 0) is static under remat.
+    block = (nn.remat(ReuseEncoderBlock, static_argnums=(3,)) if self.remat
+             else ReuseEncoderBlock)
     scores = None
     for i in range(self.depth):
       parts = skipped.get(i, frozenset())
-      reuse = layer_reuse_heads(i, self.reuse_heads, self.reuse_layers,
-                                self.num_heads)
-      x, scores = ReuseEncoderBlock(
-          self.num_heads, self.mlp_dim, reuse, self.dropout_rate,
+      x, scores = block(
+          self.num_heads, self.mlp_dim, reuses[i], self.dropout_rate,
           skip_attention="attention" in parts, skip_mlp="mlp" in parts,
+          need_scores=any(reuses[i + 1:]), attention_impl=self.attention_impl, dtype=dt,
           name=f"encoderblock_{i}")(x, scores, train)
-    x = nn.LayerNorm(name="encoder_norm")(x)
-
-    x = x[:, 0] if self.pooling == "cls" else x.mean(axis=1)
-    if self.representation_size is not None:
-      x = jnp.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
-    return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)
+    return classifier_head(self, x, dt)

@@ -36,6 +36,13 @@ Our design choices where the paper is silent (not confirmed from the paper):
   activation, which relu maps to 0);
 - initialisation follows HF (normal(0.02) for Dense/Embed, GPT-2's residual projections
   scaled by 1/sqrt(2 * depth)) and PyTorch's nn.LSTM (uniform(+-1/sqrt(H)), both biases).
+
+RoBERTa and GPT-2 take the launch fields of the ViT (issue 16; the defaults give the
+numbers of the models before them): `dtype` ("float32" | "bfloat16": compute dtype,
+params float32, logits float32), `remat` (rematerialised layers) and `attention_impl`
+(the softmax attention core, `xsens.models.attention`; ReLU attention always forms
+its weights explicitly, and "xla_fused" / "cudnn" use "folded" while attention dropout
+is active, which needs the weights).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import attention as attention_lib
 
 PAD_ID = 0
 ATTENTIONS = ("softmax", "relu")
@@ -94,6 +102,10 @@ def _check_transformer(model, input_shape) -> None:
   _check_ids_shape(input_shape, model.num_classes, model.max_length)
   _check_heads(model.width, model.num_heads)
   _checks.rate("dropout_rate", model.dropout_rate)
+  _checks.one_of("dtype", model.dtype, attention_lib.DTYPES)
+  if not isinstance(model.remat, bool):
+    raise ConfigError("model.remat", f"must be True or False; got {model.remat!r}")
+  _checks.one_of("attention_impl", model.attention_impl, attention_lib.ATTENTION_IMPLS)
 
 
 class SelfAttention(nn.Module):
@@ -107,27 +119,36 @@ class SelfAttention(nn.Module):
   attention: str = "softmax"
   causal: bool = False
   out_init: Callable = _INIT
+  attention_impl: str = "einsum"
+  dtype: object = None   # Compute dtype (None: float32, from the params).
 
   @nn.compact
   def __call__(self, x, mask, train: bool = False):
     head_dim = self.width // self.num_heads
     dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), kernel_init=_INIT,
-                                         name=name)
+                                         dtype=self.dtype, name=name)
     q, k, v = dense("query")(x), dense("key")(x), dense("value")(x)   # [B, L, H, dh]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
     allowed = mask[:, None, None, :]                                   # [B, 1, 1, L]
     if self.causal:
       length = x.shape[1]
       allowed = allowed & jnp.tril(jnp.ones((length, length), bool))[None, None]
-    if self.attention == "relu":
-      weights = jnp.where(allowed, jax.nn.relu(scores), 0.0)
+    drop = nn.Dropout(self.dropout_rate, deterministic=not train)
+    impl = self.attention_impl
+    if self.attention == "relu" or impl == "einsum":
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+      if self.attention == "relu":
+        weights = jnp.where(allowed, jax.nn.relu(scores), 0.0)
+      else:
+        scores = jnp.where(allowed, scores, jnp.finfo(scores.dtype).min)
+        weights = jax.nn.softmax(scores, axis=-1)
+      out = jnp.einsum("bhqk,bkhd->bqhd", drop(weights), v)
+    elif impl == "folded" or (train and self.dropout_rate > 0):
+      weights = drop(attention_lib.folded_weights(q, k, allowed))      # [B, H, L, L]
+      out = attention_lib.weights_times_values(weights, v)
     else:
-      scores = jnp.where(allowed, scores, jnp.finfo(scores.dtype).min)
-      weights = jax.nn.softmax(scores, axis=-1)
-    weights = nn.Dropout(self.dropout_rate, deterministic=not train)(weights)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+      out = attention_lib.attend(q, k, v, allowed, impl=impl)
     return nn.DenseGeneral(self.width, axis=(-2, -1), kernel_init=self.out_init,
-                           name="out")(out)
+                           dtype=self.dtype, name="out")(out)
 
 
 class EncoderLayer(nn.Module):
@@ -137,16 +158,21 @@ class EncoderLayer(nn.Module):
   mlp_dim: int
   dropout_rate: float
   attention: str = "softmax"
+  attention_impl: str = "einsum"
+  dtype: object = None
 
   @nn.compact
   def __call__(self, x, mask, train: bool = False):
     drop = lambda y: nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    dt = self.dtype
     a = SelfAttention(self.width, self.num_heads, self.dropout_rate, self.attention,
+                      attention_impl=self.attention_impl, dtype=dt,
                       name="attention")(x, mask, train)
-    x = nn.LayerNorm(epsilon=_LN_EPS, name="attention_norm")(x + drop(a))
-    h = nn.Dense(self.mlp_dim, kernel_init=_INIT, name="intermediate")(x)
-    h = nn.Dense(self.width, kernel_init=_INIT, name="output")(nn.gelu(h, approximate=False))
-    return nn.LayerNorm(epsilon=_LN_EPS, name="output_norm")(x + drop(h))
+    x = nn.LayerNorm(epsilon=_LN_EPS, dtype=dt, name="attention_norm")(x + drop(a))
+    h = nn.Dense(self.mlp_dim, kernel_init=_INIT, dtype=dt, name="intermediate")(x)
+    h = nn.Dense(self.width, kernel_init=_INIT, dtype=dt, name="output")(
+        nn.gelu(h, approximate=False))
+    return nn.LayerNorm(epsilon=_LN_EPS, dtype=dt, name="output_norm")(x + drop(h))
 
 
 class RoBERTa(nn.Module):
@@ -169,6 +195,9 @@ class RoBERTa(nn.Module):
   mlp_dim: int = 3072
   dropout_rate: float = 0.1
   attention: str = "softmax"
+  dtype: str = "float32"         # Launch fields: module docstring.
+  remat: bool = False
+  attention_impl: str = "einsum"
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
@@ -176,13 +205,19 @@ class RoBERTa(nn.Module):
     _checks.one_of("attention", self.attention, ATTENTIONS)
 
   def setup(self):
-    self.word_embeddings = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT)
-    self.position_embeddings = nn.Embed(self.max_length, self.width, embedding_init=_INIT)
-    self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS)
-    self.layers = [EncoderLayer(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
-                                self.attention) for _ in range(self.depth)]
-    self.head_dense = nn.Dense(self.width, kernel_init=_INIT)
-    self.head_out = nn.Dense(self.num_classes, kernel_init=_INIT)
+    dt = attention_lib.compute_dtype(self.dtype)
+    self.word_embeddings = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT,
+                                    dtype=dt)
+    self.position_embeddings = nn.Embed(self.max_length, self.width, embedding_init=_INIT,
+                                        dtype=dt)
+    self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS, dtype=dt)
+    # `train` (argument 3, `self` being 0) is static under remat.
+    layer = nn.remat(EncoderLayer, static_argnums=(3,)) if self.remat else EncoderLayer
+    self.layers = [layer(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
+                         self.attention, self.attention_impl, dt)
+                   for _ in range(self.depth)]
+    self.head_dense = nn.Dense(self.width, kernel_init=_INIT, dtype=dt)
+    self.head_out = nn.Dense(self.num_classes, kernel_init=_INIT, dtype=dt)
     self.dropout = nn.Dropout(self.dropout_rate)
 
   def embed(self, ids, train: bool = False):
@@ -211,7 +246,7 @@ class RoBERTa(nn.Module):
     """tokens [B, L, D], mask [B, L] bool -> logits [B, K] from the first token."""
     x = self.hidden_states(tokens, mask, train)[:, 0]
     x = jnp.tanh(self.head_dense(self.dropout(x, deterministic=not train)))
-    return self.head_out(self.dropout(x, deterministic=not train))
+    return self.head_out(self.dropout(x, deterministic=not train)).astype(jnp.float32)
 
   def __call__(self, ids, train: bool = False):
     return self.encode(self.embed(ids, train), padding_mask(ids), train)
@@ -224,18 +259,23 @@ class GPT2Block(nn.Module):
   mlp_dim: int
   dropout_rate: float
   depth: int
+  attention_impl: str = "einsum"
+  dtype: object = None
 
   @nn.compact
   def __call__(self, x, mask, train: bool = False):
     drop = lambda y: nn.Dropout(self.dropout_rate, deterministic=not train)(y)
+    dt = self.dtype
     proj_init = nn.initializers.normal(0.02 / math.sqrt(2 * self.depth))
     a = SelfAttention(self.width, self.num_heads, self.dropout_rate, causal=True,
-                      out_init=proj_init, name="attn")(
-                          nn.LayerNorm(epsilon=_LN_EPS, name="ln_1")(x), mask, train)
+                      out_init=proj_init, attention_impl=self.attention_impl, dtype=dt,
+                      name="attn")(
+                          nn.LayerNorm(epsilon=_LN_EPS, dtype=dt, name="ln_1")(x), mask, train)
     x = x + drop(a)
-    h = nn.Dense(self.mlp_dim, kernel_init=_INIT, name="c_fc")(
-        nn.LayerNorm(epsilon=_LN_EPS, name="ln_2")(x))
-    h = nn.Dense(self.width, kernel_init=proj_init, name="c_proj")(nn.gelu(h, approximate=True))
+    h = nn.Dense(self.mlp_dim, kernel_init=_INIT, dtype=dt, name="c_fc")(
+        nn.LayerNorm(epsilon=_LN_EPS, dtype=dt, name="ln_2")(x))
+    h = nn.Dense(self.width, kernel_init=proj_init, dtype=dt, name="c_proj")(
+        nn.gelu(h, approximate=True))
     return x + drop(h)
 
 
@@ -256,18 +296,24 @@ class GPT2(nn.Module):
   num_heads: int = 8
   mlp_dim: int = 1024
   dropout_rate: float = 0.1
+  dtype: str = "float32"         # Launch fields: module docstring.
+  remat: bool = False
+  attention_impl: str = "einsum"
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
     _check_transformer(self, input_shape)
 
   def setup(self):
-    self.wte = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT)
-    self.wpe = nn.Embed(self.max_length, self.width, embedding_init=_INIT)
-    self.blocks = [GPT2Block(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
-                             self.depth) for _ in range(self.depth)]
-    self.ln_f = nn.LayerNorm(epsilon=_LN_EPS)
-    self.score = nn.Dense(self.num_classes, use_bias=False, kernel_init=_INIT)
+    dt = attention_lib.compute_dtype(self.dtype)
+    self.wte = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT, dtype=dt)
+    self.wpe = nn.Embed(self.max_length, self.width, embedding_init=_INIT, dtype=dt)
+    # `train` (argument 3, `self` being 0) is static under remat.
+    block = nn.remat(GPT2Block, static_argnums=(3,)) if self.remat else GPT2Block
+    self.blocks = [block(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
+                         self.depth, self.attention_impl, dt) for _ in range(self.depth)]
+    self.ln_f = nn.LayerNorm(epsilon=_LN_EPS, dtype=dt)
+    self.score = nn.Dense(self.num_classes, use_bias=False, kernel_init=_INIT, dtype=dt)
     self.dropout = nn.Dropout(self.dropout_rate)
 
   def embed(self, ids, train: bool = False):
@@ -294,7 +340,7 @@ class GPT2(nn.Module):
     """tokens [B, L, D], mask [B, L] bool -> logits [B, K] at the last non-pad token."""
     h = self.hidden_states(tokens, mask, train)
     last = jnp.take_along_axis(h, last_index(mask)[:, None, None], axis=1)[:, 0]
-    return self.score(last)
+    return self.score(last).astype(jnp.float32)
 
   def __call__(self, ids, train: bool = False):
     return self.encode(self.embed(ids, train), padding_mask(ids), train)

@@ -5,7 +5,16 @@ kernel = stride = `patch_size`, so each grid-aligned, non-overlapping
 p x p patch maps to exactly one token (row-major over the patch grid).
 
 Attention weights are sown into the `intermediates` collection; get them with
-`model.apply(variables, x, train=False, mutable=['intermediates'])`.
+`model.apply(variables, x, train=False, mutable=['intermediates'])`. They are formed only
+then: otherwise the attention core `attention_impl` runs (xsens/models/attention.py:
+"einsum", the default and the implementation before the field existed; "folded", heads
+folded into the batch, faster on CPU; "xla_fused" / "cudnn", `jax.nn.dot_product_attention`).
+
+Launch fields (issue 16), all off by default (the same numbers as without them): `dtype`
+"bfloat16" computes in bfloat16 (flax `dtype=`; params stay float32, the logits are
+returned in float32); `remat=True` rematerialises each encoder block in the backward pass
+(`nn.remat`, `train` static). Neither changes the parameter tree, so checkpoints load as
+before.
 
 Layer removal without retraining (Bhojanapalli et al. 2021, "Understanding
 Robustness of Transformers for Image Classification", arXiv 2103.14586): the
@@ -55,6 +64,7 @@ import numpy as np
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import attention as attention_lib
 
 POOLINGS = ("cls", "mean")
 POSEMBS = ("learned", "sincos")
@@ -147,33 +157,35 @@ def shifted_patches(images: jnp.ndarray, patch_size: int, shifts: str) -> jnp.nd
 
 def lsa_attention(query, key, value, mask=None, dropout_rng=None, dropout_rate=0.,
                   broadcast_dropout=True, deterministic=True, dtype=None, precision=None,
-                  module=None, *, log_scale):
+                  module=None, *, log_scale, impl="einsum"):
   """Locality self-attention as a flax `attention_fn`: logits q·k·exp(log_scale), the
-  diagonal (each token to itself) masked, softmax, weights · v. Sows the weights as
-  `attention_weights` when flax passes `module` (sow_weights=True)."""
+  diagonal (each token to itself) masked, softmax, weights · v, with the attention core
+  `impl` (`xsens.models.attention`). Sows the weights as `attention_weights` when flax
+  passes `module` (sow_weights=True)."""
   head_dim = query.shape[-1]
   # dot_product_attention divides q by sqrt(head_dim); undo it and apply exp(tau).
   query = query * (jnp.exp(log_scale) * jnp.sqrt(head_dim)).astype(query.dtype)
   t = query.shape[-3]
   off_diagonal = ~jnp.eye(t, key.shape[-3], dtype=bool)[None, None]
   mask = off_diagonal if mask is None else jnp.logical_and(mask, off_diagonal)
-  return nn.dot_product_attention(
+  return attention_lib.attention_fn(
       query, key, value, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
       broadcast_dropout=broadcast_dropout, deterministic=deterministic, dtype=dtype,
-      precision=precision, module=module)
+      precision=precision, module=module, impl=impl)
 
 
 class MlpBlock(nn.Module):
   """Dense(mlp_dim) -> GELU -> Dropout -> Dense(width) -> Dropout."""
   mlp_dim: int
   dropout_rate: float = 0.0
+  dtype: object = None   # Compute dtype (None: float32, from the params).
 
   @nn.compact
   def __call__(self, x, train: bool):
     width = x.shape[-1]
-    x = nn.gelu(nn.Dense(self.mlp_dim)(x))
+    x = nn.gelu(nn.Dense(self.mlp_dim, dtype=self.dtype)(x))
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    x = nn.Dense(width)(x)
+    x = nn.Dense(width, dtype=self.dtype)(x)
     return nn.Dropout(self.dropout_rate, deterministic=not train)(x)
 
 
@@ -182,7 +194,9 @@ class EncoderBlock(nn.Module):
 
   `skip_attention` / `skip_mlp` drop that residual branch (x passes through
   unchanged). The sub-modules are built (and initialised) either way, so the
-  parameter tree is the same with or without skipping.
+  parameter tree is the same with or without skipping. The attention weights are
+  formed and sown only when `intermediates` is mutable; otherwise the core
+  `attention_impl` (`xsens.models.attention`) runs.
   """
   num_heads: int
   mlp_dim: int
@@ -190,27 +204,35 @@ class EncoderBlock(nn.Module):
   skip_attention: bool = False
   skip_mlp: bool = False
   attention: str = "mha"   # "lsa": locality self-attention (module docstring).
+  attention_impl: str = "einsum"
+  dtype: object = None     # Compute dtype (None: float32, from the params).
 
   @nn.compact
   def __call__(self, x, train: bool):
     # Explicit names equal flax's automatic ones, so skipping a branch never
     # renames the modules after it.
-    ln_0 = nn.LayerNorm(name="LayerNorm_0")
+    ln_0 = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")
     kwargs = {}
     if self.attention == "lsa":
       head_dim = x.shape[-1] // self.num_heads
       tau = self.param("lsa_temperature", nn.initializers.constant(
           float(np.log(head_dim ** -0.5))), (), jnp.float32)
-      kwargs["attention_fn"] = functools.partial(lsa_attention, log_scale=tau)
+      kwargs["attention_fn"] = functools.partial(lsa_attention, log_scale=tau,
+                                                 impl=self.attention_impl)
+    elif self.attention_impl != "einsum":
+      kwargs["attention_fn"] = functools.partial(attention_lib.attention_fn,
+                                                 impl=self.attention_impl)
     attention = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads, name="MultiHeadDotProductAttention_0", **kwargs)
-    ln_1 = nn.LayerNorm(name="LayerNorm_1")
-    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, name="MlpBlock_0")
+        num_heads=self.num_heads, dtype=self.dtype, name="MultiHeadDotProductAttention_0",
+        **kwargs)
+    ln_1 = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_1")
+    mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype, name="MlpBlock_0")
     init = self.is_initializing()
 
     if init or not self.skip_attention:
       y = ln_0(x)
-      y = attention(y, y, deterministic=True, sow_weights=True)
+      sow = self.is_mutable_collection("intermediates")
+      y = attention(y, y, deterministic=True, sow_weights=sow)
       y = nn.Dropout(self.dropout_rate, deterministic=not train)(y)
       x = x if self.skip_attention else x + y
     if init or not self.skip_mlp:
@@ -219,31 +241,53 @@ class EncoderBlock(nn.Module):
     return x
 
 
+def classifier_head(vit: nn.Module, x: jnp.ndarray, dt) -> jnp.ndarray:
+  """The ViT's end, run inside `vit`'s compact `__call__`: encoder LayerNorm, CLS token
+  or mean pooling, optional pre-logits, head. [B, T, width] -> float32 logits [B, K]."""
+  x = nn.LayerNorm(dtype=dt, name="encoder_norm")(x)
+  x = x[:, 0] if vit.pooling == "cls" else x.mean(axis=1)
+  if vit.representation_size is not None:
+    x = jnp.tanh(nn.Dense(vit.representation_size, dtype=dt, name="pre_logits")(x))
+  return nn.Dense(vit.num_classes, dtype=dt, name="head")(x).astype(jnp.float32)
+
+
+def check_launch_fields(model: nn.Module) -> None:
+  """ConfigError naming `model.dtype`, `model.remat` or `model.attention_impl` for a
+  value outside the allowed ones."""
+  _checks.one_of("dtype", model.dtype, attention_lib.DTYPES)
+  if not isinstance(model.remat, bool):
+    raise ConfigError("model.remat", f"must be True or False; got {model.remat!r}")
+  _checks.one_of("attention_impl", model.attention_impl, attention_lib.ATTENTION_IMPLS)
+
+
 def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
   """The ViT stem, run inside `vit`'s compact `__call__` (params land in its scope).
 
   Patch embedding (a p×p conv with stride p, so one pixel patch is one token; or, for
   `tokenizer == "spt"`, the shifted patches through LayerNorm and a Dense), learned or
   sin-cos position embedding, then the CLS token when `vit.pooling == "cls"`.
-  [B, H, W, C] -> [B, T (+1), width].
+  [B, H, W, C] -> [B, T (+1), width], in the compute dtype `vit.dtype`.
   """
   p = vit.patch_size
+  dt = attention_lib.compute_dtype(getattr(vit, "dtype", "float32"))
   if getattr(vit, "tokenizer", "patch") == "spt":
     x = shifted_patches(images, p, vit.spt_shifts)
-    x = nn.Dense(vit.width, name="spt_embedding")(nn.LayerNorm(name="spt_norm")(x))
+    x = nn.Dense(vit.width, dtype=dt, name="spt_embedding")(
+        nn.LayerNorm(dtype=dt, name="spt_norm")(x))
     b, d = x.shape[0], vit.width
     h, w = images.shape[1] // p, images.shape[2] // p
   else:
-    x = nn.Conv(vit.width, (p, p), strides=(p, p), padding="VALID", name="embedding")(images)
+    x = nn.Conv(vit.width, (p, p), strides=(p, p), padding="VALID", dtype=dt,
+                name="embedding")(images)
     b, h, w, d = x.shape
     x = x.reshape(b, h * w, d)
   if vit.posemb == "learned":
-    x = x + vit.param("pos_embedding", nn.initializers.normal(stddev=0.02),
-                      (1, h * w, d), jnp.float32)
+    x = x + attention_lib.cast(vit.param(
+        "pos_embedding", nn.initializers.normal(stddev=0.02), (1, h * w, d), jnp.float32), dt)
   else:
-    x = x + posemb_sincos_2d(h, w, d)
+    x = x + attention_lib.cast(posemb_sincos_2d(h, w, d), dt)
   if vit.pooling == "cls":
-    cls = vit.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32)
+    cls = attention_lib.cast(vit.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32), dt)
     x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
   return x
 
@@ -269,6 +313,12 @@ class ViT(nn.Module):
   tokenizer: str = "patch"
   spt_shifts: str = "diagonal"
   attention: str = "mha"
+  # Launch options (issue 16; the defaults are the numbers of the models before them):
+  # the compute dtype ("float32" | "bfloat16"; params stay float32, logits float32),
+  # rematerialised encoder blocks, and the attention core (`xsens.models.attention`).
+  dtype: str = "float32"
+  remat: bool = False
+  attention_impl: str = "einsum"
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -292,6 +342,7 @@ class ViT(nn.Module):
     _checks.one_of("tokenizer", self.tokenizer, TOKENIZERS)
     _checks.one_of("spt_shifts", self.spt_shifts, SPT_SHIFTS)
     _checks.one_of("attention", self.attention, ATTENTIONS)
+    check_launch_fields(self)
     if (self.tokenizer == "spt" and self.spt_shifts == "diagonal"
         and self.patch_size < 2):
       raise ConfigError("model.patch_size", "must be >= 2 for tokenizer='spt' with "
@@ -318,18 +369,17 @@ class ViT(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
+    dt = attention_lib.compute_dtype(self.dtype)
     x = embed_tokens(self, x)
     x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
     skipped = skipped_parts(self.skip, self.depth)
+    # `train` (argument 2, `self` being 0) is static under remat.
+    block = nn.remat(EncoderBlock, static_argnums=(2,)) if self.remat else EncoderBlock
     for i in range(self.depth):
       parts = skipped.get(i, frozenset())
-      x = EncoderBlock(self.num_heads, self.mlp_dim, self.dropout_rate,
-                       skip_attention="attention" in parts,
-                       skip_mlp="mlp" in parts, attention=self.attention,
-                       name=f"encoderblock_{i}")(x, train)
-    x = nn.LayerNorm(name="encoder_norm")(x)
-
-    x = x[:, 0] if self.pooling == "cls" else x.mean(axis=1)
-    if self.representation_size is not None:
-      x = jnp.tanh(nn.Dense(self.representation_size, name="pre_logits")(x))
-    return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)
+      x = block(self.num_heads, self.mlp_dim, self.dropout_rate,
+                skip_attention="attention" in parts,
+                skip_mlp="mlp" in parts, attention=self.attention,
+                attention_impl=self.attention_impl, dtype=dt,
+                name=f"encoderblock_{i}")(x, train)
+    return classifier_head(self, x, dt)

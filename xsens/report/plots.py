@@ -1,16 +1,18 @@
 """PNG plots for study reports (matplotlib; saved to files, never shown).
 
 Importing this module leaves matplotlib's backend alone, so a notebook that imports a study
-keeps its inline figures; without a display matplotlib falls back to Agg by itself.
+keeps its inline figures; without a display matplotlib falls back to Agg by itself. Figures
+go to local or remote paths (`xsens.paths.savefig`), written by process 0 only.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+
+from xsens import paths
 
 
 def bar_plot(path: str, labels: Sequence[str], values: Sequence[float], *,
@@ -80,12 +82,18 @@ def heatmap_grid(path: str, maps: Mapping[str, np.ndarray], *, title: str = "",
   return _save(fig, path, tight=False)
 
 
-def _save(fig, path: str, tight: bool = True) -> str:
+def save_figure(fig, path: str, tight: bool = False, dpi: int = 110) -> str:
+  """Saves and closes `fig` (process 0 writes; local or remote path); returns the file name
+  (what a report links)."""
   if tight:
     fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  name = paths.savefig(fig, path, dpi=dpi)
   plt.close(fig)
-  return os.path.basename(path)
+  return name
+
+
+def _save(fig, path: str, tight: bool = True) -> str:
+  return save_figure(fig, path, tight=tight)
 
 
 def phase_heatmap(path: str, values: np.ndarray, n_values: Sequence[float],

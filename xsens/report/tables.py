@@ -1,4 +1,5 @@
-"""Result tables: results.json and a markdown results.md in a workdir."""
+"""Result tables: results.json and a markdown results.md in a workdir (local or remote;
+written by process 0 only)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import math
 import os
 from typing import Sequence
+
+from xsens import paths
 
 
 def format_value(value, digits: int = 4) -> str:
@@ -34,21 +37,20 @@ def write_results(workdir: str, title: str, rows: Sequence[dict], *,
                   extra: dict | None = None, plots: Sequence[str] = ()) -> str:
   """Writes `results.json` (rows + extra) and `results.md` (title, table, notes, plots).
 
-  Returns the markdown text. Files are replaced atomically.
+  Returns the markdown text (on every process). Files are replaced atomically, by process 0
+  only (`xsens.paths.is_writer`).
   """
-  os.makedirs(workdir, exist_ok=True)
+  writer = paths.is_writer()
+  if writer:
+    paths.makedirs(workdir)
   payload = {"title": title, "rows": list(rows), **(extra or {})}
-  _atomic_write(os.path.join(workdir, "results.json"), json.dumps(payload, indent=2))
+  if writer:
+    paths.write_text(os.path.join(workdir, "results.json"), json.dumps(payload, indent=2))
   md = f"# {title}\n\n" + markdown_table(rows, columns)
   if notes:
     md += "\n" + notes.strip() + "\n"
   for plot in plots:
     md += f"\n![{os.path.splitext(plot)[0]}]({plot})\n"
-  _atomic_write(os.path.join(workdir, "results.md"), md)
+  if writer:
+    paths.write_text(os.path.join(workdir, "results.md"), md)
   return md
-
-
-def _atomic_write(path: str, text: str) -> None:
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)

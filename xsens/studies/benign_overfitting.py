@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import paths
 from xsens.data import signal_noise as sn
 from xsens.errors import ConfigError, require
 from xsens.models import one_layer_vit as vit_lib
@@ -365,9 +366,9 @@ def sweep_dir(workdir: str, model: str) -> str:
 
 def _legacy_files(path: str) -> list[str]:
   """The files of a sweep written before the one loop: index.json + chunk_*.npz."""
-  if not os.path.isdir(path):
+  if not paths.isdir(path):
     return []
-  return [os.path.join(path, f) for f in sorted(os.listdir(path))
+  return [os.path.join(path, f) for f in sorted(paths.listdir(path))
           if f.startswith(LEGACY_INDEX_FILE) or (f.startswith("chunk_") and ".npz" in f)]
 
 
@@ -375,7 +376,7 @@ def check_sweep(config, workdir: str, model: str, overwrite: bool = False) -> Wo
   """The (unprepared) `Workdir` of `model`'s sweep; ConfigError on `workdir`, nothing
   written, if it holds a sweep of another config or one in the pre-loop format."""
   path = sweep_dir(workdir, model)
-  if not overwrite and os.path.exists(os.path.join(path, LEGACY_INDEX_FILE)):
+  if not overwrite and paths.exists(os.path.join(path, LEGACY_INDEX_FILE)):
     raise ConfigError(
         "workdir", f"{path!r} holds a sweep in the old format ({LEGACY_INDEX_FILE} + "
         "chunk_*.npz); rerun with --overwrite to recompute it there, or choose another "
@@ -402,7 +403,7 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   wd = check_sweep(config, workdir, model, overwrite)
   if overwrite and wd.is_writer:
     for f in _legacy_files(wd.path):
-      os.remove(f)
+      paths.remove(f)
   wd.prepare(fp, overwrite=overwrite)
   n, mu, idx = grid_points(config)
   num_runs, size = len(n), int(config.sweep.chunk_size)
@@ -411,7 +412,9 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   chunk_fn = jax.jit(jax.vmap(make_run_fn(config, model, n_max, pools)))
   base = jax.random.key(int(config.seed))
   repl = sharding.replicated(sharding.data_mesh())
-  as_state = lambda runs: {"runs_done": jax.device_put(jnp.asarray(runs, jnp.int32), repl)}
+  # From NumPy: `device_put` of a jax.Array onto a multi-process sharding builds a broken
+  # array (jax 0.10; orbax cannot save it), of a NumPy value a correct one.
+  as_state = lambda runs: {"runs_done": jax.device_put(np.asarray(runs, np.int32), repl)}
 
   def advance(state, start, length):
     del state
@@ -697,7 +700,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   validate(config)
   for model in config.models:
     check_sweep(config, workdir, model, overwrite)
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   pools = mnist_pools(config) if config.data.kind == "mnist" else None
   snrs = snr_values(config)
   ns = np.asarray(list(config.sweep.n_values))
@@ -726,8 +729,10 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                  "k_theory": theory, "c_fit": fit["c"],
                  "boundary_points": fit["num_points"],
                  "median_steps": conv["median_steps"], "wall_s": round(res["wall_s"], 1)})
-    np.savez(os.path.join(workdir, f"grid_{model}.npz"), n_values=ns, mu_norms=np.asarray(
-        list(config.sweep.mu_norms)), snr=snrs, **{k: res[k] for k in RESULT_FIELDS})
+    if paths.is_writer():
+      paths.save_npz(os.path.join(workdir, f"grid_{model}.npz"), dict(
+          n_values=ns, mu_norms=np.asarray(list(config.sweep.mu_norms)), snr=snrs,
+          **{k: res[k] for k in RESULT_FIELDS}))
     mean = np.nanmean(res["test_loss"], -1)
     curves = _curves(snrs, ns, fit, theory, paper_curve=model == "vit")
     # Every run as its own row, like the authors' heat map (N repeated once per trial).
@@ -762,7 +767,8 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                    "snr": sn.snr(float(rc.mu_norm), float(rc.sigma_p), int(rc.d)),
                    "n_snr2": int(rc.n) * sn.snr(float(rc.mu_norm), float(rc.sigma_p),
                                                 int(rc.d)) ** 2}
-      np.savez(os.path.join(workdir, f"dynamics_{name}.npz"), **logs)
+      if paths.is_writer():
+        paths.save_npz(os.path.join(workdir, f"dynamics_{name}.npz"), logs)
       plot_files += _dyn_figures(workdir, name, logs)
   extra = {"snr": snrs.tolist(), "n_values": ns.tolist(),
            "mu_norms": [float(m) for m in config.sweep.mu_norms], "fits": fits,

@@ -197,9 +197,7 @@ def _confidence_plot(path, bins, by_conf) -> str:
   ax.set_title("Churn by confidence")
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return os.path.basename(path)
+  return plots.save_figure(fig, path)
 
 
 def _notes(config, conf_rows, rows, methods) -> str:

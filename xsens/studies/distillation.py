@@ -32,6 +32,7 @@ import os
 import ml_collections
 import numpy as np
 
+from xsens import paths as path_lib  # (`paths` names config paths here)
 from xsens.config_utils import run_config
 from xsens.errors import ConfigError
 from xsens.measures import subgroups
@@ -203,7 +204,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
 
   teacher = compare.train_runs(teacher_cfg, workdir, overwrite=overwrite,
                                experiments=teacher_exp, field_path=paths)[TEACHER]
-  teacher_dir = os.path.abspath(compare.run_workdir(workdir, TEACHER))
+  teacher_dir = path_lib.absolute(compare.run_workdir(workdir, TEACHER))
   num_classes = teacher.train.num_classes
   val, ev = split_val_eval(len(teacher.test), dc.val_fraction, dc.split_seed)
   test_x, test_y = teacher.test.images, teacher.test.labels
@@ -329,9 +330,7 @@ def _plots(workdir, variants, agg, teacher_eval, t_margin, gains, num_classes) -
     fig.suptitle("Per-class gain of the students vs the teacher (eval split)")
     fig.tight_layout()
     path = os.path.join(workdir, "gain_vs_teacher.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    files.append(os.path.basename(path))
+    files.append(plots.save_figure(fig, path))
   keys = ("accuracy", "worst_class", "worst_k_mean", "head_accuracy", "tail_accuracy")
   files.append(plots.grouped_bar_plot(
       os.path.join(workdir, "subgroup_summary.png"), list(keys),

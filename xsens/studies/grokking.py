@@ -71,7 +71,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import time
 from typing import Sequence
 
@@ -80,6 +79,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xsens import paths
 from xsens.errors import is_finite_number, is_int, require
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import grokking_transformer as gt
@@ -189,10 +189,9 @@ def load_init_npz(config) -> dict:
   """
   path, m = config.model.init_npz, config.model
   p, num_seeds = int(config.data.modulus), int(config.train.num_seeds)
-  require(os.path.isfile(path), "model.init_npz", f"no file {path!r}")
+  require(paths.isfile(path), "model.init_npz", f"no file {path!r}")
   shapes = gt.official_shapes(p + 1, p + 1, int(m.width), int(m.mlp_dim))
-  with np.load(path) as f:
-    state = {k: f[k] for k in f.files}
+  state = paths.load_npz(path)
   missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
   require(not missing and not extra, "model.init_npz",
           f"{path!r} must hold exactly the official keys {sorted(shapes)}; missing {missing}, "
@@ -214,8 +213,7 @@ def load_init_npz(config) -> dict:
 
 
 def file_sha256(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  return hashlib.sha256(paths.read_bytes(path)).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------

@@ -131,9 +131,7 @@ def _scatter(path, rows, x_key, y_key, *, xlabel, ylabel, title) -> str:
   ax.set_ylabel(ylabel)
   ax.set_title(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return os.path.basename(path)
+  return plots.save_figure(fig, path)
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:

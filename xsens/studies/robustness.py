@@ -384,9 +384,7 @@ def _scale_plot(workdir, scale) -> str:
   fig.suptitle("Robustness vs training-set size (from scratch)")
   fig.tight_layout()
   path = os.path.join(workdir, "data_scale.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return os.path.basename(path)
+  return plots.save_figure(fig, path)
 
 
 def _rows(results, rc, corr, advs, perts) -> list[dict]:

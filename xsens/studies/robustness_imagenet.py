@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import paths
 from xsens import models as models_lib
 from xsens.data import batching
 from xsens.data import streaming
@@ -152,7 +153,7 @@ def validate_checkpoint_runs(runs, formats: dict) -> None:
                         f"checkpoint fine-tuned on ImageNet-1k, {hint}; e.g. "
                         f"--config.runs.{name}.pretrained.path=/path/to/file"
                         f"{formats[kind].suffix}")
-    if not os.path.isfile(os.path.expanduser(str(path))):
+    if not paths.isfile(paths.absolute(str(path))):
       raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
                         f"({hint})")
 
@@ -225,7 +226,7 @@ def corruption_source(ic, rc) -> str:
 def load_run(name: str, run, image_shape, num_classes: int | None) -> PretrainedRun:
   """Builds the model implied by the checkpoint (+ `runs.<name>.model` overrides) and loads it."""
   field = f"runs.{name}.pretrained.path"
-  path = os.path.expanduser(str(run.pretrained.path))
+  path = paths.absolute(str(run.pretrained.path))
   kind = run.model.name
   fmt = models_lib.pretrained_formats()[kind]  # (`validate` restricts the kinds.)
   try:
@@ -496,7 +497,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   pretraining = {name: run_cfg.get("pretraining") for name, run_cfg in config.runs.items()}
   rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)
   scale = pretraining_comparison(rows, {n: r.model.name for n, r in config.runs.items()})
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   plot_files = _plots(workdir, rc, corr, advs, removal)
   if scale:
     plot_files.append(_pretraining_plot(workdir, rows))

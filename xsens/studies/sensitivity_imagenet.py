@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import paths
 from xsens import models as models_lib
 from xsens.data import streaming
 from xsens.errors import ConfigError
@@ -229,7 +230,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     row["measure_s"] = m["measure_s"]
     rows.append(row)
   names = list(runs)
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   plot_files = [
       plots.bar_plot(os.path.join(workdir, "sensitivity_bar.png"), names,
                      [measured[n]["sigmas"][main][0] for n in names],

@@ -499,9 +499,7 @@ def _sigma_plot(path: str, measured, nsr) -> str:
   ax.set_title("Sensitivity vs noise scale", fontsize=10)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return os.path.basename(path)
+  return plots.save_figure(fig, path)
 
 
 def _sharpness_plot(path: str, measured, main_sigma, link) -> str:
@@ -516,9 +514,7 @@ def _sharpness_plot(path: str, measured, main_sigma, link) -> str:
   ax.set_title(f"Spearman ρ = {link['spearman_sharpness_l1']:.2f} "
                f"({link['num_models']} models)", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return os.path.basename(path)
+  return plots.save_figure(fig, path)
 
 
 def _config_summary(sc) -> dict:

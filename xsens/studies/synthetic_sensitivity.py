@@ -82,6 +82,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xsens import paths
 from xsens.data import sparse_tokens as st
 from xsens.errors import is_finite_number, is_int, require
 from xsens.measures import boolean
@@ -626,8 +627,8 @@ def boolean_trajectory(wd: Workdir, model, params, tx, tokens, target, train_mas
   parts = []
   for _, end, path in wd.step_log_files():
     if end <= out.step:
-      with np.load(path) as z:
-        parts.append({k: z[k] for k in ("coef", "loss")})
+      z = paths.load_npz(path)
+      parts.append({k: z[k] for k in ("coef", "loss")})
   coeffs = np.concatenate([z["coef"] for z in parts], axis=-1).T
   losses = np.concatenate([z["loss"] for z in parts], axis=-1)
   return out.state["params"], coeffs, losses, _train_s(wd, out)
@@ -847,7 +848,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   validate(config)
   for path, fingerprint in run_workdirs(config, workdir).values():
     Workdir(path).check(fingerprint, overwrite=overwrite)
-  os.makedirs(workdir, exist_ok=True)
+  paths.makedirs(workdir)
   t0 = time.perf_counter()
   summary, figs, notes = [], [], []
   extra = {"config": json.loads(config.to_json_best_effort())}

@@ -72,6 +72,13 @@ def validate_codistill_config(config) -> dict:
   if config.get("distill") is not None:
     raise ConfigError("distill", "co-distillation does not combine with config.distill; "
                       "set it to None")
+  scaling = trainer.scaling_options(config)
+  for field, default in (("accum_steps", 1), *((f"sharding.{k}", v)
+                                               for k, v in trainer.SHARDING_DEFAULTS.items())):
+    value = scaling[field.split(".")[-1]]
+    if value != default:
+      raise ConfigError(field, f"co-distillation trains with its default {default!r} "
+                        f"(one pass, replicated state); got {value!r}")
   if config.get("regularizer") is not None and config.regularizer.name != "none":
     raise ConfigError("regularizer.name", "co-distillation supports regularizer 'none' "
                       f"only, got {config.regularizer.name!r}")

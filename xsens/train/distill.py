@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import io
 import json
 import logging
 import math
@@ -54,6 +55,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from xsens import models as models_lib
+from xsens import paths
 from xsens.data import batching
 from xsens.errors import ConfigError
 
@@ -197,16 +199,23 @@ def validate_distill_config(dc, num_classes: int, image_shape, data_config, num_
 
 
 def _check_logits_file(path: str, num_train: int, num_classes: int) -> None:
-  if not os.path.isfile(path):
+  if not paths.isfile(path):
     raise ConfigError("distill.teacher_logits", f"no file at {path!r} (a .npy array "
                       f"[{num_train}, {num_classes}])")
   try:
-    arr = np.load(path, mmap_mode="r")
+    arr = _load_npy(path, mmap_mode="r")
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError("distill.teacher_logits", f"cannot read {path!r} as .npy: {e}") from e
   if arr.shape != (num_train, num_classes) or not np.issubdtype(arr.dtype, np.floating):
     raise ConfigError("distill.teacher_logits", f"{path!r} holds {arr.dtype}{list(arr.shape)}"
                       f"; need float [{num_train}, {num_classes}] (the train split)")
+
+
+def _load_npy(path: str, **kwargs) -> np.ndarray:
+  """`np.load` of a .npy file, local (memory-mapped if asked) or remote (read whole)."""
+  if paths.is_remote(path):
+    return np.load(io.BytesIO(paths.read_bytes(path)), allow_pickle=False)
+  return np.load(path, **kwargs)
 
 
 # ----------------------------------------------------------------------------- the teacher
@@ -218,13 +227,12 @@ TEACHER_FLAG = "distill.teacher_workdir"
 def _run_config(workdir: str, flag: str) -> dict:
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   path = os.path.join(workdir, workdir_lib.CONFIG_FILE)
-  if not os.path.isdir(workdir) or not os.path.isfile(path):
+  if not paths.isdir(workdir) or not paths.isfile(path):
     raise ConfigError(flag, f"{workdir!r} is not an xsens run directory (no "
                       f"{workdir_lib.CONFIG_FILE}); train that run first")
   if workdir_lib.Workdir(workdir).latest_step() is None:
     raise ConfigError(flag, f"{workdir!r} holds no checkpoint; train that run first")
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(paths.read_text(path))
 
 
 def build_teacher(workdir: str, num_classes: int, image_shape, data_config,
@@ -255,9 +263,8 @@ def build_teacher(workdir: str, num_classes: int, image_shape, data_config,
 
 def _checkpoint_path(workdir: str) -> str:
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
-  step = workdir_lib.Workdir(workdir).latest_step()
-  return os.path.join(os.path.abspath(workdir), workdir_lib.CHECKPOINT_DIR, str(step),
-                      "default")
+  wd = workdir_lib.Workdir(workdir)
+  return os.path.join(paths.absolute(wd.checkpoint_dir()), str(wd.latest_step()), "default")
 
 
 @contextlib.contextmanager
@@ -337,7 +344,7 @@ def prepare(setup: DistillSetup, train_images: np.ndarray, num_classes: int
   Without a teacher (every α is 0) the KL term gets zero logits and weight 0.
   """
   if setup.teacher_logits_path is not None:
-    return None, np.asarray(np.load(setup.teacher_logits_path), np.float32)
+    return None, np.asarray(_load_npy(setup.teacher_logits_path), np.float32)
   if setup.teacher_model is None:
     if setup.teacher_workdir is not None:  # Never distil silently from a uniform teacher.
       raise ValueError("the teacher in distill.teacher_workdir was not loaded: build the "

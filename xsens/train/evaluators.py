@@ -80,6 +80,16 @@ def batches(inputs: np.ndarray, labels: np.ndarray, batch_size: int,
                                  "mask": mask[local]}, mesh)
 
 
+def stream_batches(stream, mesh: jax.sharding.Mesh, limit: int | None = None
+                   ) -> Iterator[dict]:
+  """Global batches {"image", "label", "mask"} of a `xsens.data.streaming.Stream` (first
+  `limit` examples of its order), same layout as `batches`: each host reads its slice."""
+  if limit is not None:
+    stream = dataclasses.replace(stream, indices=stream.indices[:int(limit)])
+  for b in stream.batches():
+    yield sharding.global_batch({k: b[k] for k in ("image", "label", "mask")}, mesh)
+
+
 def accumulate(batch_fn: Callable[[Any, dict], dict], variables, batch_iter) -> dict:
   """Sums the dicts `batch_fn(variables, batch)` over batches on device; host float64."""
   totals = None
@@ -155,12 +165,17 @@ class Evaluator:
   seed: int = 0
   extra_args: tuple = ()                    # e.g. a peer's variables, after the batch
 
-  def run(self, variables, inputs, labels, batch_size, mesh, step: int) -> dict:
+  def run(self, variables, inputs, labels, batch_size, mesh, step: int,
+          batch_iter: Iterator[dict] | None = None) -> dict:
+    """Runs over `batches(inputs, labels, ...)`, or over `batch_iter` (global batches, e.g.
+    `stream_batches`) when given."""
     args = self.extra_args
     if self.needs_key:  # A fresh, reproducible key per evaluation step.
       args = (jax.random.fold_in(jax.random.key(self.seed), step),) + args
     fn = lambda v, b: self.batch_fn(v, b, *args)
-    sums = accumulate(fn, variables, batches(inputs, labels, batch_size, mesh, self.limit))
+    if batch_iter is None:
+      batch_iter = batches(inputs, labels, batch_size, mesh, self.limit)
+    sums = accumulate(fn, variables, batch_iter)
     return {f"eval/{self.name}_{k}": v for k, v in self.finish(sums).items()}
 
   def due(self, step: int, last: bool) -> bool:

@@ -17,8 +17,10 @@ What the loop owns (and no study repeats): restore of the newest checkpoint that
 state's shapes and shardings, or `init()`; truncation of the logs to the restored step
 (all of them on a start from step 0; TensorBoard purges the later steps); the step counter;
 the log / evaluation / checkpoint schedule, with `advance` never crossing a boundary; the
-divergence stop that keeps the last good checkpoint; hooks; early stop; the progress bar;
-preemption; the final commit of asynchronous saves and the release of the workdir lock.
+divergence stop that keeps the last good checkpoint; the training-data iterator state
+(`Program.data_state`, saved with every checkpoint and handed back on a resume); hooks;
+early stop; the progress bar; preemption; the final commit of asynchronous saves and the
+release of the workdir lock.
 
 Preemption: while `run` is active, SIGTERM and SIGINT (Cloud TPU / GCE preemption, most
 schedulers, Ctrl-C) do not kill the process. The loop finishes the current chunk, flushes
@@ -141,6 +143,10 @@ class Program:
   should_stop: Callable[[int, dict], str | None] | None = None  # On evaluate's scalars.
   log_scalars: Callable[[int], dict] | None = None     # Extra train/ scalars at a flush.
   on_chunk: Callable[[int, int, Any, float], None] | None = None  # (start, end, logs, s).
+  # The training-data iterator's state (bytes), saved with each checkpoint, and its
+  # restore (called with None when the restored checkpoint holds none).
+  data_state: Callable[[], bytes] | None = None
+  set_data_state: Callable[[bytes | None], None] | None = None
 
 
 @dataclasses.dataclass
@@ -182,6 +188,8 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
     workdir.truncate(-1)   # Logs of an earlier start that saved no checkpoint.
   else:
     step = restored
+    if program.set_data_state is not None:
+      program.set_data_state(workdir.restore_data_state(restored))
     workdir.truncate(restored)
     logging.info("Resumed %s from step %d", workdir.path, restored)
   writer = workdir.metric_writer(purge_step=step + 1 if restored is not None else 0)
@@ -267,7 +275,10 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
         if (stop_reason or interrupted or preempted
             or _at(step, schedule.checkpoint_every)):
           flush(step)  # Never checkpoint a state whose loss went non-finite.
-          workdir.save(step, state)
+          if program.data_state is not None:
+            workdir.save(step, state, data_state=program.data_state())
+          else:
+            workdir.save(step, state)
           last_good = step
         if preempted:
           workdir.close()  # Waits until the checkpoint is committed.

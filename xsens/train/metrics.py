@@ -2,10 +2,16 @@
 
 A kill during a write can leave a partial last line in metrics.jsonl: readers skip it, and
 `truncate_metrics` (run by the loop before every start or resume) drops it with a message.
+
+A remote workdir (`gs://...`): an object store has no append, so metrics.jsonl is rewritten
+whole at each record (it stays small: one line per logged step), and TensorBoard event files
+are written through `etils.epath` by `EpathRecordWriter` (registered with tensorboardX for
+the path's scheme; tensorboardX's own GCS writer needs google-cloud-storage and fails).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -13,6 +19,7 @@ import sys
 
 import numpy as np
 
+from xsens import paths
 from xsens.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
@@ -30,9 +37,12 @@ class MetricWriter:
                purge_step: int | None = None):
     self.enabled = enabled
     self._path = os.path.join(workdir, METRICS_FILE)
+    self._remote_text = None  # A remote metrics.jsonl's content (rewritten whole).
     self._tb = None
     if enabled and tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      if paths.is_remote(workdir):
+        register_epath_writer(workdir)
       self._tb = SummaryWriter(os.path.join(workdir, "tb"), flush_secs=10,
                                purge_step=purge_step)
 
@@ -40,8 +50,15 @@ class MetricWriter:
     if not self.enabled:
       return
     clean = {k: float(np.asarray(v)) for k, v in scalars.items()}
-    with open(self._path, "a") as f:
-      f.write(json.dumps({"step": int(step), **clean}) + "\n")
+    line = json.dumps({"step": int(step), **clean}) + "\n"
+    if paths.is_remote(self._path):
+      if self._remote_text is None:
+        self._remote_text = (paths.read_text(self._path) if paths.exists(self._path) else "")
+      self._remote_text += line
+      paths.write_text(self._path, self._remote_text)
+    else:
+      with open(self._path, "a") as f:
+        f.write(line)
     if self._tb is not None:
       for k, v in clean.items():
         self._tb.add_scalar(k, v, int(step))
@@ -54,8 +71,7 @@ class MetricWriter:
 
 def _read(path: str) -> tuple[list[dict], bool]:
   """(records, whether a partial last line was skipped). A bad line elsewhere raises."""
-  with open(path) as f:
-    lines = f.read().split("\n")
+  lines = paths.read_text(path).split("\n")
   records, partial = [], False
   for i, line in enumerate(lines):
     if not line.strip():
@@ -75,7 +91,7 @@ def read_metrics(workdir: str) -> list[dict]:
   """All records of `workdir/metrics.jsonl` (empty if absent; a partial last line, left by
   a kill during a write, is skipped)."""
   path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return []
   return _read(path)[0]
 
@@ -84,7 +100,7 @@ def truncate_metrics(workdir: str, last_step: int) -> None:
   """Drops records after `last_step` (-1: all) and a partial last line, with a message for
   the latter: a restarted run rewrites those steps exactly once."""
   path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+  if not paths.exists(path):
     return
   records, partial = _read(path)
   if partial:
@@ -95,6 +111,51 @@ def truncate_metrics(workdir: str, last_step: int) -> None:
   kept = [r for r in records if r["step"] <= last_step]
   if len(kept) == len(records) and not partial:
     return
+  text = "".join(json.dumps(r) + "\n" for r in kept)
+  if paths.is_remote(path):
+    paths.write_text(path, text)
+    return
   with open(path + ".tmp", "w") as f:
-    f.writelines(json.dumps(r) + "\n" for r in kept)
+    f.write(text)
   os.replace(path + ".tmp", path)
+
+
+class EpathRecordWriter:
+  """A tensorboardX record sink for a remote event file: records accumulate in memory and
+  each `flush` (tensorboardX's writer thread calls it every `flush_secs`, and on close)
+  uploads the whole file through `etils.epath` (an object store has no append)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._buffer = io.BytesIO()
+    self._uploaded = -1
+
+  def write(self, data: bytes) -> None:
+    self._buffer.write(data)
+
+  def flush(self) -> None:
+    if self._buffer.tell() != self._uploaded:
+      paths.write_bytes(self.path, self._buffer.getvalue())
+      self._uploaded = self._buffer.tell()
+
+  def close(self) -> None:
+    self.flush()
+
+
+class _EpathWriterFactory:
+  """tensorboardX's writer-factory interface (`record_writer.register_writer_factory`)."""
+
+  def open(self, path: str) -> EpathRecordWriter:
+    return EpathRecordWriter(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # Object stores need no directories.
+
+
+def register_epath_writer(path: str) -> None:
+  """Makes tensorboardX write event files under `path`'s scheme (`gs`, ...) through
+  `EpathRecordWriter` (tensorboardX picks a factory by the text before the first `:`)."""
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  scheme = os.fspath(path).split(":", 1)[0]
+  if not isinstance(record_writer.REGISTERED_FACTORIES.get(scheme), _EpathWriterFactory):
+    record_writer.register_writer_factory(scheme, _EpathWriterFactory())

@@ -27,7 +27,8 @@ import numpy as np
 import optax
 
 from xsens import models as models_lib
-from xsens.data import pipeline
+from xsens import paths
+from xsens.data import pipeline, streaming
 from xsens.errors import ConfigError, require
 from xsens.train import distill as distill_lib
 from xsens.train import evaluators, interventions, loop, losses, objectives, optim, sharding
@@ -51,13 +52,16 @@ class Experiment:
   terms: list = dataclasses.field(default_factory=list)       # objectives.Term
   transforms: list = dataclasses.field(default_factory=list)  # objectives.Transform
   evaluators: list = dataclasses.field(default_factory=list)  # evaluators.Evaluator
+  # Streaming (`data.stream`): `train` is a `streaming.TrainStream`, `test` and this (the
+  # train split with the evaluation crop) are `streaming.Stream`s.
+  train_eval: Any = None
 
 
 @dataclasses.dataclass
 class TrainResult:
   """A finished (or resumed-and-finished) run."""
   model: nn.Module
-  variables: dict            # {"params": ..., "batch_stats": ...?}, replicated arrays.
+  variables: dict            # {"params": ..., "batch_stats": ...?}, replicated (FSDP: sharded).
   train: pipeline.Split
   test: pipeline.Split
   summary: dict              # steps, stop_reason, train/test accuracy and loss, wall_s.
@@ -86,6 +90,7 @@ def validate_config(config, num_devices: int | None = None) -> None:
   require(config.batch_size % n_dev == 0, "batch_size",
            f"{config.batch_size} is not divisible by the device count {n_dev}; "
            f"use a multiple of {n_dev}")
+  validate_scaling_config(config, n_dev)
   steps, epochs = config.get("total_steps"), config.get("total_epochs")
   require((steps is None) != (epochs is None), "total_steps",
            "set exactly one of total_steps and total_epochs")
@@ -111,6 +116,41 @@ def validate_config(config, num_devices: int | None = None) -> None:
   require(config.model.name in models_lib.MODELS, "model.name",
            f"unknown model {config.model.name!r}; allowed: {', '.join(sorted(models_lib.MODELS))}")
   pipeline.validate_data_config(config.data)
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def scaling_options(config) -> dict[str, Any]:
+  """`accum_steps` and the `sharding` block with their defaults (today's behaviour): a
+  config written before they existed reads as one full-batch step, replicated state."""
+  block = dict(SHARDING_DEFAULTS, **(config.get("sharding") or {}))
+  return {"accum_steps": config.get("accum_steps", 1), **block}
+
+
+# `config.sharding`: FSDP over the `data` axis of a (data, model) mesh (see sharding.py).
+SHARDING_DEFAULTS = {"fsdp": False, "min_size": 2 ** 20, "model_axis_size": 1}
+
+
+def validate_scaling_config(config, n_dev: int) -> None:
+  """Checks `accum_steps` and `config.sharding` against the batch and the device count."""
+  opts = scaling_options(config)
+  k = opts["accum_steps"]
+  require(_is_int(k) and k >= 1, "accum_steps", f"must be an int >= 1, got {k!r}")
+  require(config.batch_size % (k * n_dev) == 0, "accum_steps",
+           f"{k} micro-batches of a batch_size {config.batch_size} over {n_dev} devices: "
+           f"batch_size must be a multiple of accum_steps × devices = {k * n_dev}")
+  extra = sorted(set(config.get("sharding") or {}) - set(SHARDING_DEFAULTS))
+  require(not extra, f"sharding.{extra[0] if extra else ''}",
+           f"unknown field; allowed: {', '.join(SHARDING_DEFAULTS)}")
+  require(isinstance(opts["fsdp"], bool), "sharding.fsdp",
+           f"must be True or False, got {opts['fsdp']!r}")
+  require(_is_int(opts["min_size"]) and opts["min_size"] >= 0, "sharding.min_size",
+           f"must be an int >= 0 (elements), got {opts['min_size']!r}")
+  m = opts["model_axis_size"]
+  require(_is_int(m) and m >= 1 and n_dev % m == 0, "sharding.model_axis_size",
+           f"must be an int >= 1 dividing the device count {n_dev}, got {m!r}")
 
 
 # Seeds of one source of randomness each; None (the default) means `config.seed`, so a
@@ -147,8 +187,12 @@ def build_experiment(config, num_devices: int | None = None, *,
   that validates its students before it trains their teacher).
   """
   validate_config(config, num_devices)
-  train = pipeline.load_split(config.data, config.data.train_split, seed=config.seed)
-  test = pipeline.load_split(config.data, config.data.test_split, seed=config.seed)
+  train_eval = None
+  if streaming.is_streaming(config.data):
+    train, test, train_eval = open_streams(config, num_devices)
+  else:
+    train = pipeline.load_split(config.data, config.data.train_split, seed=config.seed)
+    test = pipeline.load_split(config.data, config.data.test_split, seed=config.seed)
   require(config.batch_size <= len(train), "batch_size",
            f"{config.batch_size} exceeds the {len(train)} training examples")
   model = models_lib.get_model(config.model.name, train.num_classes, train.input_shape,
@@ -173,7 +217,8 @@ def build_experiment(config, num_devices: int | None = None, *,
   evals = evaluators.build(
       default_evals(config), apply_fn=eval_apply_fn(model), loss_fn=loss_fn,
       default_every=config.eval_every, num_classes=train.num_classes,
-      train_class_counts=np.bincount(train.labels, minlength=train.num_classes),
+      train_class_counts=(None if train_eval is not None else
+                          np.bincount(train.labels, minlength=train.num_classes)),
       load_peer=functools.partial(load_peer, config.data, train.num_classes,
                                   train.input_shape))
   if config.get("target_train_accuracy") is not None:
@@ -182,7 +227,30 @@ def build_experiment(config, num_devices: int | None = None, *,
             "needs a classification evaluator named 'train' on the train split in "
             "config.evals")
   return Experiment(config, train, test, model, tx, loss_fn, total_steps, setup, terms,
-                    objectives.transforms_from_config(config), evals)
+                    objectives.transforms_from_config(config), evals, train_eval)
+
+
+def open_streams(config, num_devices: int | None = None):
+  """(train `TrainStream`, test `Stream`, train-split `Stream`) of a `data.stream` config.
+
+  The training stream's order is seeded by `order_seed`, its augmentations by `order_seed`
+  and `augment_seed` (`run_seeds`); evaluation streams read in stored order, in batches of
+  `eval_batch_size` rounded up to the device count.
+  """
+  seeds = run_seeds(config)
+  for field in ("distill", "codistill"):
+    require(config.get(field) is None, field,
+            "is not available with a streamed dataset (data.stream); remove one of them")
+  eval_bs = _round_up(config.eval_batch_size,
+                      jax.device_count() if num_devices is None else num_devices)
+  train = streaming.open_training_stream(config.data, batch_size=config.batch_size,
+                                         order_seed=seeds["order_seed"],
+                                         augment_seed=seeds["augment_seed"])
+  require(train.num_classes is not None, "data.label_key",
+          f"{config.data.label_key!r} of {config.data.name!r} is not a ClassLabel feature")
+  test = streaming.open_eval_stream(config.data, "test", batch_size=eval_bs)
+  train_eval = streaming.open_eval_stream(config.data, "train", batch_size=eval_bs)
+  return train, test, train_eval
 
 
 def load_peer(data_config, num_classes: int, input_shape, workdir: str, flag: str):
@@ -202,10 +270,10 @@ def _validate_pretrained(config) -> None:
   if config.model.name not in formats:
     raise ConfigError("pretrained.path", f"pretrained weights load into models "
                       f"{', '.join(formats)}, not {config.model.name!r}")
-  if not os.path.exists(path):
+  if not paths.isfile(path if paths.is_remote(path) else os.path.expanduser(path)):
     fmt = formats[config.model.name]
     raise ConfigError("pretrained.path", f"no checkpoint at {path!r} (a {fmt.name} "
-                      f"{fmt.suffix} file on local disk)")
+                      f"{fmt.suffix} file, local or remote such as gs://bucket/file)")
 
 
 def load_pretrained(config, model, image_shape, key) -> dict | None:
@@ -265,7 +333,8 @@ def eval_variables(state: dict) -> dict:
 
 def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
                     transforms: Sequence[objectives.Transform] = (),
-                    teacher_model: nn.Module | None = None) -> Callable:
+                    teacher_model: nn.Module | None = None, accum_steps: int = 1,
+                    mesh: jax.sharding.Mesh | None = None, input_dtype=None) -> Callable:
   """`(state, batch, key[, teacher_variables]) -> (state, metrics)`; metrics are batch means.
 
   The loss is the weighted sum of `terms` (`xsens.train.objectives`) on the inputs after
@@ -273,39 +342,90 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
   (distillation in the step) the teacher's eval-mode logits on the same inputs, under
   stop_gradient, are `batch["teacher_logits"]`. Metrics: loss, accuracy, grad_norm,
   param_norm, and each term's value when there is more than one term.
+
+  Precision: params, gradients and optimizer state stay float32 whatever the model's
+  compute dtype (`model.dtype`, cast inside the model); the inputs are cast to
+  `input_dtype` (that of the data the state was initialised with; None: as given) and the
+  logits to float32, so every loss term is computed in float32.
+
+  `accum_steps` k > 1: gradient accumulation. The transforms and the teacher run on the
+  whole batch [B, ...]; it is then split into k micro-batches [k, B/k, ...] (micro-batch j
+  holds examples j, j+k, ..., so each keeps the batch's device split over `mesh`), and a
+  `lax.scan` sums their gradients and metrics; the mean gradient makes one optimizer
+  update. Micro-batch j draws dropout and term noise from `fold_in(key, j)` of the step's
+  keys. BatchNorm normalises with each micro-batch's statistics and its running averages,
+  like the states of stateful terms, are threaded through the micro-batches in order (k
+  updates per step, as k small steps would make). Without BatchNorm, dropout and stateful
+  terms the step equals the full-batch step up to float rounding.
   """
   terms, transforms = list(terms), list(transforms)
 
-  def train_step(state, batch, key, teacher_variables=None):
-    step_key = jax.random.fold_in(key, state["step"])
-    dropout_key, transform_key, term_key = (jax.random.fold_in(step_key, i) for i in range(3))
-    has_bn = bool(state["batch_stats"])
-    inputs = objectives.apply_transforms(transforms, batch["image"], transform_key)
-    batch = dict(batch, image=inputs)
-    if teacher_model is not None:
-      batch["teacher_logits"] = jax.lax.stop_gradient(
-          teacher_model.apply(teacher_variables, inputs, train=False))
+  def micro_grads(params, batch_stats, term_states, batch, dropout_key, term_key):
+    """Loss, logits, new batch_stats, term aux and states, and grads on one (micro-)batch."""
+    has_bn = bool(batch_stats)
 
     def objective(params):
       def apply(p, x):  # BatchNorm statistics come from the clean pass.
         variables = {"params": p}
         if has_bn:
-          variables["batch_stats"] = state["batch_stats"]
-        return model.apply(variables, x, train=True, rngs={"dropout": dropout_key},
-                           mutable=["batch_stats"])
-      logits, new_vars = apply(params, inputs)
-      loss, aux, term_states = objectives.total_loss(
+          variables["batch_stats"] = batch_stats
+        logits, new_vars = model.apply(variables, x, train=True,
+                                       rngs={"dropout": dropout_key}, mutable=["batch_stats"])
+        return logits.astype(jnp.float32), new_vars
+      logits, new_vars = apply(params, batch["image"])
+      loss, aux, new_states = objectives.total_loss(
           terms, lambda p, x: apply(p, x)[0], params, dict(batch, logits=logits), term_key,
-          state.get("objective", {}))
-      return loss, (logits, new_vars, aux, term_states)
+          term_states)
+      return loss, (logits, new_vars, aux, new_states)
 
-    (loss, (logits, new_vars, aux, term_states)), grads = jax.value_and_grad(
-        objective, has_aux=True)(state["params"])
+    (loss, (logits, new_vars, aux, new_states)), grads = jax.value_and_grad(
+        objective, has_aux=True)(params)
+    new_stats = new_vars.get("batch_stats", {}) if has_bn else {}
+    return loss, logits, new_stats, aux, new_states, grads
+
+  def accumulate(params, batch_stats, term_states, batch, dropout_key, term_key):
+    """`micro_grads` summed over `accum_steps` micro-batches (means of the metrics)."""
+    micro = jax.tree.map(functools.partial(split_micro_batches, k=accum_steps, mesh=mesh),
+                         batch)
+
+    def body(carry, xs):
+      grad_sum, stats, states = carry
+      j, mb = xs
+      loss, logits, stats, aux, states, grads = micro_grads(
+          params, stats, states, mb, jax.random.fold_in(dropout_key, j),
+          jax.random.fold_in(term_key, j))
+      out = dict(aux, loss=loss, accuracy=jnp.mean(jnp.argmax(logits, -1) == mb["label"]))
+      return (jax.tree.map(jnp.add, grad_sum, grads), stats, states), out
+
+    init = (jax.tree.map(jnp.zeros_like, params), batch_stats, term_states)
+    (grad_sum, stats, states), outs = jax.lax.scan(
+        body, init, (jnp.arange(accum_steps), micro))
+    grads = jax.tree.map(lambda g: g / accum_steps, grad_sum)
+    means = jax.tree.map(lambda m: jnp.mean(m, 0), outs)
+    loss, accuracy = means.pop("loss"), means.pop("accuracy")
+    return loss, accuracy, stats, means, states, grads
+
+  def train_step(state, batch, key, teacher_variables=None):
+    step_key = jax.random.fold_in(key, state["step"])
+    dropout_key, transform_key, term_key = (jax.random.fold_in(step_key, i) for i in range(3))
+    inputs = batch["image"] if input_dtype is None else batch["image"].astype(input_dtype)
+    inputs = objectives.apply_transforms(transforms, inputs, transform_key)
+    batch = dict(batch, image=inputs)
+    if teacher_model is not None:
+      batch["teacher_logits"] = jax.lax.stop_gradient(
+          teacher_model.apply(teacher_variables, inputs, train=False))
+    args = (state["params"], state["batch_stats"], state.get("objective", {}), batch,
+            dropout_key, term_key)
+    if accum_steps == 1:
+      loss, logits, new_stats, aux, term_states, grads = micro_grads(*args)
+      accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    else:
+      loss, accuracy, new_stats, aux, term_states, grads = accumulate(*args)
     updates, opt = tx.update(grads, state["opt"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     new_state = {
         "params": params,
-        "batch_stats": new_vars.get("batch_stats", {}) if has_bn else {},
+        "batch_stats": new_stats,
         "opt": opt,
         "step": state["step"] + 1,
     }
@@ -313,7 +433,7 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
       new_state["objective"] = term_states
     metrics = {
         "loss": loss,
-        "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"]),
+        "accuracy": accuracy,
         "grad_norm": optax.global_norm(grads),
         # Non-finite weights (e.g. from a too-large step) are caught with the loss.
         "param_norm": optax.global_norm(params),
@@ -325,6 +445,16 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
   return train_step
 
 
+def split_micro_batches(x: jax.Array, k: int, mesh: jax.sharding.Mesh | None = None):
+  """[B, ...] -> [k, B/k, ...], micro-batch j = examples j, j+k, j+2k, ... With `mesh`, the
+  B/k axis keeps the batch's split over the mesh (B divisible by k × devices)."""
+  out = jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+  if mesh is not None:
+    out = jax.lax.with_sharding_constraint(out, jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(None, sharding.batch_axes(mesh))))
+  return out
+
+
 def make_eval_step(model: nn.Module, loss_fn) -> Callable:
   """`(variables, batch) -> {"correct", "loss", "count"}` sums over unmasked examples."""
   return functools.partial(evaluators.classification_sums, eval_apply_fn(model), loss_fn)
@@ -334,11 +464,21 @@ def make_eval_step(model: nn.Module, loss_fn) -> Callable:
 
 
 def evaluate(eval_step, variables, split, batch_size, mesh, limit=None) -> dict:
-  """Accuracy and mean loss over `split` (first `limit` examples), sums divided on host."""
-  totals = evaluators.accumulate(eval_step, variables, evaluators.batches(
-      split.inputs, split.labels, batch_size, mesh, limit))
+  """Accuracy and mean loss over `split` (first `limit` examples), sums divided on host.
+
+  `split`: an in-memory `pipeline.Split`, or a `streaming.Stream` (its own batch size)."""
+  totals = evaluators.accumulate(eval_step, variables, eval_batches(split, batch_size, mesh,
+                                                                    limit))
   return {"accuracy": totals["correct"] / totals["count"],
           "loss": totals["loss"] / totals["count"]}
+
+
+def eval_batches(split, batch_size, mesh, limit=None):
+  """`evaluators.batches` of an in-memory split, or `evaluators.stream_batches` of a
+  `streaming.Stream` (whose batch size is its own)."""
+  if isinstance(split, streaming.Stream):
+    return evaluators.stream_batches(split, mesh, limit)
+  return evaluators.batches(split.inputs, split.labels, batch_size, mesh, limit)
 
 
 def default_evals(config) -> dict:
@@ -368,7 +508,12 @@ def make_workdir(path: str, config) -> Workdir:
   return Workdir(path, keep_checkpoints=config.keep_checkpoints,
                  may_change=MAY_CHANGE_ON_RESUME + extendable,
                  hints={f: EXTEND_HINT for f in LENGTH_FIELDS},
-                 added_defaults=model_field_defaults(config.get("model")))
+                 added_defaults={**model_field_defaults(config.get("model")),
+                                 **SCALING_FIELD_DEFAULTS})
+
+
+# Training fields added later, at the values that reproduce runs written before them.
+SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS}
 
 
 def model_field_defaults(model_config) -> dict[str, Any]:
@@ -405,13 +550,26 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
   input (nothing written) and TrainingDivergedError on a NaN/inf loss or weights.
   """
   sharding.maybe_initialize_distributed()
-  mesh = sharding.data_mesh() if mesh is None else mesh
+  mesh = config_mesh(config, mesh)
   exp = build_experiment(config, mesh.size)
   return run_experiment(exp, open_workdir(workdir, config, overwrite), mesh)
 
 
-def state_shardings(abstract, mesh):
-  """Replicated shardings for every leaf of the train state."""
+def config_mesh(config, mesh: jax.sharding.Mesh | None = None) -> jax.sharding.Mesh:
+  """The run's mesh over `mesh`'s devices (default: all): 1-D `data`, or (data, model)
+  when `sharding.model_axis_size` > 1 (a mesh that already has that shape is kept)."""
+  m = scaling_options(config)["model_axis_size"]
+  if mesh is not None and (m == 1 or dict(mesh.shape).get(sharding.MODEL_AXIS) == m):
+    return mesh
+  devices = None if mesh is None else list(mesh.devices.flat)
+  return sharding.data_mesh(devices, model_axis_size=m)
+
+
+def state_shardings(abstract, mesh, *, fsdp: bool = False, min_size: int = 0):
+  """Shardings of every leaf of the train state: replicated, or with `fsdp` the leaves of
+  at least `min_size` elements split over the `data` axis (`sharding.fsdp_shardings`)."""
+  if fsdp:
+    return sharding.fsdp_shardings(abstract, mesh, min_size)
   repl = sharding.replicated(mesh)
   return jax.tree.map(lambda _: repl, abstract)
 
@@ -430,17 +588,19 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   config = exp.config
   t_start = time.time()
   wd = workdir if isinstance(workdir, Workdir) else make_workdir(workdir, config)
-  mesh = sharding.data_mesh() if mesh is None else mesh
+  mesh = config_mesh(config, mesh)
   repl = sharding.replicated(mesh)
   seeds = run_seeds(config)
+  scaling = scaling_options(config)
   # With all seeds equal to config.seed these are the keys of split(key(seed)).
   init_key = jax.random.split(jax.random.key(seeds["init_seed"]))[0]
   step_key = jax.random.split(jax.random.key(seeds["augment_seed"]))[1]
 
   init_fn = lambda k: init_state(exp.model, exp.tx, exp.train.input_shape, k,
-                                 exp.train.inputs.dtype, exp.terms)
+                                 _input_dtype(exp.train), exp.terms)
   abstract = jax.eval_shape(init_fn, init_key)
-  shardings = state_shardings(abstract, mesh)
+  shardings = state_shardings(abstract, mesh, fsdp=scaling["fsdp"],
+                              min_size=scaling["min_size"])
 
   def init():
     state = jax.jit(init_fn, out_shardings=shardings)(init_key)
@@ -460,7 +620,9 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
       extra_args = (jax.device_put(teacher_vars, repl),)
   train_step = jax.jit(
       make_train_step(exp.model, exp.tx, exp.terms, exp.transforms,
-                      exp.distill.spec.teacher_model if exp.distill is not None else None),
+                      exp.distill.spec.teacher_model if exp.distill is not None else None,
+                      accum_steps=scaling["accum_steps"], mesh=mesh,
+                      input_dtype=_input_dtype(exp.train)),
       in_shardings=(shardings, batch_sh, repl) + (repl,) * len(extra_args),
       out_shardings=(shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
@@ -468,8 +630,14 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   n_train = len(exp.train)
   pi, pc = jax.process_index(), jax.process_count()
 
+  feed = streaming.TrainFeed(exp.train) if exp.train_eval is not None else None
+
   def advance(state, step, length):
     del length  # One step per call (schedule.max_chunk = 1).
+    if feed is not None:  # The next batch of this process's grain stream.
+      state, metrics = train_step(state, sharding.global_batch(feed.next(), mesh), step_key,
+                                  *extra_args)
+      return state, metrics, None
     idx = pipeline.batch_indices(n_train, config.batch_size, step, seeds["order_seed"], pi,
                                  pc)
     local = {"image": exp.train.inputs[idx], "label": exp.train.labels[idx]}
@@ -485,6 +653,11 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
     scalars = {}
     for ev in exp.evaluators:
       if ev.due(step, last):
+        if exp.train_eval is not None:  # Streamed splits.
+          split = exp.train_eval if ev.split == "train" else exp.test
+          scalars.update(ev.run(variables, None, None, eval_bs, mesh, step,
+                                batch_iter=eval_batches(split, eval_bs, mesh, ev.limit)))
+          continue
         split = exp.train if ev.split == "train" else exp.test
         scalars.update(ev.run(variables, split.inputs, split.labels, eval_bs, mesh, step))
     return scalars
@@ -500,21 +673,33 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   program = loop.Program(
       init=init, abstract_state=sharding.abstract_with_shardings(abstract, shardings),
       advance=advance, evaluate=evaluate_during, should_stop=should_stop,
-      log_scalars=lambda step: {"learning_rate": float(schedule_fn(step - 1))})
+      log_scalars=lambda step: {"learning_rate": float(schedule_fn(step - 1))},
+      data_state=feed.get_state if feed is not None else None,
+      set_data_state=(functools.partial(_set_feed_state, feed, wd)
+                      if feed is not None else None))
   schedule = loop.Schedule(exp.total_steps, log_every=config.log_every,
                            eval_every=evaluators.schedule_every(exp.evaluators),
                            checkpoint_every=config.checkpoint_every)
   summary_name = SUMMARY_FILE
   finished_at = lambda s: _finished_summary(wd.file(summary_name), s, exp.total_steps)
-  out = loop.run(wd, program, schedule,
-                 hooks=[lambda step, state, h=h: h(step, eval_variables(state)) for h in hooks],
-                 finished_reason=lambda s: finished_at(s).get("stop_reason"),
-                 progress=bool(config.get("progress", True)), desc=config.model.name)
+  try:
+    out = loop.run(wd, program, schedule,
+                   hooks=[lambda step, state, h=h: h(step, eval_variables(state))
+                          for h in hooks],
+                   finished_reason=lambda s: finished_at(s).get("stop_reason"),
+                   progress=bool(config.get("progress", True)), desc=config.model.name)
+  finally:
+    if feed is not None:  # Stops grain's worker processes.
+      feed.close()
   state, step = out.state, out.step
   finished = finished_at(out.restored_step) if out.new_steps == 0 else {}
 
   variables = eval_variables(state)
-  tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh)
+  if exp.train_eval is not None:  # Streamed: the first eval_train_examples of the split.
+    tr = evaluate(eval_step, variables, exp.train_eval, eval_bs, mesh,
+                  config.get("eval_train_examples"))
+  else:
+    tr = evaluate(eval_step, variables, exp.train, eval_bs, mesh)
   te = evaluate(eval_step, variables, exp.test, eval_bs, mesh)
   summary = {
       "model": config.model.name, "steps": step, "stop_reason": out.stop_reason,
@@ -528,15 +713,28 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   return TrainResult(exp.model, variables, exp.train, exp.test, summary)
 
 
+def _input_dtype(train) -> np.dtype:
+  """The dtype of one training input: an in-memory split's, or a stream's."""
+  return train.dtype if isinstance(train, streaming.TrainStream) else train.inputs.dtype
+
+
+def _set_feed_state(feed: streaming.TrainFeed, wd: Workdir, state: bytes | None) -> None:
+  """Restores the training stream's position saved with the restored checkpoint."""
+  if state is None:
+    raise ConfigError("workdir", f"the checkpoint restored from {wd.path!r} holds no "
+                      "training-data iterator state (written without data.stream?); pass "
+                      "--overwrite to start again there, or choose another --workdir")
+  feed.set_state(state)
+
+
 def _finished_summary(summary_path: str, step: int | None, total_steps: int) -> dict:
   """The summary of a run that already finished at `step` (a rerun trains no more), or {}.
 
   A run that stopped at its old `total_steps` is not finished when `total_steps` grew (an
   extended run, see `extendable_fields`)."""
-  if step is None or not os.path.exists(summary_path):
+  if step is None or not paths.exists(summary_path):
     return {}
-  with open(summary_path) as f:
-    summary = json.load(f)
+  summary = json.loads(paths.read_text(summary_path))
   if summary.get("steps") != step:
     return {}
   if summary.get("stop_reason") == "max_steps" and step < total_steps:

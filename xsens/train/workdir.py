@@ -25,17 +25,30 @@ Faults (each tested in tests/faults_test.py):
   damaged_checkpoints/ and the next older one is tried; if none restores, ConfigError;
 - a workdir with any run files (checkpoints, metrics, array logs) is guarded by the
   fingerprint even before its first checkpoint.
+
+Remote workdirs (`gs://bucket/run`, any scheme `etils.epath` serves): every file goes
+through `xsens.paths` (epath), orbax gets the URL unchanged. An object store has no hard
+links, no rename and no process ids, so the lock there is: write `lock.json` with a random
+token if absent, wait `REMOTE_LOCK_SETTLE_S`, read it back and own it only if the token is
+still ours (two racing writers: the last write wins, the other sees a foreign token and
+stops); the holder rewrites the lock's `"refreshed"` time every LOCK_HEARTBEAT_S and a lock
+not refreshed for STALE_LOCK_S is stale (hosts cannot see each other's processes).
+
+Multi-host: process 0 alone writes files other than checkpoints (`is_writer`); every
+process restores the same checkpoint step (process 0's list of steps is broadcast, and a
+step counts as restored only if it restored on every process).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import errno
 import json
 import logging
 import os
-import shutil
+import secrets
 import socket
 import sys
 import threading
@@ -46,6 +59,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from xsens import paths
 from xsens.errors import ConfigError
 from xsens.train.metrics import METRICS_FILE, MetricWriter, truncate_metrics
 
@@ -55,6 +69,7 @@ CONFIG_FILE = "config.json"
 LOCK_FILE = "lock.json"
 LOCK_HEARTBEAT_S = 30.0   # The holder refreshes the lock's mtime this often ...
 STALE_LOCK_S = 300.0      # ... so a lock of another host older than this is stale.
+REMOTE_LOCK_SETTLE_S = 2.0  # A remote lock is read back after this (see above).
 STEP_LOG_DIR = "logs"
 _STEP_LOG_PREFIX = "epochs_"
 
@@ -112,6 +127,18 @@ def diff_fields(a, b, prefix: str = "") -> list[str]:
       out += diff_fields(a.get(k), b.get(k), f"{prefix}{k}.")
     return out
   return [] if a == b else [prefix.rstrip(".")]
+
+
+DATA_ITEM = "data_iterator"   # Checkpoint item of the training-data iterator state.
+
+
+@dataclasses.dataclass(frozen=True)
+class _FrozenState:
+  """An iterator state captured at save time (orbax may write it after the next step)."""
+  state: bytes
+
+  def get_state(self) -> bytes:
+    return self.state
 
 
 class Workdir:
@@ -181,14 +208,15 @@ class Workdir:
     """Takes the lock, creates the directory and writes config.json; `overwrite` removes
     the old run's files first."""
     self.acquire_lock()
-    if overwrite and self.is_writer and os.path.isdir(self.path):
+    if overwrite and self.is_writer and paths.isdir(self.path):
       for name in RUN_FILES:
         target = self.file(name)
-        if os.path.isdir(target):
-          shutil.rmtree(target)
-        elif os.path.exists(target):
-          os.remove(target)
-    os.makedirs(self.path, exist_ok=True)
+        if paths.isdir(target):
+          paths.rmtree(target)
+        elif paths.exists(target):
+          paths.remove(target)
+    if self.is_writer:
+      paths.makedirs(self.path)
     self.write_json(CONFIG_FILE, self.fingerprint(config), sort_keys=True)
 
   # --------------------------------------------------------------------------- the lock
@@ -207,6 +235,9 @@ class Workdir:
       return
     ensure_directory(self.path)
     path = self.file(LOCK_FILE)
+    if paths.is_remote(path):
+      self._acquire_remote_lock(path)
+      return
     me = {"pid": os.getpid(), "host": socket.gethostname(),
           "started": datetime.datetime.now().isoformat(timespec="seconds")}
     tmp = self.file(f".tmp.lock.{me['pid']}")
@@ -244,6 +275,42 @@ class Workdir:
     thread.start()
     self._heartbeat = (thread, stop)
 
+  def _acquire_remote_lock(self, path: str) -> None:
+    """`acquire_lock` on an object store: write if absent, then read back (see the
+    module docstring)."""
+    me = {"pid": os.getpid(), "host": socket.gethostname(),
+          "started": datetime.datetime.now().isoformat(timespec="seconds"),
+          "token": secrets.token_hex(8), "refreshed": time.time()}
+    try:
+      for _ in range(3):
+        holder = _read_lock(path) if paths.exists(path) else None
+        if holder is not None:
+          if holder.get("pid") == me["pid"] and holder.get("host") == me["host"]:
+            return           # Held by this process (another Workdir object).
+          why = _remote_stale_reason(holder, time.time())
+          if why is None:
+            raise ConfigError(
+                "workdir", f"{self.path!r} is in use by process {holder.get('pid')} on "
+                f"{holder.get('host')} since {holder.get('started')}; wait for it, stop it, "
+                f"or choose another --workdir (if it is gone, delete {path})")
+          _say(f"xsens: taking over the lock of {self.path} from process "
+               f"{holder.get('pid')} on {holder.get('host')} ({why})")
+        paths.write_text(path, json.dumps(me))
+        time.sleep(REMOTE_LOCK_SETTLE_S)
+        if _read_lock(path).get("token") == me["token"]:
+          break
+      else:
+        raise ConfigError("workdir", f"could not take the lock {path}; another process keeps "
+                          "taking it")
+    except OSError as e:
+      raise ConfigError("workdir", f"{self.path!r} cannot be written: {e.strerror or e}"
+                        ) from None
+    stop = threading.Event()
+    thread = threading.Thread(target=_remote_heartbeat, args=(path, me, stop), daemon=True,
+                              name="xsens-workdir-lock")
+    thread.start()
+    self._heartbeat = (thread, stop)
+
   def release_lock(self) -> None:
     """Removes the lock if this object took it."""
     if self._heartbeat is None:
@@ -252,7 +319,7 @@ class Workdir:
     stop.set()
     thread.join()
     self._heartbeat = None
-    _remove(self.file(LOCK_FILE))
+    paths.remove(self.file(LOCK_FILE))
 
   # --------------------------------------------------------------------------- files
 
@@ -260,35 +327,29 @@ class Workdir:
     return os.path.join(self.path, name)
 
   def exists(self, name: str) -> bool:
-    return os.path.exists(self.file(name))
+    return paths.exists(self.file(name))
 
   def write_json(self, name: str, obj, *, sort_keys: bool = False) -> None:
     """Atomically writes `obj` as JSON (process 0 only)."""
-    if not self.is_writer:
-      return
-    path = self.file(name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-      json.dump(obj, f, indent=2, sort_keys=sort_keys)
-    os.replace(path + ".tmp", path)
+    if self.is_writer:
+      paths.write_text(self.file(name), json.dumps(obj, indent=2, sort_keys=sort_keys))
 
   def read_json(self, name: str, default=None):
     path = self.file(name)
-    if not os.path.exists(path):
+    if not paths.exists(path):
       return default
-    with open(path) as f:
-      return json.load(f)
+    return json.loads(paths.read_text(path))
+
+  def write_bytes(self, name: str, data: bytes) -> None:
+    """Atomically writes `data` to `name` (process 0 only)."""
+    if self.is_writer:
+      paths.write_bytes(self.file(name), data)
 
   def write_npz(self, name: str, arrays: dict) -> None:
-    """Atomically writes `arrays` as an .npz (process 0 only)."""
-    if not self.is_writer:
-      return
-    path = self.file(name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    # The temporary name never matches a log file's pattern (a kill may leave it behind).
-    tmp = os.path.join(os.path.dirname(path), ".tmp." + os.path.basename(path))
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    """Atomically writes `arrays` as an .npz (process 0 only). The temporary name of a
+    local write never matches a log file's pattern (a kill may leave it behind)."""
+    if self.is_writer:
+      paths.save_npz(self.file(name), arrays)
 
   # --------------------------------------------------------------------------- checkpoints
 
@@ -299,16 +360,20 @@ class Workdir:
       options = ocp.CheckpointManagerOptions(
           preservation_policy=ocp.checkpoint_managers.LatestN(n=self.keep_checkpoints),
           cleanup_tmp_directories=True)
-      self._manager = ocp.CheckpointManager(os.path.abspath(self.file(CHECKPOINT_DIR)),
+      self._manager = ocp.CheckpointManager(paths.absolute(self.checkpoint_dir()),
                                             options=options)
     return self._manager
 
+  def checkpoint_dir(self) -> str:
+    """Where orbax keeps the checkpoints (`checkpoints/` in the workdir)."""
+    return self.file(CHECKPOINT_DIR)
+
   def checkpoint_steps(self) -> list[int]:
     """The committed checkpoint steps, oldest first (creates no manager)."""
-    path = self.file(CHECKPOINT_DIR)
-    if not os.path.isdir(path):
+    path = self.checkpoint_dir()
+    if not paths.isdir(path):
       return []
-    return sorted(int(n) for n in os.listdir(path) if n.isdigit())
+    return sorted(int(n) for n in paths.listdir(path) if n.isdigit())
 
   def latest_step(self) -> int | None:
     """The newest committed checkpoint step, or None (creates no manager)."""
@@ -324,13 +389,15 @@ class Workdir:
     restores: ConfigError naming `workdir` (nothing moved).
     """
     failed = []
-    for step in reversed(self.checkpoint_steps()):
+    for step in reversed(_agreed_steps(self.checkpoint_steps())):
       try:
-        state = self.restore(step, abstract_state)
+        state, reason = self.restore(step, abstract_state), None
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many kinds)
-        reason = _first_line(e)
+        state, reason = None, _first_line(e)
+      reason = _agreed_failure(reason)
+      if reason is not None:
         failed.append((step, reason))
-        _say(f"xsens: checkpoint {step} in {self.file(CHECKPOINT_DIR)} cannot be restored "
+        _say(f"xsens: checkpoint {step} in {self.checkpoint_dir()} cannot be restored "
              f"({reason}); trying an older one")
         continue
       if failed:
@@ -338,7 +405,7 @@ class Workdir:
       return state, step
     if failed:
       raise ConfigError(
-          "workdir", f"no checkpoint in {self.file(CHECKPOINT_DIR)} can be restored (step "
+          "workdir", f"no checkpoint in {self.checkpoint_dir()} can be restored (step "
           f"{failed[0][0]}: {failed[0][1]}); pass --overwrite to start again, or choose "
           "another --workdir")
     return None, None
@@ -349,18 +416,40 @@ class Workdir:
       return
     for step in steps:
       target = self.file(os.path.join(DAMAGED_DIR, str(step)))
-      if os.path.exists(target):
+      if paths.exists(target):
         target += f".{int(time.time())}"
-      os.makedirs(self.file(DAMAGED_DIR), exist_ok=True)
-      os.replace(self.file(os.path.join(CHECKPOINT_DIR, str(step))), target)
+      paths.makedirs(self.file(DAMAGED_DIR))
+      paths.rename(os.path.join(self.checkpoint_dir(), str(step)), target)
       _say(f"xsens: moved the damaged checkpoint {step} to {target}")
 
-  def save(self, step: int, state) -> None:
-    self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
+  def save(self, step: int, state, data_state: bytes | None = None) -> None:
+    """Saves `state` at `step`. `data_state`: this process's training-data iterator state
+    (grain's JSON bytes), kept beside it as the item `data_iterator` (one file per process,
+    grain's orbax handler); None writes the state alone, as before."""
+    if data_state is None:
+      self._plain_item = True
+      self.manager.save(step, args=ocp.args.StandardSave(_as_global(state)), force=True)
+      return
+    if getattr(self, "_plain_item", False):  # A manager that handled one unnamed item
+      self.close()                           # refuses Composite args: take a fresh one.
+    import grain  # pylint: disable=g-import-not-at-top
+    self.manager.save(step, args=ocp.args.Composite(
+        default=ocp.args.StandardSave(_as_global(state)),
+        **{DATA_ITEM: grain.checkpoint.CheckpointSave(_FrozenState(data_state))}),
+                      force=True)
+
+  def restore_data_state(self, step: int) -> bytes | None:
+    """This process's data iterator state saved with checkpoint `step`, or None."""
+    name = f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+    path = os.path.join(self.checkpoint_dir(), str(step), DATA_ITEM, name)
+    return paths.read_bytes(path) if paths.exists(path) else None
 
   def restore(self, step: int, abstract_state):
     """Restores `step` into the shapes, dtypes and shardings of `abstract_state`."""
-    return self.manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    self._plain_item = True
+    restored = self.manager.restore(
+        step, args=ocp.args.StandardRestore(_as_global(abstract_state)))
+    return _as_local(restored, abstract_state)
 
   def close(self) -> None:
     """Waits for pending saves to commit and closes the manager."""
@@ -368,6 +457,7 @@ class Workdir:
       self._manager.wait_until_finished()
       self._manager.close()
       self._manager = None
+    self._plain_item = False
 
   # --------------------------------------------------------------------------- logs
 
@@ -383,15 +473,15 @@ class Workdir:
     truncate_metrics(self.path, step)
     for start, end, path in self.step_log_files():
       if end > step:
-        os.remove(path)
+        paths.remove(path)
 
   def step_log_files(self) -> list[tuple[int, int, str]]:
     """(start, end, path) of the array logs, sorted."""
     folder = self.file(STEP_LOG_DIR)
-    if not os.path.isdir(folder):
+    if not paths.isdir(folder):
       return []
     out = []
-    for name in os.listdir(folder):
+    for name in paths.listdir(folder):
       bounds = name[len(_STEP_LOG_PREFIX):-len(".npz")].split("_")
       if (name.startswith(_STEP_LOG_PREFIX) and name.endswith(".npz") and len(bounds) == 2
           and all(b.isdigit() for b in bounds)):
@@ -410,9 +500,9 @@ class Workdir:
     for start, end, path in self.step_log_files():
       if end > upto:
         continue
-      with np.load(path) as z:
-        for k in out:
-          out[k][..., start:end] = z[k]
+      z = paths.load_npz(path)
+      for k in out:
+        out[k][..., start:end] = z[k]
     return out
 
 
@@ -421,15 +511,18 @@ def locked(path: str):
   """Holds `path`'s lock for the block (a whole study: its runs' own locks are then this
   process's). A directory this created is removed again if it is empty at the end (bad
   input leaves nothing behind)."""
-  created = not os.path.exists(path)
+  created = not paths.exists(path)
   wd = Workdir(path)
   try:
     wd.acquire_lock()
     yield wd
   finally:
     wd.release_lock()
-    if created and os.path.isdir(path) and not os.listdir(path):
-      os.rmdir(path)
+    if created and wd.is_writer and paths.isdir(path) and not paths.listdir(path):
+      if paths.is_remote(path):
+        paths.rmtree(path)
+      else:
+        os.rmdir(path)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -437,10 +530,10 @@ def locked(path: str):
 
 def ensure_directory(path: str) -> None:
   """Creates `path` (and parents); ConfigError naming `workdir` if that is impossible."""
-  if os.path.exists(path) and not os.path.isdir(path):
+  if paths.exists(path) and not paths.isdir(path):
     raise ConfigError("workdir", f"{path!r} exists and is not a directory")
   try:
-    os.makedirs(path, exist_ok=True)
+    paths.makedirs(path)
   except OSError as e:
     raise ConfigError("workdir", f"cannot create {path!r}: "
                       f"{e.strerror or e}") from None
@@ -466,8 +559,7 @@ def _first_line(e: BaseException, limit: int = 160) -> str:
 
 def _read_lock(path: str) -> dict:
   try:
-    with open(path) as f:
-      holder = json.load(f)
+    holder = json.loads(paths.read_text(path))
     return holder if isinstance(holder, dict) else {}
   except (OSError, ValueError):
     return {}   # Removed meanwhile, or damaged: judged by its age.
@@ -504,3 +596,93 @@ def _heartbeat(path: str, stop: threading.Event) -> None:
     except OSError as e:
       if e.errno != errno.ENOENT:
         logging.warning("cannot refresh the workdir lock %s: %s", path, e)
+
+
+def _remote_stale_reason(holder: dict, now: float) -> str | None:
+  """Why a remote lock held by `holder` may be taken over (not refreshed for STALE_LOCK_S;
+  a damaged lock counts as never refreshed), or None if it is live."""
+  refreshed = holder.get("refreshed")
+  if not isinstance(refreshed, (int, float)):
+    return "it is damaged"
+  age = now - refreshed
+  return f"not refreshed for {age:.0f} s" if age > STALE_LOCK_S else None
+
+
+def _remote_heartbeat(path: str, me: dict, stop: threading.Event) -> None:
+  """Rewrites the remote lock's "refreshed" time while it is still ours."""
+  while not stop.wait(LOCK_HEARTBEAT_S):
+    try:
+      if _read_lock(path).get("token") != me["token"]:
+        logging.warning("the workdir lock %s was taken by another process", path)
+        return
+      paths.write_text(path, json.dumps({**me, "refreshed": time.time()}))
+    except OSError as e:
+      logging.warning("cannot refresh the workdir lock %s: %s", path, e)
+
+
+def _agreed_steps(steps: list[int]) -> list[int]:
+  """Process 0's checkpoint steps on every process (a multi-host run restores one step)."""
+  if jax.process_count() == 1:
+    return steps
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  n = int(multihost_utils.broadcast_one_to_all(np.int32(len(steps))))
+  mine = np.asarray(steps if jax.process_index() == 0 else [0] * n, np.int64)
+  if len(mine) != n:
+    mine = np.zeros(n, np.int64)
+  return [int(s) for s in multihost_utils.broadcast_one_to_all(mine)] if n else []
+
+
+def _agreed_failure(reason: str | None) -> str | None:
+  """`reason` (why this process could not restore a step, or None) made common to all
+  processes: a step counts as restored only if it restored everywhere."""
+  if jax.process_count() == 1:
+    return reason
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  failed = multihost_utils.process_allgather(np.int32(reason is not None))
+  if reason is None and np.any(failed):
+    return "failed on another process"
+  return reason
+
+
+def _is_local(x) -> bool:
+  """A multi-host run's leaf held whole by each process (a study's per-process state):
+  a fully addressable jax.Array, or an abstract leaf without a multi-process sharding."""
+  if isinstance(x, jax.Array):
+    return x.is_fully_addressable
+  if isinstance(x, jax.ShapeDtypeStruct):
+    return x.sharding is None or x.sharding.is_fully_addressable
+  return False
+
+
+def _as_global(tree):
+  """`tree` for orbax: in a multi-host run, orbax saves and restores global arrays only, so
+  each per-process leaf (`_is_local`; identical on every process) becomes an array
+  replicated over all devices (its abstract leaf: that sharding). One process: `tree`."""
+  if jax.process_count() == 1:
+    return tree
+  replicated = jax.sharding.NamedSharding(
+      jax.sharding.Mesh(np.asarray(jax.devices()), ("all",)), jax.sharding.PartitionSpec())
+
+  def convert(x):
+    if not _is_local(x):
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated)
+    return jax.make_array_from_process_local_data(replicated, np.asarray(x))
+
+  return jax.tree.map(convert, tree)
+
+
+def _as_local(restored, abstract_state):
+  """Undoes `_as_global` after a restore: each per-process leaf back on this process's
+  device (or the abstract leaf's own sharding)."""
+  if jax.process_count() == 1:
+    return restored
+
+  def convert(x, a):
+    if not _is_local(a) or not isinstance(x, jax.Array):
+      return x
+    target = a.sharding if getattr(a, "sharding", None) is not None else jax.local_devices()[0]
+    return jax.device_put(x.addressable_data(0), target)
+
+  return jax.tree.map(convert, restored, abstract_state)
