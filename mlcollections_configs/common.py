@@ -80,6 +80,9 @@ def train_config() -> ml_collections.ConfigDict:
   # (data, model). The defaults replicate the state on a 1-D mesh.
   c.sharding = ml_collections.ConfigDict({"fsdp": False, "min_size": 2 ** 20,
                                           "model_axis_size": 1})
+  # Mixup of each training batch (xsens/train/losses.py `mixup`): λ ~ Beta(alpha, alpha);
+  # 0 is off. Needs the cross_entropy loss and float inputs.
+  c.mixup = ml_collections.ConfigDict({"alpha": 0.0})
   c.total_steps = ml_collections.FieldReference(1000, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)
   c.target_train_accuracy = ml_collections.FieldReference(None, field_type=float)

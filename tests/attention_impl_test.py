@@ -141,6 +141,14 @@ def test_bad_launch_fields_are_config_errors(name, field, value):
   assert "\n" not in str(info.value)
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN runs on a GPU")
+@pytest.mark.parametrize("name", ["vit", "gpt2"])
+def test_cudnn_attention_off_a_gpu_is_a_config_error(name):
+  with pytest.raises(ConfigError, match="'cudnn' needs a GPU") as info:
+    _case(name, attention_impl="cudnn", dtype="bfloat16")
+  assert info.value.field == "model.attention_impl"
+
+
 @pytest.mark.slow
 def test_bench_training_small_runs_and_reports_every_variant(tmp_path):
   from experiments import bench_training  # pylint: disable=import-outside-toplevel

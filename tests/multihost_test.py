@@ -143,12 +143,15 @@ def test_two_processes_run_a_study_once_with_the_numbers_of_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_train_and_resume_like_one_process_on_two_devices(tmp_path):
+def test_two_processes_train_and_resume_like_one_process_on_two_devices(tmp_path, monkeypatch):
   """Data-parallel training over 2 processes x 1 device equals 1 process x 2 devices; a
-  resume (the run extended from 2 to 4 steps) restores the same step on both processes."""
+  resume (the run extended from 2 to 4 steps) restores the same step on both processes.
+  The two processes start on an empty data_dir: process 0 prepares mnist5k, the other waits."""
   one, two = tmp_path / "one", tmp_path / "two"
-  _cli([TRAIN], one, devices=2)   # (Also prepares mnist5k before two processes read it.)
+  _cli([TRAIN], one, devices=2)
+  monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path / "fresh_data_dir"))
   _cli([TRAIN, "--config.train.total_steps=2"], two, num_processes=2)
+  assert (tmp_path / "fresh_data_dir" / "mnist5k").is_dir()
   _cli([TRAIN], two, num_processes=2)
   assert _outputs(two) == _outputs(one)
   metrics = [[json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines()]

@@ -14,13 +14,21 @@ def notebook_path(name: str) -> str:
 
 
 def committed_source(path: str) -> str:
-  """Validates a committed notebook (python3 kernel, no outputs); returns its code+text."""
+  """Validates a committed notebook; returns its code+text.
+
+  Notebooks are stored with the outputs of experiments/execute_notebooks.py: a python3
+  kernel, no error outputs, no stderr streams, no timing metadata, no machine paths.
+  """
   nb = nbformat.read(path, as_version=4)
   nbformat.validate(nb)
   assert nb.metadata["kernelspec"]["name"] == "python3"
   for cell in nb.cells:
-    if cell.cell_type == "code":
-      assert not cell.outputs and cell.execution_count is None, cell.source[:80]
+    assert "execution" not in cell.metadata, cell.source[:80]
+    for out in cell.get("outputs", []):
+      assert out["output_type"] != "error", cell.source[:80]
+      assert out.get("name") != "stderr", cell.source[:80]
+      text = out.get("text", "") + out.get("data", {}).get("text/plain", "")
+      assert REPO not in text and "/work/" not in text, text[:200]
   return "\n".join(c.source for c in nb.cells)
 
 

@@ -203,5 +203,10 @@ def test_pretrained_checkpoints_and_plots_read_and_write_remote_paths(fake_gcs):
   assert set(pretrained.read_npz("gs://b/ckpt.npz")) == {"embedding/kernel"}
   name = plots.bar_plot("gs://b/out/bar.png", ["a", "b"], [1.0, 2.0])
   tables.write_results("gs://b/out", "t", [{"a": 1}], plots=[name])
-  assert stored(fake_gcs, "/b/out/") == ["bar.png", "results.json", "results.md"]
+  names = stored(fake_gcs, "/b/out/")
+  assert [n for n in names if not n.startswith("tb/")] == [
+      "bar.png", "results.json", "results.md"]
+  events = [n for n in names if n.startswith("tb/")]  # The results' TensorBoard summaries.
+  assert len(events) == 1 and events[0].endswith(".results")
+  assert _scalars(fake_gcs.store["/b/out/" + events[0]].getvalue()) >= {("results/0/a", 0)}
   assert fake_gcs.store["/b/out/bar.png"].getvalue()[:4] == b"\x89PNG"

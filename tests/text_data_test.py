@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 from xsens.data import pipeline
 from xsens.data import text
 from xsens.errors import ConfigError
+from tests.remote_paths_test import fake_gcs  # pylint: disable=unused-import  (fixture)
 
 
 def _config(**overrides):
@@ -128,6 +129,24 @@ def test_tokenizer_is_cached(tmp_path):
 
   second = text.load_or_train_tokenizer(path, never, 300)
   assert second.to_str() == first.to_str()
+
+
+def test_tokenizer_is_cached_in_a_remote_data_dir(fake_gcs, monkeypatch):
+  """A `gs://` data_dir (in-memory fake store): the tokenizer is saved there, nothing
+  lands on local disk (checked by the fixture), and the cached copy is reused."""
+  monkeypatch.setattr(text, "_read_glue", lambda name, data_dir, split: (
+      CORPUS[:20], CORPUS[20:], np.zeros(20, np.int64)))
+  dc = _config(name="glue/mrpc", data_dir="gs://b/data", vocab_size=300)
+  first = text.glue_tokenizer(dc)
+  path = text.tokenizer_path("gs://b/data", "glue/mrpc", "train", 300)
+  assert path.startswith("gs://b/data/" + text.TOKENIZER_DIR + "/")
+  assert [k for k in fake_gcs.store if k.startswith("/b/data/")] == [path[len("gs:/"):]]
+
+  def never():
+    raise AssertionError("the cached tokenizer must be reused")
+
+  assert text.load_or_train_tokenizer(path, never, 300).to_str() == first.to_str()
+  assert first.to_str() == text.train_tokenizer(CORPUS, 300).to_str()
 
 
 def test_glue_missing_from_data_dir_is_a_config_error(tmp_path):

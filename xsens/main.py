@@ -1,7 +1,9 @@
 """Command-line entry point: `xsens --config=mlcollections_configs/FILE.py[:args] --workdir=DIR`.
 
 Also `python -m xsens`. Parses flags, then calls `xsens.studies.run(config, workdir)`;
-the library below never reads flags. Bad input (a config file that does not load, an
+the library below never reads flags. `--help` lists the flags and configs;
+`--print_config` prints the resolved config and exits without writing anything. The CLI
+logs at INFO (`xsens` loggers; other libraries only warn) unless `--verbosity` is given. Bad input (a config file that does not load, an
 unknown or mistyped `--config.<field>`, a value the study refuses) exits with code 2 and
 one line `xsens: error: --<flag>: <message>` before anything is written; a diverged run
 exits with code 1 and keeps its last good checkpoint; a run stopped by SIGTERM / SIGINT
@@ -34,8 +36,8 @@ _EXPECTED = {int: "an int", float: "a number", bool: "true or false", str: "a st
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS, sys_argv: list[str] | None = None
-                 ) -> tuple[flags.FlagHolder, flags.FlagHolder, flags.FlagHolder]:
-  """Defines --config, --workdir and --overwrite on `flag_values`.
+                 ) -> tuple[flags.FlagHolder, ...]:
+  """Defines --config, --workdir, --overwrite and --print_config on `flag_values`.
 
   `sys_argv` is the command line in which ml_collections looks for `--config.<field>`
   overrides (default: `sys.argv`); tests pass their own with a fresh `FlagValues`.
@@ -49,10 +51,80 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, sys_argv: list[str
   overwrite = flags.DEFINE_bool(
       "overwrite", False, "Start again in a workdir whose checkpoints come from another config.",
       flag_values=flag_values)
-  return config, workdir, overwrite
+  print_config = flags.DEFINE_bool(
+      "print_config", False, "Print the resolved config (every field, with the "
+      "--config.<field> overrides applied) and exit; nothing is run or written.",
+      flag_values=flag_values)
+  return config, workdir, overwrite, print_config
 
 
-_CONFIG, _WORKDIR, _OVERWRITE = define_flags()
+_CONFIG, _WORKDIR, _OVERWRITE, _PRINT_CONFIG = define_flags()
+HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "-helpshort", "-?")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "mlcollections_configs")
+
+
+def help_text(flag_values: flags.FlagValues = flags.FLAGS, config_dir: str = CONFIG_DIR
+              ) -> str:
+  """What `xsens --help` prints: usage, the xsens flags, how to see a config's fields,
+  logging, and the configs of `config_dir` (each with its docstring's first paragraph)."""
+  def flag(name, value):
+    return f"  --{name}={value}\n      {flag_values[name].help}"
+  lines = [
+      "Usage: xsens --config=mlcollections_configs/FILE.py[:VARIANT,...] [--workdir=DIR] "
+      "[--overwrite] [--config.FIELD=VALUE ...]",
+      "       (or python -m xsens ...)", "",
+      "Runs the study a config names; results.md, results.json, plots, metrics.jsonl, "
+      "TensorBoard events (tb/) and checkpoints go to the workdir. Rerunning the same "
+      "command resumes.", "",
+      "Flags:",
+      flag("config", "PATH[:VARIANT,...]"),
+      flag("workdir", "DIR"),
+      f"  --[no]overwrite\n      {flag_values['overwrite'].help}",
+      f"  --[no]print_config\n      {flag_values['print_config'].help}",
+      "  --config.FIELD=VALUE\n      Override one field of the config, e.g. "
+      "--config.train.total_steps=200 (a typo is refused with the closest field names).",
+      "  --verbosity=N\n      Log level: by default xsens logs INFO lines (training: step/total, "
+      "loss, accuracy, steps/s, ETA every log_every steps; progress of long sweeps) and "
+      "other libraries only warnings; -1: warnings only; 0: INFO of every library; "
+      "1: debug.",
+      "  --helpfull\n      Every flag, including those of absl and JAX.", "",
+      "See a config's fields (and its variants' effect) without running anything:",
+      f"  xsens {EXAMPLE} --print_config",
+  ]
+  configs = _config_summaries(config_dir)
+  if configs:
+    lines += ["", "Configs (mlcollections_configs/; each file's docstring gives its variants):"]
+    lines += [f"  {name:<30} {summary}" for name, summary in configs]
+  return "\n".join(lines) + "\n"
+
+
+def _config_summaries(config_dir: str) -> list[tuple[str, str]]:
+  """(file name, first docstring paragraph) of each study config in `config_dir`."""
+  if not os.path.isdir(config_dir):
+    return []
+  out = []
+  for name in sorted(os.listdir(config_dir)):
+    if not name.endswith(".py") or name.startswith("_") or name == "common.py":
+      continue
+    try:
+      with open(os.path.join(config_dir, name)) as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    except (OSError, SyntaxError, ValueError):
+      doc = ""
+    out.append((name, " ".join(doc.strip().split("\n\n")[0].split())))
+  return out
+
+
+def configure_logging(verbosity_given: bool) -> None:
+  """The CLI's logging: without --verbosity, the `xsens` loggers at INFO (progress lines)
+  and every other library at absl's default (warnings); with it, exactly what it says."""
+  import logging as std_logging  # pylint: disable=g-import-not-at-top
+  if verbosity_given:
+    std_logging.getLogger("xsens").setLevel(std_logging.NOTSET)
+    return
+  logging.set_verbosity(logging.WARNING)
+  std_logging.getLogger("xsens").setLevel(std_logging.INFO)
 
 
 def main(argv) -> None:
@@ -65,7 +137,7 @@ def main(argv) -> None:
 
   config = _CONFIG.value
   workdir = _WORKDIR.value or os.path.join("workdirs", str(config.get("study", "run")))
-  logging.set_verbosity(logging.WARNING)
+  configure_logging(flags.FLAGS["verbosity"].present)
   for signum in (signal.SIGTERM, signal.SIGINT):  # Outside the loop (which saves first).
     signal.signal(signum, _stop_on_signal)
   try:
@@ -95,11 +167,19 @@ class UsageError(Exception):
 
 
 def parse_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:
-  """`app.run`'s flags parser: on bad input prints one line and exits with code 2."""
+  """`app.run`'s flags parser: on bad input prints one line and exits with code 2;
+  `--help` prints `help_text` and `--print_config` the resolved config, both exit 0."""
+  if any(a in HELP_FLAGS for a in argv[1:argv.index("--") if "--" in argv else None]):
+    sys.stdout.write(help_text(flag_values))
+    sys.exit(0)
   try:
-    return parse_or_raise(argv, flag_values)
+    rest = parse_or_raise(argv, flag_values)
   except UsageError as e:
     _fail(str(e))
+  if "print_config" in flag_values and flag_values["print_config"].value:
+    sys.stdout.write(str(flag_values["config"].value))
+    sys.exit(0)
+  return rest
 
 
 def parse_or_raise(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> list[str]:

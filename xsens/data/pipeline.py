@@ -2,7 +2,7 @@
 
 Datasets (`data.name`):
   * embedded: "mnist5k", "digits" (TFDS builders in `xsens.data.builders`, prepared into
-    `data_dir` on first use, offline);
+    `data_dir` on first use, offline; by process 0 of a multi-process run, `_prepare_embedded`);
   * "synthetic/<kind>" (`xsens.data.synthetic.SYNTHETIC`);
   * any TFDS dataset already prepared in `data_dir` in the array_record format. xsens never
     downloads: a missing dataset raises `ConfigError` saying how to prepare it elsewhere.
@@ -353,12 +353,44 @@ def _open_tfds(name: str, data_dir: str, split: str, field: str):
   return source, builder.info.features
 
 
+def _prepare_embedded(name: str, data_dir: str):
+  """Prepares the embedded dataset `name` under data_dir if it is not; returns its builder.
+
+  With several JAX processes every process calls this (data loading is the same on every
+  process): process 0 prepares, all wait at a barrier (`sync_global_devices`), then a
+  process that still finds no prepared copy (a data_dir on a disk its host does not share
+  with process 0) prepares its own, under a lock file when data_dir is local so that the
+  processes of one host do not prepare it at once.
+  """
+  def make():
+    return builders.BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
+
+  builder = make()
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    if jax.process_index() == 0 and not builder.is_prepared():
+      builder.download_and_prepare(file_format=_FILE_FORMAT)
+    multihost_utils.sync_global_devices(f"xsens_prepare_{name}")
+    builder = make()  # Re-reads the dataset info process 0 wrote.
+  if builder.is_prepared():
+    return builder
+  if jax.process_count() == 1 or "://" in data_dir:
+    builder.download_and_prepare(file_format=_FILE_FORMAT)
+    return builder
+  import fcntl  # pylint: disable=g-import-not-at-top
+  os.makedirs(data_dir, exist_ok=True)
+  with open(os.path.join(data_dir, f".{name}.prepare.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    builder = make()
+    if not builder.is_prepared():
+      builder.download_and_prepare(file_format=_FILE_FORMAT)
+  return builder
+
+
 def _open_embedded(name: str, data_dir: str, split: str, field: str):
   """Prepares the embedded dataset under data_dir if needed, then opens one split."""
   splits.check_split_names(split, field, _EMBEDDED_SPLITS)
-  builder = builders.BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
-  if not builder.is_prepared():
-    builder.download_and_prepare(file_format=_FILE_FORMAT)
+  builder = _prepare_embedded(name, data_dir)
   return builder.as_data_source(split=split), builder.info.features
 
 

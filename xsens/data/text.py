@@ -37,6 +37,7 @@ import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
+from xsens import paths
 from xsens.data import splits
 from xsens.data.config import optional
 from xsens.errors import ConfigError, is_finite_number
@@ -342,11 +343,19 @@ def tokenizer_path(data_dir: str, name: str, train_split: str, vocab_size: int) 
 
 
 def load_or_train_tokenizer(path: str, texts_fn, vocab_size: int):
-  """The tokenizer cached at `path`, or one trained on `texts_fn()` and saved there."""
+  """The tokenizer cached at `path`, or one trained on `texts_fn()` and saved there.
+
+  `path` may be remote (`gs://...`, through `xsens.paths`). Every process of a multi-host
+  run trains the same tokenizer (training is deterministic) and saves it: a local file
+  through a per-process temporary name and `os.replace`, a remote object in one upload.
+  """
   from tokenizers import Tokenizer  # pylint: disable=g-import-not-at-top
-  if os.path.exists(path):
-    return Tokenizer.from_file(path)
+  if paths.exists(path):
+    return Tokenizer.from_str(paths.read_text(path))
   tok = train_tokenizer(texts_fn(), vocab_size)
+  if paths.is_remote(path):
+    paths.write_text(path, tok.to_str(pretty=True))
+    return tok
   os.makedirs(os.path.dirname(path), exist_ok=True)
   tmp = f"{path}.{os.getpid()}.tmp"
   tok.save(tmp)

@@ -271,6 +271,30 @@ def relative_mce(errors_model: Mapping[Key, float], clean_error_model: float,
   return float(np.mean(ratios))
 
 
+# Below this |sum_s (E_base(c, s) - E_base_clean)| the relative mCE divides by (near) zero.
+REL_MCE_MIN_DEGRADATION = 0.05
+
+
+def relative_mce_warning(errors_baseline: Mapping[Key, float], clean_error_baseline: float,
+                         threshold: float = REL_MCE_MIN_DEGRADATION) -> str | None:
+  """One line when the relative mCE's denominator is near zero, else None.
+
+  The denominator |sum_s (E_base(c, s) - E_base_clean)| (the baseline's degradation on
+  corruption c, summed over severities) below `threshold` on some c makes the relative mCE
+  a ratio of noise (e.g. -1.125 from a baseline that barely degrades).
+  """
+  base = {}
+  for (name, _), v in errors_baseline.items():
+    base[name] = base.get(name, 0.0) + v - clean_error_baseline
+  small = {n: d for n, d in base.items() if abs(d) < threshold}
+  if not small:
+    return None
+  listed = ", ".join(f"{n} {d:+.3f}" for n, d in small.items())
+  return (f"rel_mCE is unreliable: the baseline's degradation sum_s (E(c, s) - E_clean) is "
+          f"below {threshold:g} in absolute value on {len(small)} of {len(base)} "
+          f"corruptions ({listed})")
+
+
 def mce_table(errors_by_model: Mapping[str, Mapping[Key, float]], baseline: str,
               clean_errors: Mapping[str, float] | None = None) -> dict[str, dict[str, float]]:
   """mCE (and relative mCE if `clean_errors` is given) of every model against a named one.

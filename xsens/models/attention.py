@@ -25,8 +25,27 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from xsens.errors import ConfigError
+from xsens.models import _checks
+
 ATTENTION_IMPLS = ("einsum", "folded", "xla_fused", "cudnn")
 DTYPES = ("float32", "bfloat16")
+
+
+def check_launch_fields(model) -> None:
+  """ConfigError naming `model.dtype`, `model.remat` or `model.attention_impl` for a value
+  outside the allowed ones, or "cudnn" where it cannot run (no GPU, float32 compute)."""
+  _checks.one_of("dtype", model.dtype, DTYPES)
+  if not isinstance(model.remat, bool):
+    raise ConfigError("model.remat", f"must be True or False; got {model.remat!r}")
+  _checks.one_of("attention_impl", model.attention_impl, ATTENTION_IMPLS)
+  if model.attention_impl == "cudnn":
+    if jax.default_backend() != "gpu":
+      raise ConfigError("model.attention_impl", "'cudnn' needs a GPU (the backend is "
+                        f"{jax.default_backend()!r}); use 'xla_fused' or 'folded'")
+    if model.dtype == "float32":
+      raise ConfigError("model.attention_impl", "'cudnn' needs model.dtype='bfloat16' "
+                        "(cuDNN flash attention has no float32 kernel)")
 
 
 def compute_dtype(name: str):

@@ -102,10 +102,7 @@ def _check_transformer(model, input_shape) -> None:
   _check_ids_shape(input_shape, model.num_classes, model.max_length)
   _check_heads(model.width, model.num_heads)
   _checks.rate("dropout_rate", model.dropout_rate)
-  _checks.one_of("dtype", model.dtype, attention_lib.DTYPES)
-  if not isinstance(model.remat, bool):
-    raise ConfigError("model.remat", f"must be True or False; got {model.remat!r}")
-  _checks.one_of("attention_impl", model.attention_impl, attention_lib.ATTENTION_IMPLS)
+  attention_lib.check_launch_fields(model)
 
 
 class SelfAttention(nn.Module):

@@ -251,15 +251,6 @@ def classifier_head(vit: nn.Module, x: jnp.ndarray, dt) -> jnp.ndarray:
   return nn.Dense(vit.num_classes, dtype=dt, name="head")(x).astype(jnp.float32)
 
 
-def check_launch_fields(model: nn.Module) -> None:
-  """ConfigError naming `model.dtype`, `model.remat` or `model.attention_impl` for a
-  value outside the allowed ones."""
-  _checks.one_of("dtype", model.dtype, attention_lib.DTYPES)
-  if not isinstance(model.remat, bool):
-    raise ConfigError("model.remat", f"must be True or False; got {model.remat!r}")
-  _checks.one_of("attention_impl", model.attention_impl, attention_lib.ATTENTION_IMPLS)
-
-
 def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
   """The ViT stem, run inside `vit`'s compact `__call__` (params land in its scope).
 
@@ -342,7 +333,7 @@ class ViT(nn.Module):
     _checks.one_of("tokenizer", self.tokenizer, TOKENIZERS)
     _checks.one_of("spt_shifts", self.spt_shifts, SPT_SHIFTS)
     _checks.one_of("attention", self.attention, ATTENTIONS)
-    check_launch_fields(self)
+    attention_lib.check_launch_fields(self)
     if (self.tokenizer == "spt" and self.spt_shifts == "diagonal"
         and self.patch_size < 2):
       raise ConfigError("model.patch_size", "must be >= 2 for tokenizer='spt' with "

@@ -53,4 +53,52 @@ def write_results(workdir: str, title: str, rows: Sequence[dict], *,
     md += f"\n![{os.path.splitext(plot)[0]}]({plot})\n"
   if writer:
     paths.write_text(os.path.join(workdir, "results.md"), md)
+    write_tensorboard(workdir, rows, md, extra)
   return md
+
+
+RESULTS_SUFFIX = ".results"   # tb/events.out.tfevents.<time>.<host>.results
+
+
+def headline_scalars(rows: Sequence[dict], extra: dict | None = None) -> dict[str, float]:
+  """`{"results/<row>/<column>": value}` for every finite number of the table (a row is
+  named by its "run", "model" or "name" cell, else its index), plus `results/<key>` for
+  the top-level numbers of `extra`."""
+  out = {}
+  for i, row in enumerate(rows):
+    label = next((str(row[k]) for k in ("run", "model", "name") if k in row), str(i))
+    for column, value in row.items():
+      if _is_number(value):
+        out[f"results/{label}/{column}"] = float(value)
+  for key, value in (extra or {}).items():
+    if _is_number(value):
+      out[f"results/{key}"] = float(value)
+  return out
+
+
+def _is_number(value) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def write_tensorboard(workdir: str, rows: Sequence[dict], markdown: str,
+                      extra: dict | None = None) -> None:
+  """The headline numbers (`headline_scalars`, at step 0) and the results markdown (text
+  summary "results") in `<workdir>/tb`, in one event file named `*.results` that replaces
+  the one of an earlier write (a rerun shows each number once)."""
+  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  from xsens.train import metrics  # pylint: disable=g-import-not-at-top
+  folder = os.path.join(workdir, metrics.TB_DIR)
+  if paths.is_remote(folder):
+    metrics.register_epath_writer(folder)
+  if paths.isdir(folder):
+    for name in paths.listdir(folder):
+      if name.startswith(metrics.EVENTS_PREFIX) and name.endswith(RESULTS_SUFFIX):
+        paths.remove(os.path.join(folder, name))
+  tb = SummaryWriter(folder, filename_suffix=RESULTS_SUFFIX)
+  try:
+    for tag, value in headline_scalars(rows, extra).items():
+      tb.add_scalar(tag, value, 0)
+    tb.add_text("results", markdown, 0)
+  finally:
+    tb.close()

@@ -686,12 +686,16 @@ def _dyn_figures(workdir: str, name: str, logs: dict) -> list[str]:
       "qk": ["qk_mu_mu", "qk_mu_xi2", "qk_xi3_mu", "qk_xi3_xi2"],
       "rank": ["stable_rank_wv"],
   }
+  ylabels = {"loss": "loss (logistic, nats)", "attention": "attention probability",
+             "value": "value-projection coefficient", "margin": "margin (logit units)",
+             "qk": "query–key inner product", "rank": "stable rank of W_V"}
   files = []
   for g, keys in groups.items():
     series = {k: stat(k) for k in keys if k in logs}
     files.append(plots.dynamics_plot(
         os.path.join(workdir, f"dynamics_{name}_{g}.png"), steps, series,
-        xlabel="GD step", title=f"{name}: {g} (mean ± std over {logs['train_loss'].shape[0]})"))
+        xlabel="GD step", ylabel=ylabels[g],
+        title=f"{name}: {g} (mean ± std over {logs['train_loss'].shape[0]})"))
   return files
 
 
@@ -813,7 +817,8 @@ def _steps_figure(workdir: str, model: str, res: dict, ns, snrs, config) -> str:
     warnings.simplefilter("ignore", RuntimeWarning)
     series = {f"N={ns[i]}": np.nanmean(steps[i], -1) for i in picks}
   return plots.line_plot(
-      os.path.join(workdir, f"steps_{model}.png"), snrs, series, xlabel="SNR", logx=True,
+      os.path.join(workdir, f"steps_{model}.png"), snrs, series,
+      xlabel="SNR = ‖μ‖ / (σ_p √d), log scale", logx=True,
       ylabel=f"GD steps to train loss < {config.train.loss_threshold}",
       title=f"{model}: convergence time ({_eta_label(config, model)})", logy=True)
 

@@ -166,7 +166,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
           os.path.join(workdir, "churn_by_source.png"), sources,
           {m: [next(r["churn"] for r in rows if r["method"] == m and r["source"] == s)
                for s in sources] for m in methods},
-          ylabel="churn (test)", title="Churn per source of randomness"),
+          ylabel="churn (fraction of test predictions that differ)",
+          xlabel="source of randomness", title="Churn per source of randomness"),
       _confidence_plot(os.path.join(workdir, "churn_by_confidence.png"), bins, by_conf),
   ]
   conf_rows = [{"method": m, **{f"churn {b}": by_conf[m]["churn"][i] for i, b in
@@ -187,15 +188,15 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
 
 def _confidence_plot(path, bins, by_conf) -> str:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(5.2, 3.4))
+  fig, ax = plt.subplots(figsize=(6.4, 3.4))
   x = np.arange(len(bins))
-  for m, v in by_conf.items():
-    ax.plot(x, v["churn"], marker="o", label=m)
+  for (m, v), style in zip(by_conf.items(), plots.line_styles(len(by_conf))):
+    ax.plot(x, v["churn"], label=m, **style)
   ax.set_xticks(x, bins, fontsize=8)
-  ax.set_xlabel("confidence (mean top-class probability of the pair)")
-  ax.set_ylabel("churn")
-  ax.set_title("Churn by confidence")
-  ax.legend(fontsize=8)
+  plots.styled_axes(ax, "Churn by confidence",
+                    "confidence bin (mean top-class probability of the pair)",
+                    "churn (fraction of predictions that differ)")
+  plots.legend_outside(ax)
   fig.tight_layout()
   return plots.save_figure(fig, path)
 

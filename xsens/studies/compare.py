@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -201,7 +202,9 @@ def train_runs(config, workdir: str, *, overwrite: bool = False,
   experiments = validate_runs(config, field_path) if experiments is None else experiments
   workdirs = check_run_workdirs(workdir, experiments, overwrite)
   results = {}
-  for name, exp in experiments.items():
+  for i, (name, exp) in enumerate(experiments.items(), 1):
+    logging.getLogger("xsens.studies").info("Run %d/%d: %s (%s)", i, len(experiments), name,
+                                            workdirs[name].path)
     workdirs[name].prepare(exp.config, overwrite=overwrite)
     with run_errors(config, name, field_path):
       results[name] = trainer.run_experiment(exp, workdirs[name])

@@ -311,22 +311,27 @@ def _plots(workdir, variants, agg, teacher_eval, t_margin, gains, num_classes) -
   series = {"teacher": teacher_eval["per_class"]}
   series.update({v: agg[v]["per_class"][0] for v in variants})
   files = [plots.grouped_bar_plot(os.path.join(workdir, "per_class_accuracy.png"), classes,
-                                  series, ylabel="eval accuracy",
-                                  title="Per-class accuracy (class 0 = head)")]
+                                  series, ylabel="eval accuracy (fraction correct)",
+                                  xlabel="class (0 = head)",
+                                  title="Per-class accuracy (class 0 = head)",
+                                  num_classes=num_classes)]
   if gains:
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.6))
-    for ax, x, xlabel in ((axes[0], teacher_eval["per_class"], "teacher per-class accuracy"),
-                          (axes[1], t_margin, "teacher per-class margin")):
-      for (v, g), marker in zip(gains.items(), "os^Dv"):
-        ax.scatter(x, g, s=30, label=v, marker=marker, facecolors="none",
-                   edgecolors=f"C{list(gains).index(v)}")
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.6))
+    styles = plots.line_styles(len(gains))
+    for ax, x, xlabel, title in (
+        (axes[0], teacher_eval["per_class"], "teacher per-class accuracy (fraction correct)",
+         "gain vs teacher accuracy"),
+        (axes[1], t_margin, "teacher per-class margin (logit units)",
+         "gain vs teacher margin")):
+      for (v, g), style in zip(gains.items(), styles):
+        ax.plot(x, g, linestyle="none", marker=style["marker"], color=style["color"],
+                markerfacecolor="none", markersize=style["markersize"], label=v)
       for c in range(num_classes):
         ax.annotate(str(c), (x[c], gains[next(iter(gains))][c]), fontsize=7,
                     xytext=(3, 2), textcoords="offset points")
       ax.axhline(0.0, color="grey", lw=0.8)
-      ax.set_xlabel(xlabel)
-      ax.set_ylabel("student gain over one-hot")
-      ax.legend(fontsize=7)
+      plots.styled_axes(ax, title, xlabel, "student gain over one-hot (accuracy)")
+    plots.legend_outside(axes[-1])
     fig.suptitle("Per-class gain of the students vs the teacher (eval split)")
     fig.tight_layout()
     path = os.path.join(workdir, "gain_vs_teacher.png")
@@ -334,8 +339,9 @@ def _plots(workdir, variants, agg, teacher_eval, t_margin, gains, num_classes) -
   keys = ("accuracy", "worst_class", "worst_k_mean", "head_accuracy", "tail_accuracy")
   files.append(plots.grouped_bar_plot(
       os.path.join(workdir, "subgroup_summary.png"), list(keys),
-      {v: [agg[v][k][0] for k in keys] for v in variants}, ylabel="eval accuracy",
-      title="Overall and subgroup accuracy (mean over seeds)"))
+      {v: [agg[v][k][0] for k in keys] for v in variants},
+      ylabel="eval accuracy (fraction correct)", xlabel="subgroup",
+      title="Overall and subgroup accuracy (mean over seeds)", num_classes=num_classes))
   return files
 
 

@@ -561,11 +561,14 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
   w = int(config.report.window)
   num_seeds, e = logs["train_loss"].shape
   epochs = np.arange(e)
-  fig, axes = plt.subplots(2, 2, figsize=(10, 6.4))
-  panels = [("loss", ["train_loss", "test_loss"], True), ("accuracy", ["train_accuracy",
-            "test_accuracy"], False), ("sensitivity (%)", ["sensitivity"], False),
-            ("weight L2 norm", ["weight_norm"], False)]
-  for ax, (title, keys, logy) in zip(axes.ravel(), panels):
+  fig, axes = plt.subplots(2, 2, figsize=(13, 6.8))
+  panels = [("loss", "cross-entropy (nats, log scale)", ["train_loss", "test_loss"], True),
+            ("accuracy", "accuracy (fraction correct)", ["train_accuracy", "test_accuracy"],
+             False),
+            ("sensitivity", "sensitivity (% of flipped predictions)", ["sensitivity"], False),
+            ("weight L2 norm", "‖θ‖₂", ["weight_norm"], False)]
+  for ax, (title, ylabel, keys, logy) in zip(axes.ravel(), panels):
+    styles = iter(plots.line_styles(num_seeds * len(keys)))
     for s in range(num_seeds):
       for k in keys:
         y = np.asarray(logs[k][s], np.float64)
@@ -576,7 +579,8 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
           x, y = epochs, rolling_mean(y, w)
         if k == "sensitivity":
           y = 100 * y
-        ax.plot(x, y, lw=1.1, label=f"{k} (seed {s})" if num_seeds > 1 else k)
+        ax.plot(x, y, label=f"{k} (seed {s})" if num_seeds > 1 else k,
+                markevery=max(1, len(x) // 12), **{**next(styles), "linewidth": 1.1})
     for i, evs in enumerate(ev):
       if evs["grok_epoch"] is not None:
         ax.axvline(evs["grok_epoch"], color="tab:green", ls="--", lw=0.8,
@@ -590,9 +594,10 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
       ax.axvline(m, color="gray", ls="-.", lw=0.6)
     if logy:
       ax.set_yscale("log")
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("epoch")
-    ax.legend(fontsize=6)
+    if title == "accuracy":
+      plots.chance_line(ax, int(config.data.modulus))
+    plots.styled_axes(ax, title, "epoch", ylabel, integer_x=True)
+    plots.legend_outside(ax, fontsize=6)
   fig.suptitle(f"Grokking (a+b) mod {config.data.modulus}: rolling mean (window {w}) of the "
                "per-epoch train metrics; test every {} epochs".format(config.train.test_every),
                fontsize=10)

@@ -120,16 +120,16 @@ def _model_fields(model) -> tuple[int, int]:
   return p, getattr(model, "reuse_layers", 0)
 
 
-def _scatter(path, rows, x_key, y_key, *, xlabel, ylabel, title) -> str:
+def _scatter(path, rows, x_key, y_key, *, xlabel, ylabel, title, num_classes=None) -> str:
+  """One marker per run (legend outside); a chance line when `num_classes` is given."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, ax = plt.subplots(figsize=(4.8, 3.4))
-  for r in rows:
-    ax.scatter(r[x_key], r[y_key], s=30)
-    ax.annotate(r["run"], (r[x_key], r[y_key]), fontsize=7, xytext=(3, 3),
-                textcoords="offset points")
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.set_title(title)
+  fig, ax = plt.subplots(figsize=(6.0, 3.4))
+  for r, style in zip(rows, plots.line_styles(len(rows))):
+    ax.plot([r[x_key]], [r[y_key]], linestyle="none", marker=style["marker"],
+            color=style["color"], markerfacecolor="none", markersize=7, label=r["run"])
+  plots.chance_line(ax, num_classes)
+  plots.styled_axes(ax, title, xlabel, ylabel)
+  plots.legend_outside(ax)
   fig.tight_layout()
   return plots.save_figure(fig, path)
 
@@ -196,18 +196,21 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   plot_files = [
       _scatter(os.path.join(workdir, "accuracy_vs_flops.png"), rows, "fwd_gflops",
                "test_accuracy", xlabel=f"forward GFLOPs (batch {rc.cost_batch_size})",
-               ylabel="test accuracy", title="Accuracy vs compute"),
+               ylabel="test accuracy (fraction correct)", title="Accuracy vs compute",
+               num_classes=res.train.num_classes),
       plots.heatmap_grid(os.path.join(workdir, "similarity_layers.png"),
                          {n: m for n, m in layer_sim.items()},
                          title="Layer x layer attention similarity (row ℓ vs column ℓ')",
-                         cbar_label="mean best-head similarity"),
+                         cbar_label="mean best-head similarity",
+                         xlabel="layer ℓ' (0 = first)", ylabel="layer ℓ (0 = first)"),
   ]
   num_heads = next(iter(kth.values())).shape[-1]
   if next(iter(kth.values())).shape[0]:
     plot_files.append(plots.line_plot(
         os.path.join(workdir, "similarity_kth_best.png"), list(range(1, num_heads + 1)),
         {n: kth[n].mean(axis=(0, 1)) for n in kth},
-        xlabel="k (k-th best head in the previous layer)", ylabel="similarity",
+        xlabel="k (k-th best head in the previous layer)",
+        ylabel="similarity (mean over heads and layers)",
         title="Adjacent-layer head similarity"))
   adjacent = {n: float(np.mean([m[l, l - 1] for l in range(1, len(m))]))
               if len(m) > 1 else float("nan") for n, m in layer_sim.items()}

@@ -25,6 +25,7 @@ import functools
 import os
 import re
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +38,7 @@ from xsens.measures import corruption_eval
 from xsens.measures import perturbations as pert
 from xsens.measures import similarity
 from xsens.report import plots, tables
+from xsens.report.progress import progress
 from xsens.studies import compare
 from xsens.studies import robustness_common as common
 
@@ -143,18 +145,18 @@ def corruption_section(results, rc, normalize, *, source: str = "synthesize",
   label_fns = {name: common.bind(res.apply_fn, res.variables) for name, res in results.items()}
   if source == "tfds":
     acc = {name: {} for name in results}
-    for c in names:
-      for sev in sevs:
-        loaded = {}  # {(test-data key, seed): first num_examples of the set}
-        for name in results:
-          dc, seed = data_configs[name], int((data_seeds or {}).get(name, 0))
-          key = (_test_data_key(dc), seed)
-          if key not in loaded:
-            split = corrupted.load_cifar10_corrupted(dc, c, sev, seed=seed,
-                                                     dataset=rc.corruptions.tfds_name)
-            loaded[key] = (split.images[:rc.num_examples], split.labels[:rc.num_examples])
-          acc[name][(c, sev)] = common.accuracy(label_fns[name], *loaded[key],
-                                                rc.batch_size)
+    for c, sev in progress([(c, s) for c in names for s in sevs], desc="corruptions",
+                           unit="set"):
+      loaded = {}  # {(test-data key, seed): first num_examples of the set}
+      for name in results:
+        dc, seed = data_configs[name], int((data_seeds or {}).get(name, 0))
+        key = (_test_data_key(dc), seed)
+        if key not in loaded:
+          split = corrupted.load_cifar10_corrupted(dc, c, sev, seed=seed,
+                                                   dataset=rc.corruptions.tfds_name)
+          loaded[key] = (split.images[:rc.num_examples], split.labels[:rc.num_examples])
+        acc[name][(c, sev)] = common.accuracy(label_fns[name], *loaded[key],
+                                              rc.batch_size)
   for name, res in results.items():
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
@@ -169,8 +171,12 @@ def corruption_section(results, rc, normalize, *, source: str = "synthesize",
                                   {n: 1 - s["clean"] for n, s in summary.items()})
   by_severity = {n: [float(np.mean([a[(c, s)] for c in rc.corruptions.names]))
                      for s in rc.corruptions.severities] for n, a in acc.items()}
+  warning = corruption_eval.relative_mce_warning(
+      errs[rc.baseline_run], 1 - summary[rc.baseline_run]["clean"])
+  if warning:
+    logging.warning("%s", warning)
   return {"accuracy": acc, "summary": summary, "mce": mce, "by_severity": by_severity,
-          "source": source}
+          "source": source, "rel_mce_warning": warning}
 
 
 # --------------------------------------------------------------------------- adversarial
@@ -326,9 +332,10 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       reps = representation_section(results, rc)
   rows = _rows(results, rc, corr, advs, perts)
   scale = data_scale_section(results, rows)
-  plot_files = _plots(workdir, rc, corr, advs, perts, reps)
+  num_classes = next(iter(results.values())).train.num_classes
+  plot_files = _plots(workdir, rc, corr, advs, perts, reps, num_classes=num_classes)
   if scale:
-    plot_files.append(_scale_plot(workdir, scale))
+    plot_files.append(_scale_plot(workdir, scale, num_classes))
   md = tables.write_results(
       workdir, f"Robustness on {config.train.data.name}", rows,
       notes=_notes(rc, advs, perts, corr, config.train.data, scale),
@@ -369,18 +376,19 @@ def data_scale_section(results, rows) -> dict:
   return out
 
 
-def _scale_plot(workdir, scale) -> str:
+def _scale_plot(workdir, scale, num_classes=None) -> str:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-  for ax, (measure, label) in zip(axes, (("test_accuracy", "clean test accuracy"),
+  fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.4))
+  styles = plots.line_styles(len(scale))
+  for ax, (measure, title) in zip(axes, (("test_accuracy", "clean test accuracy"),
                                          ("mCA", "mean corruption accuracy"),
                                          ("PGD", "PGD accuracy (main ε)"))):
-    for model, entry in scale.items():
-      ax.plot(entry["train_examples"], entry[measure], marker="o", label=model)
+    for (model, entry), style in zip(scale.items(), styles):
+      ax.plot(entry["train_examples"], entry[measure], label=model, **style)
     ax.set_xscale("log")
-    ax.set_xlabel("training examples")
-    ax.set_ylabel(label)
-  axes[0].legend(fontsize=8)
+    plots.chance_line(ax, num_classes)
+    plots.styled_axes(ax, title, "training examples (log scale)", plots.ACCURACY)
+  plots.legend_outside(axes[-1])
   fig.suptitle("Robustness vs training-set size (from scratch)")
   fig.tight_layout()
   path = os.path.join(workdir, "data_scale.png")
@@ -411,37 +419,46 @@ def _rows(results, rc, corr, advs, perts) -> list[dict]:
   return rows
 
 
-def _plots(workdir, rc, corr, advs, perts, reps) -> list[str]:
+def _plots(workdir, rc, corr, advs, perts, reps, num_classes=None) -> list[str]:
+  """The study's figures (see docs/results.md, "Figures"); `num_classes` draws the chance
+  line on the accuracy plots."""
   names = list(corr["summary"])
   sev = [int(s) for s in rc.corruptions.severities]
   eps = [float(e) for e in rc.adversarial.epsilons]
   files = [
       plots.line_plot(os.path.join(workdir, "corruption_severity.png"), sev,
-                      corr["by_severity"], xlabel="severity",
+                      corr["by_severity"], xlabel="corruption severity (1 = mildest)",
                       ylabel="accuracy (mean over corruptions)",
-                      title="Accuracy vs corruption severity"),
+                      title="Accuracy vs corruption severity", num_classes=num_classes),
       plots.line_plot(os.path.join(workdir, "adversarial_epsilon.png"), eps,
                       {**{f"{n} FGSM": advs["fgsm"][n] for n in names},
                        **{f"{n} PGD": advs["pgd"][n] for n in names}},
-                      xlabel="ε (pixel units in [0, 1])", ylabel="accuracy",
-                      title=f"{rc.adversarial.norm} attacks"),
+                      xlabel="ε (pixel units in [0, 1])", ylabel=plots.ACCURACY,
+                      title=f"{rc.adversarial.norm} attacks", num_classes=num_classes),
       plots.heatmap_grid(os.path.join(workdir, "perturbation_patch_energy.png"),
                          advs["patch_energy"],
                          title=f"PGD perturbation energy per {rc.patch_size}×{rc.patch_size} "
                                f"patch (ε={rc.adversarial.main_epsilon:g})",
-                         cbar_label="energy share"),
+                         cbar_label="energy share", xlabel="patch column",
+                         ylabel="patch row"),
   ]
   if reps is not None:
     files.append(plots.heatmap_grid(os.path.join(workdir, "cka_layers.png"),
                                     {**reps["cka"], **reps["cross_cka"]},
-                                    title="Linear CKA between layers", cbar_label="CKA"))
+                                    title="Linear CKA between layers", cbar_label="linear CKA",
+                                    xlabel="layer", ylabel="layer",
+                                    tick_labels=_cka_ticks(reps),
+                                    axis_labels={p: (f"{p.partition(' vs ')[2]} layer",
+                                                     f"{p.partition(' vs ')[0]} layer")
+                                                 for p in reps["cross_cka"]}))
   for name in names if perts is not None else ():
     removal = perts["layer_removal"][name]["accuracy"]
     labels = [f"{layer}:{part}" for layer, part in removal]
     files.append(plots.bar_plot(
         os.path.join(workdir, f"layer_removal_{name}.png"), labels, list(removal.values()),
-        ylabel="test accuracy", title=f"{name}: one part removed "
-        f"(intact {perts['layer_removal'][name]['baseline']:.3f})"))
+        ylabel="test accuracy (fraction correct)", xlabel="removed part (layer:part)",
+        title=f"{name}: one part removed "
+        f"(intact {perts['layer_removal'][name]['baseline']:.3f})", num_classes=num_classes))
   if reps is None:
     return files
   files.append(plots.line_plot(
@@ -449,8 +466,21 @@ def _plots(workdir, rc, corr, advs, perts, reps) -> list[str]:
       list(range(1, 1 + max(len(p) for p in reps["probes"].values()))),
       {n: list(p.values()) + [np.nan] * (max(len(q) for q in reps["probes"].values()) - len(p))
        for n, p in reps["probes"].items()},
-      xlabel="layer", ylabel="probe test accuracy", title="Linear probe per layer"))
+      xlabel="layer (1 = first)", ylabel="probe test accuracy (fraction correct)",
+      title="Linear probe per layer", num_classes=num_classes))
   return files
+
+
+def _cka_ticks(reps) -> dict:
+  """{panel: (column layer names, row layer names)} for the CKA heat maps: a run's own
+  map is its layers × its layers; "a vs b" is a's layers (rows) × b's layers (columns)."""
+  layers = reps.get("layers", {})
+  out = {n: (layers[n], layers[n]) for n in reps["cka"] if n in layers}
+  for panel in reps["cross_cka"]:
+    a, _, b = panel.partition(" vs ")
+    if a in layers and b in layers:
+      out[panel] = (layers[b], layers[a])
+  return out
 
 
 def _source_note(corr, rc, data_config) -> str:
@@ -480,7 +510,9 @@ def _scale_note(scale) -> str:
 def _notes(rc, advs, perts, corr=None, data_config=None, scale=None) -> str:
   transfer = ", ".join(f"{k}: {v:.3f}" for k, v in advs["transfer"].items())
   source = "" if corr is None else _source_note(corr, rc, data_config)
+  warning = (corr or {}).get("rel_mce_warning")
   return (
+      (f"**Warning:** {warning}.\n\n" if warning else "") +
       f"Accuracies on the first {rc.num_examples} test examples. {source}Corruptions: "
       f"{len(rc.corruptions.names)} × severities {list(rc.corruptions.severities)} "
       f"(`acc_<category>` = mean over its corruptions and severities); mCE relative to "
@@ -508,6 +540,7 @@ def _extra(corr, advs, perts, reps) -> dict:
   out = {
       "corruption_accuracy": {n: keyed(a) for n, a in corr["accuracy"].items()},
       "corruption_summary": corr["summary"], "mce": corr["mce"],
+      "rel_mce_warning": corr.get("rel_mce_warning"),
       "adversarial": {k: advs[k] for k in ("fgsm", "pgd", "transfer", "low_freq_share",
                                            "patch_alignment")},
       "patch_energy": {n: m.tolist() for n, m in advs["patch_energy"].items()},

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 
@@ -26,11 +27,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax.experimental import multihost_utils
+
 from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int, require
 from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
+from xsens.report.progress import progress
+from xsens.train import sharding
 
 # Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
 PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
@@ -88,24 +93,38 @@ def validate_robustness_config(rc, run_names, normalize) -> None:
 
 @contextlib.contextmanager
 def timed(timings: dict, name: str):
-  """Records the wall time of the block in `timings[name]` (seconds, 0.1 s)."""
+  """Records the wall time of the block in `timings[name]` (seconds, 0.1 s); logs the
+  stage's start and end (INFO, `xsens` logger)."""
+  log = logging.getLogger("xsens.studies")
+  log.info("Stage %s: started", name)
   t0 = time.time()
   yield
   timings[name] = round(time.time() - t0, 1)
+  log.info("Stage %s: done in %.1f s", name, timings[name])
 
 
 # ------------------------------------------------------------------------------ batching
 
 
-def batched(fn, *arrays, batch_size):
-  """Applies `fn` to equal-size host batches (last one padded) and concatenates.
+def batched(fn, *arrays, batch_size, mesh=None):
+  """Applies `fn` to equal-size batches (last one padded) and concatenates.
 
-  `fn(*batches) -> pytree of [batch_size, ...]`; returns that pytree over the N real
-  examples, [N, ...] (padding rows dropped).
+  `fn(*batches) -> pytree of [B, ...]`; returns that pytree over the N real examples,
+  [N, ...] (padding rows dropped), as host arrays. Each batch is split over the devices of
+  `mesh` (default: all devices, `sharding.data_mesh()`), B = `batch_size` rounded up to a
+  multiple of their number; with several processes each one puts its slice of the batch
+  and the outputs are gathered (`process_allgather`), so every process returns the same
+  arrays. On one device this is the plain host loop.
   """
+  mesh = sharding.data_mesh() if mesh is None else mesh
+  size = -(-batch_size // mesh.size) * mesh.size
+  pc, pi = jax.process_count(), jax.process_index()
+  local = slice(pi * size // pc, (pi + 1) * size // pc)
   outs = []
-  for idx, mask in batching.padded_index_batches(len(arrays[0]), batch_size):
-    out = fn(*(a[idx] for a in arrays))
+  for idx, mask in batching.padded_index_batches(len(arrays[0]), size):
+    out = fn(*sharding.global_batch(tuple(np.asarray(a[idx[local]]) for a in arrays), mesh))
+    if pc > 1:
+      out = multihost_utils.process_allgather(out, tiled=True)
     keep = int(mask.sum())
     outs.append(jax.tree.map(lambda o, k=keep: np.asarray(o)[:k], out))
   return jax.tree.map(lambda *o: np.concatenate(o), *outs)
@@ -159,11 +178,11 @@ def corruption_accuracy(label_fn, images: np.ndarray, labels: np.ndarray, *,
     raise ValueError(f"need as many labels as images (> 0), got {len(labels)} and "
                      f"{len(images)}")
   out = {}
-  for name in names:
-    for severity in severities:
-      x = corruption_eval.corrupt_normalized(images, name, severity, normalize=normalize,
-                                             stats=stats, seed=seed)
-      out[(name, severity)] = accuracy(label_fn, x, labels, batch_size)
+  for name, severity in progress([(n, s) for n in names for s in severities],
+                                 desc="corruptions", unit="set"):
+    x = corruption_eval.corrupt_normalized(images, name, severity, normalize=normalize,
+                                           stats=stats, seed=seed)
+    out[(name, severity)] = accuracy(label_fn, x, labels, batch_size)
   return out
 
 

@@ -59,6 +59,7 @@ import dataclasses
 import functools
 import os
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,7 @@ from xsens.measures import perturbations as pert
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
+from xsens.report.progress import progress
 from xsens.studies import robustness_common as common
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
@@ -338,7 +340,7 @@ def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
 
   workers = int(ic.num_workers)
   pool = concurrent.futures.ThreadPoolExecutor(workers)
-  for b, batch in enumerate(clean.batches()):
+  for b, batch in enumerate(progress(clean.batches(), desc="corruptions", unit="batch")):
     totals["clean"] += float(batch["mask"].sum())
     count("clean", batch["image"], batch)
     if source == "synthesize":
@@ -357,18 +359,18 @@ def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
     for key in correct[next(iter(runs))]:
       totals[key] = totals["clean"]
   else:
-    for c in names:
-      for s in sevs:
-        stream = streaming.open_stream(
-            corrupted_name(ic, c, s), split=ic.corrupted_split, data_dir=ic.data_dir,
-            image_size=BASE_SIZE, crop="resize", resample="bicubic", normalize="uint8",
-            limit=ic.limit, seed=ic.seed, batch_size=batch_size, num_workers=ic.num_workers,
-            image_key=ic.image_key, label_key=ic.label_key, field="imagenet.corrupted_name",
-            split_field="imagenet.corrupted_split")
-        totals[(c, s)] = 0.0
-        for batch in stream.batches():
-          totals[(c, s)] += float(batch["mask"].sum())
-          count((c, s), batch["image"], batch)
+    for c, s in progress([(c, s) for c in names for s in sevs], desc="corruptions",
+                         unit="set"):
+      stream = streaming.open_stream(
+          corrupted_name(ic, c, s), split=ic.corrupted_split, data_dir=ic.data_dir,
+          image_size=BASE_SIZE, crop="resize", resample="bicubic", normalize="uint8",
+          limit=ic.limit, seed=ic.seed, batch_size=batch_size, num_workers=ic.num_workers,
+          image_key=ic.image_key, label_key=ic.label_key, field="imagenet.corrupted_name",
+          split_field="imagenet.corrupted_split")
+      totals[(c, s)] = 0.0
+      for batch in stream.batches():
+        totals[(c, s)] += float(batch["mask"].sum())
+        count((c, s), batch["image"], batch)
   acc = {r: {k: v / totals[k] for k, v in counts.items() if k != "clean"}
          for r, counts in correct.items()}
   clean_acc = {r: counts["clean"] / totals["clean"] for r, counts in correct.items()}
@@ -388,8 +390,13 @@ def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
     alexnet = {r: alexnet_mce(e) for r, e in errs.items()}
   by_severity = {r: [float(np.mean([a[(c, s)] for c in names])) for s in sevs]
                  for r, a in acc.items()}
+  warning = corruption_eval.relative_mce_warning(errs[rc.baseline_run],
+                                                 1 - clean_acc[rc.baseline_run])
+  if warning:
+    logging.warning("%s", warning)
   counted = {k if isinstance(k, str) else f"{k[0]}:{k[1]}": int(v) for k, v in totals.items()}
-  return {"accuracy": acc, "summary": summary, "mce": mce, "mce_alexnet": alexnet,
+  return {"rel_mce_warning": warning,
+          "accuracy": acc, "summary": summary, "mce": mce, "mce_alexnet": alexnet,
           "by_severity": by_severity, "num_examples": counted,
           "source": source}
 
@@ -498,7 +505,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)
   scale = pretraining_comparison(rows, {n: r.model.name for n, r in config.runs.items()})
   paths.makedirs(workdir)
-  plot_files = _plots(workdir, rc, corr, advs, removal)
+  num_classes = getattr(next(iter(runs.values())).model, "num_classes", None)
+  plot_files = _plots(workdir, rc, corr, advs, removal, num_classes=num_classes)
   if scale:
     plot_files.append(_pretraining_plot(workdir, rows))
   md = tables.write_results(
@@ -575,7 +583,8 @@ def _pretraining_plot(workdir, rows) -> str:
       os.path.join(workdir, "pretraining_scale.png"), list(measures),
       {f"{r['run']} ({r['pretraining']})": [_measure(r, m) or 0.0 for m in measures]
        for r in named},
-      ylabel="top-1", title="Robustness by pre-training data")
+      ylabel="top-1 accuracy (fraction correct)", xlabel="measure",
+      title="Robustness by pre-training data")
 
 
 def _rows(runs, rc, corr, advs, removal, image_shape, pretraining=None) -> list[dict]:
@@ -600,29 +609,33 @@ def _rows(runs, rc, corr, advs, removal, image_shape, pretraining=None) -> list[
   return rows
 
 
-def _plots(workdir, rc, corr, advs, removal) -> list[str]:
+def _plots(workdir, rc, corr, advs, removal, num_classes=None) -> list[str]:
+  """The study's figures (docs/results.md, "Figures"); chance lines at 1/num_classes."""
   names = list(corr["summary"])
   sev = [int(s) for s in rc.corruptions.severities]
   eps = [float(e) * 255 for e in rc.adversarial.epsilons]
   files = [
       plots.line_plot(os.path.join(workdir, "corruption_severity.png"), sev,
-                      corr["by_severity"], xlabel="severity",
-                      ylabel="top-1 (mean over corruptions)",
-                      title=f"ImageNet-C ({corr['source']}) accuracy vs severity"),
+                      corr["by_severity"], xlabel="corruption severity (1 = mildest)",
+                      ylabel="top-1 accuracy (mean over corruptions)",
+                      title=f"ImageNet-C ({corr['source']}) accuracy vs severity",
+                      num_classes=num_classes),
       plots.grouped_bar_plot(
           os.path.join(workdir, "corruption_categories.png"),
           list(corr["summary"][names[0]]["per_category"]),
           {n: list(corr["summary"][n]["per_category"].values()) for n in names},
-          ylabel="top-1", title="Accuracy per corruption category"),
+          ylabel="top-1 accuracy (fraction correct)", xlabel="corruption category",
+          title="Accuracy per corruption category", num_classes=num_classes),
       plots.line_plot(os.path.join(workdir, "adversarial_epsilon.png"), eps,
                       {**{f"{n} FGSM": advs["fgsm"][n] for n in names},
                        **{f"{n} PGD": advs["pgd"][n] for n in names}},
-                      xlabel="ε (× 1/255 pixel units)", ylabel="top-1",
-                      title=f"{rc.adversarial.norm} attacks"),
+                      xlabel="ε (× 1/255 pixel units)", ylabel="top-1 accuracy",
+                      title=f"{rc.adversarial.norm} attacks", num_classes=num_classes),
       plots.heatmap_grid(os.path.join(workdir, "perturbation_patch_energy.png"),
                          advs["patch_energy"],
                          title=f"PGD perturbation energy per {rc.patch_size}×{rc.patch_size} "
-                               "patch", cbar_label="energy share"),
+                               "patch", cbar_label="energy share", xlabel="patch column",
+                         ylabel="patch row"),
   ]
   for n in names:
     if removal[n] is None:
@@ -630,8 +643,10 @@ def _plots(workdir, rc, corr, advs, removal) -> list[str]:
     acc = removal[n]["accuracy"]
     files.append(plots.bar_plot(
         os.path.join(workdir, f"layer_removal_{n}.png"),
-        [f"{layer}:{part}" for layer, part in acc], list(acc.values()), ylabel="top-1",
-        title=f"{n}: one part removed (intact {removal[n]['baseline']:.3f})"))
+        [f"{layer}:{part}" for layer, part in acc], list(acc.values()),
+        ylabel="top-1 accuracy (fraction correct)", xlabel="removed part (layer:part)",
+        title=f"{n}: one part removed (intact {removal[n]['baseline']:.3f})",
+        num_classes=num_classes))
   return files
 
 
@@ -644,6 +659,8 @@ def _notes(ic, rc, corr, advs, n_subset) -> str:
             "(robustness.seed, batch, corruption, severity); imagenet2012_corrupted was not "
             "fully prepared in the data_dir or corruption_source='synthesize')")
   return (
+      (f"**Warning:** {corr['rel_mce_warning']}.\n\n" if corr.get("rel_mce_warning")
+       else "") +
       f"Pretrained checkpoints, no training. Clean and corrupted top-1 on "
       f"{corr['num_examples']['clean']} {ic.name} {ic.split} images (a seeded random "
       f"subset when imagenet.limit < the split), ImageNet-C geometry (central 224/256 crop, "
@@ -669,6 +686,7 @@ def _extra(runs, corr, advs, removal) -> dict:
       "corruption_accuracy": {n: keyed(a) for n, a in corr["accuracy"].items()},
       "corruption_summary": corr["summary"], "mce": corr["mce"],
       "mce_alexnet": corr["mce_alexnet"],
+      "rel_mce_warning": corr.get("rel_mce_warning"),
       "adversarial": {k: advs[k] for k in ("fgsm", "pgd", "transfer", "low_freq_share",
                                            "patch_alignment")},
       "patch_energy": {n: m.tolist() for n, m in advs["patch_energy"].items()},

@@ -47,6 +47,7 @@ from xsens.errors import ConfigError
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
+from xsens.report.progress import progress
 from xsens.studies import robustness_imagenet
 from xsens.studies import sensitivity_vision as sv
 from xsens.train import sharding
@@ -153,7 +154,7 @@ def measure(runs, sc, stream, mesh) -> dict:
   acc = {r: {"hits": 0.0, "token": {s: [] for s in sigmas}, "global": {s: [] for s in sigmas},
              "map": None, "seconds": 0.0} for r in runs}
   total, sq_sum, n_pixels = 0, 0.0, 0
-  for i, batch in enumerate(stream.batches()):
+  for i, batch in enumerate(progress(stream.batches(), desc="sensitivity", unit="batch")):
     valid = batch["mask"] > 0
     real = batch["image"][valid].astype(np.float64)
     total += int(valid.sum())
@@ -235,13 +236,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       plots.bar_plot(os.path.join(workdir, "sensitivity_bar.png"), names,
                      [measured[n]["sigmas"][main][0] for n in names],
                      errors=[measured[n]["sigmas"][main][1] for n in names],
-                     ylabel="sensitivity (ImageNet val)",
+                     ylabel="sensitivity, ImageNet val (flip probability)", xlabel="model",
                      title=f"Token-wise sensitivity, σ={main:g}"),
       _sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: measured[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",
-                         cbar_label="flip probability"),
+                         cbar_label="flip probability", xlabel="patch column",
+                         ylabel="patch row"),
   ]
   extra = {"checkpoints": {n: runs[n][3] for n in names},
            "per_patch_maps": {n: measured[n]["per_patch_map"].tolist() for n in names},

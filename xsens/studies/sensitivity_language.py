@@ -332,7 +332,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
           for n in names}
   seeds = compare.num_seeds(config)
   seed_summary = compare.seed_rows(rows, ids, SEED_COLUMNS)
-  plot_files = [_plot_history(workdir, seed_history(hist, ids), sc),
+  plot_files = [_plot_history(workdir, seed_history(hist, ids), sc,
+                              results[names[0]].train.num_classes),
                 _plot_positions(workdir, seed_curves(measured, ids), sc)]
   n = min(sc.num_examples, min(len(e.train) for e in experiments.values()))
   seed_table = seed_summary_markdown(seed_summary, SEED_COLUMNS) if seeds > 1 else ""
@@ -414,7 +415,7 @@ def _curve_json(m: dict) -> dict:
           "count": [int(c) for c in h["curve_count"]]}
 
 
-def _plot_history(workdir, hist, sc) -> str:
+def _plot_history(workdir, hist, sc, num_classes=None) -> str:
   panels = {
       f"token-wise (σ={sc.sigma:.3g}, one position at a time)":
           {n: (h["examples"], h["token_pooled"]) for n, h in hist.items()},
@@ -430,9 +431,12 @@ def _plot_history(workdir, hist, sc) -> str:
   }
   return plots.panels_plot(os.path.join(workdir, "sensitivity_vs_examples.png"), panels,
                            xlabel="training examples seen",
-                           ylabels=["sensitivity", "sensitivity", "accuracy",
-                                    "sensitivity"],
-                           title="Sensitivity over training (means over seeds)")
+                           ylabels=["sensitivity (flip probability)",
+                                    "sensitivity (flip probability)",
+                                    "accuracy (fraction correct)",
+                                    "sensitivity (flip probability)"],
+                           title="Sensitivity over training (means over seeds)",
+                           num_classes=[None, None, num_classes, None])
 
 
 def _plot_positions(workdir, measured, sc) -> str:
@@ -447,7 +451,8 @@ def _plot_positions(workdir, measured, sc) -> str:
       os.path.join(workdir, "sensitivity_per_position.png"),
       {f"final models (means over seeds), {which}, σ={sc.sigma:.3g}": series},
       xlabel="position before the sequence end (0 = last token)",
-      ylabels=["flip probability"], invert_x=True)
+      ylabels=["flip probability"], invert_x=True,
+      title="Token-wise sensitivity per position")
 
 
 def _notes(config, rows, n) -> str:

@@ -49,11 +49,15 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                              {n: [corr["summary"][n]["clean"]] +
                                  [corr["summary"][n]["per_category"][c] for c in categories]
                               for n in names},
-                             ylabel="test accuracy", title="Clean and corrupted accuracy"),
+                             ylabel="test accuracy (fraction correct)",
+                             xlabel="test data (clean, corruption category)",
+                             title="Clean and corrupted accuracy",
+                             num_classes=results[names[0]].train.num_classes),
       plots.bar_plot(os.path.join(workdir, "train_sensitivity.png"), names,
                      [sens[n]["sigmas"][main][0] for n in names],
                      errors=[sens[n]["sigmas"][main][1] for n in names],
-                     ylabel="train-set sensitivity", title=f"Sensitivity, σ={main:g}"),
+                     ylabel="train-set sensitivity (flip probability)", xlabel="run",
+                     title=f"Sensitivity, σ={main:g}"),
   ]
   rc, sc = config.robustness, config.sensitivity
   notes = (f"Corrupted accuracy on the first {rc.num_examples} test examples over "

@@ -36,6 +36,7 @@ from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.measures import sensitivity as sens
 from xsens.report import plots, tables
+from xsens.report.progress import progress
 from xsens.studies import compare
 from xsens.train import sharding
 
@@ -184,7 +185,7 @@ def measure_model(result, sc, key, mesh, scale: float = 1.0) -> dict:
   images = result.train.images[:sc.num_examples]
   bs = _round_up(sc.batch_size, mesh.size)
   out = {"sigmas": {}, "per_patch_map": None, "scattered": None}
-  for s_idx, sigma in enumerate(sc.sigmas):
+  for s_idx, sigma in enumerate(progress(sc.sigmas, desc="σ sweep", unit="σ")):
     per_example, maps = [], []
     for i, x, m, valid in _batches(images, bs, mesh):
       k = jax.random.fold_in(jax.random.fold_in(key, s_idx), i)
@@ -229,7 +230,7 @@ def measure_global(result, sc, key, mesh, scale: float = 1.0) -> dict:
   bs = _round_up(sc.batch_size, mesh.size)
   key = jax.random.fold_in(key, len(sc.sigmas) + 1)
   out = {}
-  for s_idx, sigma in enumerate(sc.sigmas):
+  for s_idx, sigma in enumerate(progress(sc.sigmas, desc="global σ sweep", unit="σ")):
     per_example = []
     for i, x, m, valid in _batches(images, bs, mesh):
       k = jax.random.fold_in(jax.random.fold_in(key, s_idx), i)
@@ -378,12 +379,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       plots.bar_plot(os.path.join(workdir, "sensitivity_bar.png"), names,
                      [by_model[n]["sigmas"][main][0] for n in names],
                      errors=[by_model[n]["sigmas"][main][1] for n in names],
-                     ylabel="train-set sensitivity", title=f"Token-wise sensitivity, σ={main:g}"),
+                     ylabel="train-set sensitivity (flip probability)", xlabel="model",
+                     title=f"Token-wise sensitivity, σ={main:g}"),
       _sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), by_model, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: by_model[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",
-                         cbar_label="flip probability"),
+                         cbar_label="flip probability", xlabel="patch column",
+                         ylabel="patch row"),
   ]
   extra = {"per_patch_maps": {n: measured[n]["per_patch_map"].tolist() for n in measured},
            "sensitivity": _config_summary(sc),
@@ -469,19 +472,18 @@ def _sigma_plot(path: str, measured, nsr) -> str:
   """Sensitivity vs σ per model: token-wise solid, global dashed (same colour), ± s.e.
   bands; the top axis gives σ as noise-to-signal."""
   sigmas = list(nsr)
-  fig, ax = plt.subplots(figsize=(5.4, 3.8))
-  for name, m in measured.items():
-    parts = [("token-wise", "-", "o", m["sigmas"])]
+  fig, ax = plt.subplots(figsize=(6.6, 3.8))
+  for (name, m), style in zip(measured.items(), plots.line_styles(len(measured))):
+    parts = [("token-wise", "-", m["sigmas"])]
     if "global" in m:
-      parts.append(("global", "--", "s", m["global"]))
-    color = None
-    for label, style, marker, values in parts:
+      parts.append(("global", "--", m["global"]))
+    for i, (label, linestyle, values) in enumerate(parts):
       y = np.array([values[s][0] for s in sigmas])
       e = np.array([values[s][1] for s in sigmas])
-      line, = ax.plot(sigmas, y, style, marker=marker, color=color, ms=4,
-                      label=name if color is None else None)
-      color = line.get_color()
-      ax.fill_between(sigmas, y - e, y + e, alpha=0.15, color=color)
+      ax.plot(sigmas, y, **{**style, "linestyle": linestyle if len(parts) > 1
+                             else style["linestyle"]},
+              label=name if i == 0 else None)
+      ax.fill_between(sigmas, y - e, y + e, alpha=0.15, color=style["color"])
   if any("global" in m for m in measured.values()):
     ax.plot([], [], "k-", label="token-wise (one patch)")
     ax.plot([], [], "k--", label="global (all patches)")
@@ -494,25 +496,25 @@ def _sigma_plot(path: str, measured, nsr) -> str:
     top.set_xticks([nsr[s] for s in sigmas], [f"{nsr[s]:.2g}" for s in sigmas])
     top.minorticks_off()
     top.set_xlabel("noise-to-signal σ√D / RMS‖x_i‖", fontsize=8)
-  ax.set_xlabel("σ (pixels)")
-  ax.set_ylabel("train-set sensitivity")
-  ax.set_title("Sensitivity vs noise scale", fontsize=10)
-  ax.legend(fontsize=7)
+  plots.styled_axes(ax, "Sensitivity vs noise scale", "σ (pixel units, log scale)",
+                    "train-set sensitivity (flip probability)")
+  plots.legend_outside(ax)
   fig.tight_layout()
   return plots.save_figure(fig, path)
 
 
 def _sharpness_plot(path: str, measured, main_sigma, link) -> str:
   """Token-wise sensitivity at the main σ against sharpness (L1), one point per model."""
-  fig, ax = plt.subplots(figsize=(4.8, 3.6))
-  for name, m in measured.items():
+  fig, ax = plt.subplots(figsize=(6.0, 3.6))
+  for (name, m), style in zip(measured.items(), plots.line_styles(len(measured))):
     (x, xe), (y, ye) = m["sharpness"]["sharpness_l1"], m["sigmas"][main_sigma]
-    ax.errorbar([x], [y], xerr=[xe], yerr=[ye], fmt="o", capsize=2, label=name)
-    ax.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
-  ax.set_xlabel("sharpness: mean L1 logit change")
-  ax.set_ylabel(f"token-wise sensitivity, σ={main_sigma:g}")
-  ax.set_title(f"Spearman ρ = {link['spearman_sharpness_l1']:.2f} "
-               f"({link['num_models']} models)", fontsize=10)
+    ax.errorbar([x], [y], xerr=[xe], yerr=[ye], fmt=style["marker"], color=style["color"],
+                markerfacecolor="none", capsize=2, label=name)
+  plots.styled_axes(ax, f"Sensitivity vs sharpness: Spearman ρ = "
+                    f"{link['spearman_sharpness_l1']:.2f} ({link['num_models']} models)",
+                    "sharpness: mean L1 logit change (logit units)",
+                    f"token-wise sensitivity, σ={main_sigma:g} (flip probability)")
+  plots.legend_outside(ax)
   fig.tight_layout()
   return plots.save_figure(fig, path)
 

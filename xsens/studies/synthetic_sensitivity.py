@@ -89,6 +89,7 @@ from xsens.measures import boolean
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import one_layer_attention as ola
 from xsens.report import plots, tables
+from xsens.report.progress import progress
 from xsens.train import loop
 from xsens.train.metrics import read_metrics
 from xsens.train.workdir import Workdir
@@ -483,7 +484,7 @@ def _measure_rows(owner, variables, data, sec, seed: int, base: dict) -> tuple[l
   token_norm = float(np.linalg.norm(data["train"]["tokens"], axis=-1).mean())
   measure = _sensitivity_fn(owner, num_draws=int(sec.num_draws), chunk_size=int(n))
   rows, profile = [], {}
-  for j, sigma in enumerate(sec.sigmas):
+  for j, sigma in enumerate(progress(sec.sigmas, desc="σ sweep", unit="σ")):
     # Common random numbers: the same noise for every model and the rule at each sigma.
     out = measure(variables, x, jax.random.fold_in(jax.random.key(seed + 1000), j),
                   float(sigma))
@@ -784,24 +785,28 @@ def _boolean_figure(path: str, res: dict) -> str:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   models = list(res["coef"])
   steps = np.asarray(res["steps"])
-  fig, axes = plt.subplots(2, len(models), figsize=(4.6 * len(models), 6.4), squeeze=False)
+  fig, axes = plt.subplots(2, len(models), figsize=(6.2 * len(models), 6.6), squeeze=False)
+  every = max(1, len(steps) // 10)
+  comps = res["components"]
   for j, name in enumerate(models):
     ax = axes[0, j]
-    for c, comp in enumerate(res["components"]):
-      ax.plot(steps, res["coef"][name][:, c] / comp["coef"],
-              label=f"deg {comp['degree']}: " + "x" + "·x".join(map(str, comp["coords"])))
+    for comp, c, style in zip(comps, range(len(comps)), plots.line_styles(len(comps))):
+      ax.plot(steps, res["coef"][name][:, c] / comp["coef"], markevery=every,
+              label=f"deg {comp['degree']}: " + "x" + "·x".join(map(str, comp["coords"])),
+              **style)
     ax.axhline(1.0, color="gray", lw=0.6, ls="--")
-    ax.set_title(f"{name}: learned / target coefficient", fontsize=9)
-    ax.set_xlabel("step")
-    ax.legend(fontsize=7)
+    plots.styled_axes(ax, f"{name}: learned / target coefficient", "training step",
+                      "learned / target coefficient", integer_x=True, title_size=9)
+    plots.legend_outside(ax)
     ax = axes[1, j]
     spec = res["spectrum"][name]
-    for k in range(spec.shape[1]):
-      if k <= 4 or spec[:, k].max() > 0.05:
-        ax.plot(steps, spec[:, k], label=f"W^{k}")
-    ax.set_title(f"{name}: degree spectrum W^k of the learned f", fontsize=9)
-    ax.set_xlabel("step")
-    ax.legend(fontsize=7)
+    ks = [k for k in range(spec.shape[1]) if k <= 4 or spec[:, k].max() > 0.05]
+    for k, style in zip(ks, plots.line_styles(len(ks))):
+      ax.plot(steps, spec[:, k], label=f"W^{k}", markevery=every, **style)
+    plots.styled_axes(ax, f"{name}: degree spectrum W^k of the learned f", "training step",
+                      "W^k (share of ‖f‖²)", integer_x=True, title_size=9)
+    plots.legend_outside(ax)
+  fig.suptitle("Boolean task: coefficients and degree spectrum over training")
   return plots._save(fig, path)  # pylint: disable=protected-access
 
 
@@ -866,7 +871,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
         figs.append(plots.line_plot(
             os.path.join(workdir, "sparse_per_position.png"), list(range(sec.n)),
             {m: sp["profiles"][task][first][m][sigma] for m in names},
-            xlabel="token position", ylabel=f"flip probability (σ={sigma:g})",
+            xlabel="token position (0 = first)", ylabel=f"flip probability (σ={sigma:g})",
             title=f"Per-position sensitivity, seed {first}; relevant: "
                   f"{sp['positions'][first]}"))
       curves = {m: [mean_se([r["sensitivity"] for r in sp["rows"] if r["task"] == task
@@ -877,7 +882,8 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
           [float(s) for s in sec.sigmas], {m: [c[0] for c in v] for m, v in curves.items()},
           errors={m: [0.0 if math.isnan(c[1]) else c[1] for c in v]
                   for m, v in curves.items()},
-          xlabel="σ", ylabel="token-wise sensitivity",
+          xlabel="σ (noise scale, input units)",
+          ylabel="token-wise sensitivity (flip probability)",
           title=f"{task}: mean over tokens, training set"))
       rows = summarize_task(config, sp["rows"], task)
       summary += [{"task": task, **r} for r in rows]

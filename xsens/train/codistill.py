@@ -79,6 +79,8 @@ def validate_codistill_config(config) -> dict:
     if value != default:
       raise ConfigError(field, f"co-distillation trains with its default {default!r} "
                         f"(one pass, replicated state); got {value!r}")
+  if trainer.mixup_alpha(config) != 0:
+    raise ConfigError("mixup.alpha", "co-distillation trains without mixup; set it to 0")
   if config.get("regularizer") is not None and config.regularizer.name != "none":
     raise ConfigError("regularizer.name", "co-distillation supports regularizer 'none' "
                       f"only, got {config.regularizer.name!r}")

@@ -15,12 +15,15 @@ and the synthetic study (chunks of full-batch steps). What differs is the `Progr
 What the loop owns (and no study repeats): restore of the newest checkpoint that restores
 (`Workdir.restore_latest`: a damaged one is named and moved aside) into the abstract
 state's shapes and shardings, or `init()`; truncation of the logs to the restored step
-(all of them on a start from step 0; TensorBoard purges the later steps); the step counter;
+(all of them on a start from step 0; the TensorBoard event files too, so each step is
+written once); the run's config as TensorBoard hparams (on a fresh start); the step counter;
 the log / evaluation / checkpoint schedule, with `advance` never crossing a boundary; the
 divergence stop that keeps the last good checkpoint; the training-data iterator state
 (`Program.data_state`, saved with every checkpoint and handed back on a resume); hooks;
-early stop; the progress bar; preemption; the final commit of asynchronous saves and the
-release of the workdir lock.
+early stop; the progress bar (`xsens.report.progress`) and, at every log step, one INFO
+line `desc step s/total: loss l, accuracy a, r steps/s, ETA h:mm:ss` (process 0, logger
+`xsens.train`); preemption; the final commit of asynchronous saves and the release of the
+workdir lock.
 
 Preemption: while `run` is active, SIGTERM and SIGINT (Cloud TPU / GCE preemption, most
 schedulers, Ctrl-C) do not kill the process. The loop finishes the current chunk, flushes
@@ -46,9 +49,13 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from xsens.train.workdir import CHECKPOINT_DIR, Workdir
+from xsens import paths
+from xsens.report import progress as progress_lib
+from xsens.train.metrics import flat_hparams
+from xsens.train.workdir import CHECKPOINT_DIR, CONFIG_FILE, Workdir
 
 Hook = Callable[[int, Any], "dict | None"]
+log = logging.getLogger("xsens.train")
 
 
 class TrainingDivergedError(RuntimeError):
@@ -191,8 +198,11 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
     if program.set_data_state is not None:
       program.set_data_state(workdir.restore_data_state(restored))
     workdir.truncate(restored)
-    logging.info("Resumed %s from step %d", workdir.path, restored)
+    log.info("Resumed %s from step %d", workdir.path, restored)
   writer = workdir.metric_writer(purge_step=step + 1 if restored is not None else 0)
+  hparams = _hparams(workdir)
+  if restored is None and hparams:
+    writer.write_hparams(hparams, step=0)
   total = schedule.total_steps
   stop_reason = None
   if restored is not None:
@@ -200,7 +210,12 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
                    else finished_reason)
   if stop_reason is None and step >= total:
     stop_reason = "max_steps"
-  bar = _progress_bar(desc, total, step) if progress and stop_reason is None else None
+  # The flush lines below report progress off a terminal, so the bar logs only its end.
+  bar = (progress_lib.progress(desc=desc, total=total, initial=step, unit="step",
+                               enabled=progress, log_s=None if schedule.log_every else
+                               progress_lib.LOG_S)
+         if stop_reason is None else None)
+  t_start = time.time()
   pending, window_start, t_window = None, step, time.time()
   last_good, chunks, wall, start_step = restored, 0, 0.0, step
 
@@ -230,6 +245,9 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
     if program.log_scalars is not None:
       means.update({f"train/{k}": v for k, v in program.log_scalars(at).items()})
     writer.write(at, means)
+    if jax.process_index() == 0:
+      eta = (total - at) * (time.time() - t_start) / max(at - start_step, 1)
+      log.info("%s", progress_line(desc, at, total, means, eta))
     if bar is not None and "train/loss" in means:
       postfix = {"loss": f"{means['train/loss']:.4f}"}
       if "train/accuracy" in means:
@@ -270,6 +288,8 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
         run_hooks(step)
         if last and stop_reason is None:
           stop_reason = "max_steps"
+        if stop_reason is not None and hparams:
+          writer.end_hparams_session(step)
         interrupted = max_chunks is not None and chunks >= max_chunks
         preempted = _preempted(flag, step)
         if (stop_reason or interrupted or preempted
@@ -293,6 +313,13 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
   return LoopResult(state, step, stop_reason, restored, step - start_step, wall)
 
 
+def _hparams(workdir: Workdir) -> dict:
+  """The run's config (its fingerprint in config.json), flattened for TensorBoard."""
+  if not workdir.is_writer or not paths.exists(workdir.file(CONFIG_FILE)):
+    return {}
+  return flat_hparams(workdir.read_json(CONFIG_FILE))
+
+
 def _at(step: int, every: int) -> bool:
   return bool(every) and step % every == 0
 
@@ -305,11 +332,15 @@ def _describe(means: dict) -> str:
   return ", ".join(shown or bad)
 
 
-def _progress_bar(desc: str, total: int, initial: int):
-  if jax.process_index() != 0:
-    return None
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
-  # Redraw often on a terminal, rarely into a log file.
-  interval = 0.5 if sys.stderr.isatty() else 30.0
-  return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, desc=desc,
-              leave=False, mininterval=interval)
+def progress_line(desc: str, step: int, total: int, means: dict, eta_s: float | None
+                  ) -> str:
+  """The INFO line of a flush: `desc step s/total: loss l, accuracy a, r steps/s, ETA t`
+  (`means` holds `train/<name>` window means; loss and accuracy only where present)."""
+  shown = []
+  for name, fmt in (("loss", ".4g"), ("accuracy", ".4f")):
+    if f"train/{name}" in means:
+      shown.append(f"{name} {means[f'train/{name}']:{fmt}}")
+  if "train/steps_per_sec" in means:
+    shown.append(f"{means['train/steps_per_sec']:.3g} steps/s")
+  shown.append(f"ETA {progress_lib.format_eta(eta_s)}")
+  return f"{desc} step {step}/{total}: " + ", ".join(shown)

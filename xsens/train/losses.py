@@ -1,4 +1,6 @@
-"""Losses chosen by name: each maps (logits [B, K], labels [B]) to per-example losses [B]."""
+"""Losses chosen by name: each maps (logits [B, K], labels [B]) to per-example losses [B].
+
+`SOFT_LOSSES` are those that also take soft labels [B, K] (from `mixup`)."""
 
 from __future__ import annotations
 
@@ -33,10 +35,44 @@ def crammer_singer_hinge(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return margins.max(axis=1)
 
 
+def soft_cross_entropy(logits: jax.Array, soft_labels: jax.Array) -> jax.Array:
+  """Softmax cross-entropy with soft labels [B, K] (rows sum to 1). Returns [B].
+
+  Equals `cross_entropy` for one-hot rows; for mixed rows λ·e_y + (1 − λ)·e_y' it is
+  λ·CE(y) + (1 − λ)·CE(y') (linear in the target)."""
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), soft_labels)
+
+
+def mixup(key: jax.Array, images: jax.Array, labels: jax.Array, num_classes: int,
+          alpha: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Mixup (Zhang et al. 2018, arXiv 1710.09412) as big_vision's `utils.mixup` with n = 2 and
+  one ratio per batch (github.com/google-research/big_vision, big_vision/utils.py).
+
+  λ ~ Beta(α, α) is drawn once from `key`; example i is mixed with example i − 1 (a roll of
+  the batch by one, the first with the last): x̃_i = λ·x_i + (1 − λ)·x_{i−1}, soft label
+  λ·e_{y_i} + (1 − λ)·e_{y_{i−1}}. The dominant label is y_i where λ ≥ 1/2, else y_{i−1}.
+
+  Args: images [B, ...] float; labels [B] int; alpha > 0.
+  Returns: (mixed images [B, ...] in images.dtype, soft labels [B, K] float32, dominant
+    labels [B] in labels.dtype).
+  """
+  lam = jax.random.beta(key, alpha, alpha)
+  partner = jnp.roll(labels, 1, axis=0)
+  mixed = lam * images.astype(jnp.float32) + (1 - lam) * jnp.roll(
+      images, 1, axis=0).astype(jnp.float32)
+  soft = (lam * jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+          + (1 - lam) * jax.nn.one_hot(partner, num_classes, dtype=jnp.float32))
+  return mixed.astype(images.dtype), soft, jnp.where(lam >= 0.5, labels, partner)
+
+
 LOSSES: dict[str, LossFn] = {
     "cross_entropy": cross_entropy,
     "multi_margin": crammer_singer_hinge,  # The config name, kept for existing configs.
 }
+
+
+# The losses that also take soft labels [B, K] (`batch["soft_label"]`, set by mixup).
+SOFT_LOSSES: dict[str, LossFn] = {"cross_entropy": soft_cross_entropy}
 
 
 def get_loss(name: str) -> LossFn:

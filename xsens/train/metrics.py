@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import struct
 import sys
 
 import numpy as np
@@ -23,14 +24,17 @@ from xsens import paths
 from xsens.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+EVENTS_PREFIX = "events.out.tfevents."
 
 
 class MetricWriter:
   """Writes `{"step": s, **scalars}` records to `workdir/metrics.jsonl` and `workdir/tb/`.
 
   Only the process that is given `enabled=True` (process 0) writes anything. Each record is
-  one `write` of one line, flushed at once. `purge_step`: TensorBoard drops the events of
-  earlier event files at steps >= it (a resumed run rewrites those steps exactly once).
+  one `write` of one line, flushed at once. `purge_step`: the summaries of earlier event
+  files at steps >= it are removed from those files (`truncate_events`), and TensorBoard is
+  told to drop them too (a SessionLog START), so a resumed run's steps appear exactly once.
   """
 
   def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
@@ -43,7 +47,9 @@ class MetricWriter:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       if paths.is_remote(workdir):
         register_epath_writer(workdir)
-      self._tb = SummaryWriter(os.path.join(workdir, "tb"), flush_secs=10,
+      if purge_step is not None:
+        truncate_events(os.path.join(workdir, TB_DIR), purge_step)
+      self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), flush_secs=10,
                                purge_step=purge_step)
 
   def write(self, step: int, scalars: dict) -> None:
@@ -62,6 +68,24 @@ class MetricWriter:
     if self._tb is not None:
       for k, v in clean.items():
         self._tb.add_scalar(k, v, int(step))
+
+  def write_hparams(self, hparams: dict, step: int = 0) -> None:
+    """The run's hyperparameters (`{name: bool | int | float | str}`, e.g. `flat_hparams`
+    of its config) for TensorBoard's HParams tab, in this run's own event file (a
+    session-start summary; the tab lists every scalar tag of the run as a metric)."""
+    if self._tb is None:
+      return
+    from tensorboardX.summary import hparams as hparams_summary  # pylint: disable=g-import-not-at-top
+    _, start, _ = hparams_summary(hparams, {})
+    self._tb.file_writer.add_summary(start, int(step))
+
+  def end_hparams_session(self, step: int) -> None:
+    """Marks the HParams session finished (status SUCCESS) at `step`."""
+    if self._tb is None:
+      return
+    from tensorboardX.summary import hparams as hparams_summary  # pylint: disable=g-import-not-at-top
+    _, _, end = hparams_summary({}, {})
+    self._tb.file_writer.add_summary(end, int(step))
 
   def close(self) -> None:
     if self._tb is not None:
@@ -118,6 +142,67 @@ def truncate_metrics(workdir: str, last_step: int) -> None:
   with open(path + ".tmp", "w") as f:
     f.write(text)
   os.replace(path + ".tmp", path)
+
+
+def flat_hparams(config: dict, prefix: str = "") -> dict:
+  """`{"a.b": value}` of a nested config dict, as TensorBoard's HParams tab takes them:
+  bools, numbers and strings as they are, lists (tuples) as JSON text; None left out."""
+  out = {}
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if isinstance(value, dict):
+      out.update(flat_hparams(value, name + "."))
+    elif isinstance(value, (bool, int, float, str)):
+      out[name] = value
+    elif value is not None:
+      out[name] = json.dumps(value, default=str)
+  return out
+
+
+def _records(data: bytes) -> list[tuple[int, int]]:
+  """(start, end) byte ranges of the whole TFRecords in an event file (a partial last
+  record, left by a kill during a write, is not listed)."""
+  out, pos = [], 0
+  while pos + 12 <= len(data):
+    (length,) = struct.unpack("<Q", data[pos:pos + 8])
+    end = pos + 12 + length + 4
+    if end > len(data):
+      break
+    out.append((pos, end))
+    pos = end
+  return out
+
+
+def truncate_events(folder: str, first_dropped: int) -> None:
+  """Removes every summary at a step >= `first_dropped` (0: all of them) from the event
+  files in `folder`, and a partial last record; a file left without summaries is deleted.
+
+  A resumed run rewrites the steps after its checkpoint: without this, a reader of the
+  event files (and TensorBoard's fast loader, which ignores SessionLog START) would see
+  those steps twice, e.g. train/loss at [2, 4, 6, 8, 8] after a kill between the write of
+  step 8 and its checkpoint.
+  """
+  if not paths.isdir(folder):
+    return
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  for name in sorted(paths.listdir(folder)):
+    if not name.startswith(EVENTS_PREFIX):
+      continue
+    path = os.path.join(folder, name)
+    data = paths.read_bytes(path)
+    ranges = _records(data)
+    kept, summaries = [], 0
+    for start, end in ranges:
+      event = event_pb2.Event.FromString(data[start + 12:end - 4])
+      if event.HasField("summary"):
+        if event.step >= first_dropped:
+          continue
+        summaries += 1
+      kept.append(data[start:end])
+    if not summaries:
+      paths.remove(path)
+    elif len(kept) < len(ranges) or (ranges and ranges[-1][1] < len(data)):
+      paths.write_bytes(path, b"".join(kept))
 
 
 class EpathRecordWriter:

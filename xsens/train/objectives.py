@@ -8,7 +8,8 @@ Each term is a pure function `(apply_fn, params, batch, key, state) -> (loss, au
   apply_fn(params, inputs) -> logits [B, K]   the model in train mode (this step's dropout
                                               key; BatchNorm statistics from the clean pass)
   batch   {"image" [B, ...], "label" [B], "logits" [B, K] (the clean forward pass, shared
-          by all terms and differentiable), "teacher_logits" [B, K] (distillation)}
+          by all terms and differentiable), "teacher_logits" [B, K] (distillation),
+          "soft_label" [B, K] (mixup only; "label" is then the dominant original label)}
   key     the term's own PRNG key (None for deterministic terms)
   state   the term's state (None for stateless terms): a pytree kept in the train state
           under `state["objective"][name]`, checkpointed and resumed with it
@@ -71,9 +72,15 @@ class Transform:
 # ----------------------------------------------------------------------------- term kinds
 
 
-def _per_example_loss_term(loss_fn):
+def _per_example_loss_term(loss_fn, soft_fn=None):
+  """The mean loss on the labels; on `batch["soft_label"]` [B, K] (mixup) if the batch has
+  them, with `soft_fn` (`losses.SOFT_LOSSES`; configs with mixup are refused without it)."""
   def term(apply_fn, params, batch, key, state):
     del apply_fn, params, key, state
+    if "soft_label" in batch:
+      if soft_fn is None:
+        raise ValueError("this loss takes no soft labels (mixup)")
+      return soft_fn(batch["logits"], batch["soft_label"]).mean(), {}
     return loss_fn(batch["logits"], batch["label"]).mean(), {}
   return term
 
@@ -110,7 +117,8 @@ def make_term(name: str, kind: str, weight: float, options: dict, *, loss_fn=Non
               distill_spec: distill_lib.DistillSpec | None = None) -> Term:
   """A `Term` of `kind` (see KINDS) with its options (validated by `terms_from_config`)."""
   if kind in losses.LOSSES:
-    return Term(name, kind, weight, _per_example_loss_term(losses.get_loss(kind)))
+    return Term(name, kind, weight, _per_example_loss_term(losses.get_loss(kind),
+                                                           losses.SOFT_LOSSES.get(kind)))
   if kind == "sensitivity":
     return Term(name, kind, weight, _sensitivity_term(
         float(options["sigma"]), int(options["patch_size"]), bool(options["grid_aligned"])),

@@ -29,7 +29,7 @@ import optax
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import pipeline, streaming
-from xsens.errors import ConfigError, require
+from xsens.errors import ConfigError, is_finite_number, require
 from xsens.train import distill as distill_lib
 from xsens.train import evaluators, interventions, loop, losses, objectives, optim, sharding
 from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
@@ -91,6 +91,7 @@ def validate_config(config, num_devices: int | None = None) -> None:
            f"{config.batch_size} is not divisible by the device count {n_dev}; "
            f"use a multiple of {n_dev}")
   validate_scaling_config(config, n_dev)
+  validate_mixup_config(config)
   steps, epochs = config.get("total_steps"), config.get("total_epochs")
   require((steps is None) != (epochs is None), "total_steps",
            "set exactly one of total_steps and total_epochs")
@@ -151,6 +152,43 @@ def validate_scaling_config(config, n_dev: int) -> None:
   m = opts["model_axis_size"]
   require(_is_int(m) and m >= 1 and n_dev % m == 0, "sharding.model_axis_size",
            f"must be an int >= 1 dividing the device count {n_dev}, got {m!r}")
+
+
+# `config.mixup`: mixup of the training batches (`losses.mixup`); alpha 0 (the default) is
+# off, and a config without the block trains exactly as before.
+MIXUP_DEFAULTS = {"alpha": 0.0}
+
+
+def mixup_alpha(config) -> float:
+  """`config.mixup.alpha` (0.0, off, when the block is absent)."""
+  return float(dict(MIXUP_DEFAULTS, **(config.get("mixup") or {}))["alpha"])
+
+
+def validate_mixup_config(config) -> None:
+  """Checks the fields of `config.mixup` (no data read)."""
+  block = config.get("mixup") or {}
+  extra = sorted(set(block) - set(MIXUP_DEFAULTS))
+  require(not extra, f"mixup.{extra[0] if extra else ''}",
+          f"unknown field; allowed: {', '.join(MIXUP_DEFAULTS)}")
+  alpha = dict(MIXUP_DEFAULTS, **block)["alpha"]
+  require(is_finite_number(alpha) and alpha >= 0, "mixup.alpha",
+          f"must be a finite number >= 0 (0: no mixup), got {alpha!r}")
+
+
+def check_mixup_fits(config, terms: Sequence[objectives.Term], input_dtype) -> None:
+  """Refuses mixup where it has no meaning: a loss term without soft labels, distillation,
+  or inputs that are not floats (token ids, raw uint8 pixels)."""
+  if mixup_alpha(config) == 0:
+    return
+  for t in terms:
+    require(t.kind not in losses.LOSSES or t.kind in losses.SOFT_LOSSES, "mixup.alpha",
+            f"mixup trains on soft labels, which the loss {t.kind!r} does not take; use "
+            f"{', '.join(losses.SOFT_LOSSES)} or mixup.alpha=0")
+    require(t.kind != "distillation", "mixup.alpha",
+            "mixup does not combine with distillation; set mixup.alpha=0")
+  require(np.issubdtype(np.dtype(input_dtype), np.floating), "mixup.alpha",
+          f"mixup mixes float inputs, but this data gives {np.dtype(input_dtype).name} "
+          "(token ids or data.stream.normalize='uint8'); set mixup.alpha=0")
 
 
 # Seeds of one source of randomness each; None (the default) means `config.seed`, so a
@@ -214,6 +252,7 @@ def build_experiment(config, num_devices: int | None = None, *,
   loss_fn = losses.get_loss(config.loss)
   terms = objectives.terms_from_config(config, train.input_shape, loss_fn,
                                        setup.spec if setup is not None else None)
+  check_mixup_fits(config, terms, _input_dtype(train))
   evals = evaluators.build(
       default_evals(config), apply_fn=eval_apply_fn(model), loss_fn=loss_fn,
       default_every=config.eval_every, num_classes=train.num_classes,
@@ -334,7 +373,8 @@ def eval_variables(state: dict) -> dict:
 def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
                     transforms: Sequence[objectives.Transform] = (),
                     teacher_model: nn.Module | None = None, accum_steps: int = 1,
-                    mesh: jax.sharding.Mesh | None = None, input_dtype=None) -> Callable:
+                    mesh: jax.sharding.Mesh | None = None, input_dtype=None,
+                    mixup_alpha: float = 0.0, num_classes: int | None = None) -> Callable:
   """`(state, batch, key[, teacher_variables]) -> (state, metrics)`; metrics are batch means.
 
   The loss is the weighted sum of `terms` (`xsens.train.objectives`) on the inputs after
@@ -357,6 +397,11 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
   like the states of stateful terms, are threaded through the micro-batches in order (k
   updates per step, as k small steps would make). Without BatchNorm, dropout and stateful
   terms the step equals the full-batch step up to float rounding.
+
+  `mixup_alpha` > 0 (`config.mixup.alpha`): the whole (global) batch is mixed by
+  `losses.mixup` with the key fold_in(step key, 3), before the transforms, the teacher and
+  the micro-batch split; `num_classes` K sizes the soft labels `batch["soft_label"]` [B, K]
+  the loss terms read, and the accuracy is measured against the dominant original label.
   """
   terms, transforms = list(terms), list(transforms)
 
@@ -409,6 +454,10 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
     step_key = jax.random.fold_in(key, state["step"])
     dropout_key, transform_key, term_key = (jax.random.fold_in(step_key, i) for i in range(3))
     inputs = batch["image"] if input_dtype is None else batch["image"].astype(input_dtype)
+    if mixup_alpha > 0:  # Its own key: the other keys stay those of a run without mixup.
+      inputs, soft_label, label = losses.mixup(jax.random.fold_in(step_key, 3), inputs,
+                                               batch["label"], num_classes, mixup_alpha)
+      batch = dict(batch, label=label, soft_label=soft_label)
     inputs = objectives.apply_transforms(transforms, inputs, transform_key)
     batch = dict(batch, image=inputs)
     if teacher_model is not None:
@@ -513,7 +562,8 @@ def make_workdir(path: str, config) -> Workdir:
 
 
 # Training fields added later, at the values that reproduce runs written before them.
-SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS}
+SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS,
+                          "mixup": MIXUP_DEFAULTS}
 
 
 def model_field_defaults(model_config) -> dict[str, Any]:
@@ -622,7 +672,8 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
       make_train_step(exp.model, exp.tx, exp.terms, exp.transforms,
                       exp.distill.spec.teacher_model if exp.distill is not None else None,
                       accum_steps=scaling["accum_steps"], mesh=mesh,
-                      input_dtype=_input_dtype(exp.train)),
+                      input_dtype=_input_dtype(exp.train), mixup_alpha=mixup_alpha(config),
+                      num_classes=exp.train.num_classes),
       in_shardings=(shardings, batch_sh, repl) + (repl,) * len(extra_args),
       out_shardings=(shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
