@@ -3,6 +3,7 @@ fake results: titles, axis labels, integer ticks, distinguishable lines, legends
 data, chance lines on accuracy plots; results.md embeds the PNGs; the rel_mCE warning."""
 
 import os
+import warnings
 
 import matplotlib
 
@@ -73,6 +74,9 @@ def _inspect(fig) -> list[dict]:
           overlaps += int(box.overlaps(patch.get_window_extent(renderer)))
       for image in ax.images:
         overlaps += int(box.overlaps(image.get_window_extent(renderer)))
+      for other in fig.axes:  # Nor over a neighbouring panel.
+        if other is not ax and not _is_colorbar(other):
+          overlaps += int(box.overlaps(other.get_window_extent(renderer)))
     x0, x1 = sorted(ax.get_xlim())
     y0, y1 = sorted(ax.get_ylim())
     out.append({
@@ -267,3 +271,16 @@ def test_rel_mce_warning_when_the_baseline_barely_degrades():
                             {"rel_mce_warning": warning, "source": "synthesize"},
                             ml_collections.ConfigDict({"name": "cifar10"}))
   assert notes.startswith(f"**Warning:** {warning}")
+
+
+def test_long_legend_labels_neither_squeeze_the_axes_nor_get_cut(tmp_path, figures):
+  long = {f"a rather long run name number {i} under PGD attack": [0.5, 0.2, 0.1]
+          for i in range(4)}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", UserWarning)  # E.g. "Tight layout not applied".
+    plots.line_plot(str(tmp_path / "long.png"), [1, 2, 3], long, xlabel="severity",
+                    ylabel="accuracy", title="t", num_classes=10)
+  _check_style(figures["long.png"], chance=0.1, integer_x=True)
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  with Image.open(tmp_path / "long.png") as image:
+    assert image.size[0] > 5.6 * 110  # Widened to hold the legend right of the axes.

@@ -120,3 +120,19 @@ def test_a_remote_resume_truncates_the_remote_event_files(fake_gcs):
            any(tag == "loss" for tag, _ in _scalars(fake_gcs.store["/b/run/" + n].getvalue()))]
   assert _scalars(fake_gcs.store["/b/run/" + old].getvalue()) == {("loss", 1), ("loss", 2)}
   wd.release_lock()
+
+
+def test_a_damaged_record_and_what_follows_are_dropped(tmp_path):
+  loop.run(Workdir(str(tmp_path)), _counter_program(), SCHEDULE)
+  [name] = os.listdir(tmp_path / "tb")
+  path = tmp_path / "tb" / name
+  data = path.read_bytes()
+  records = []
+  pos = 0
+  while pos < len(data):   # Record boundaries (TFRecord: length, crc, payload, crc).
+    records.append(pos)
+    pos += 12 + int.from_bytes(data[pos:pos + 8], "little") + 4
+  i = records[-2]          # Garble the payload of the second-to-last record.
+  path.write_bytes(data[:i + 12] + b"\xff" * (records[-1] - i - 16) + data[records[-1] - 4:])
+  truncate_events(str(tmp_path / "tb"), 100)
+  assert len(path.read_bytes()) == i

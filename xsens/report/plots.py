@@ -64,11 +64,13 @@ def chance_line(ax, num_classes: int | None):
                     label=f"chance (1/{num_classes})", zorder=0.5)
 
 
-def legend_outside(ax, handles=None, labels=None, *, fontsize: float = 7, **kwargs):
+def legend_outside(ax, handles=None, labels=None, *, fontsize: float = 7,
+                   in_layout: bool = False, **kwargs):
   """A legend to the right of the axes (never over the data); None when nothing is labelled.
 
-  The legend stays out of `tight_layout` (long labels cannot squeeze the axes);
-  `save_figure` widens the saved image to include it.
+  By default the legend stays out of `tight_layout` (long labels cannot squeeze the axes)
+  and `save_figure` widens the saved image to include it; a grid whose legend has axes to
+  its right passes `in_layout=True` so that `tight_layout` makes room for it.
   """
   if handles is None:
     handles, labels = ax.get_legend_handles_labels()
@@ -76,7 +78,7 @@ def legend_outside(ax, handles=None, labels=None, *, fontsize: float = 7, **kwar
     return None
   legend = ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                      borderaxespad=0.0, fontsize=fontsize, frameon=False, **kwargs)
-  legend.set_in_layout(False)
+  legend.set_in_layout(in_layout)
   return legend
 
 

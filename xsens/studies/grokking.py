@@ -597,7 +597,7 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
     if title == "accuracy":
       plots.chance_line(ax, int(config.data.modulus))
     plots.styled_axes(ax, title, "epoch", ylabel, integer_x=True)
-    plots.legend_outside(ax, fontsize=6)
+    plots.legend_outside(ax, fontsize=6, in_layout=True)  # Axes to the right.
   fig.suptitle(f"Grokking (a+b) mod {config.data.modulus}: rolling mean (window {w}) of the "
                "per-epoch train metrics; test every {} epochs".format(config.train.test_every),
                fontsize=10)

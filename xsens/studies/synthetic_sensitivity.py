@@ -797,7 +797,7 @@ def _boolean_figure(path: str, res: dict) -> str:
     ax.axhline(1.0, color="gray", lw=0.6, ls="--")
     plots.styled_axes(ax, f"{name}: learned / target coefficient", "training step",
                       "learned / target coefficient", integer_x=True, title_size=9)
-    plots.legend_outside(ax)
+    plots.legend_outside(ax, in_layout=True)  # Other models' panels to the right.
     ax = axes[1, j]
     spec = res["spectrum"][name]
     ks = [k for k in range(spec.shape[1]) if k <= 4 or spec[:, k].max() > 0.05]
@@ -805,7 +805,7 @@ def _boolean_figure(path: str, res: dict) -> str:
       ax.plot(steps, spec[:, k], label=f"W^{k}", markevery=every, **style)
     plots.styled_axes(ax, f"{name}: degree spectrum W^k of the learned f", "training step",
                       "W^k (share of ‖f‖²)", integer_x=True, title_size=9)
-    plots.legend_outside(ax)
+    plots.legend_outside(ax, in_layout=True)  # Other models' panels to the right.
   fig.suptitle("Boolean task: coefficients and degree spectrum over training")
   return plots._save(fig, path)  # pylint: disable=protected-access
 

@@ -2,6 +2,9 @@
 
 A kill during a write can leave a partial last line in metrics.jsonl: readers skip it, and
 `truncate_metrics` (run by the loop before every start or resume) drops it with a message.
+The TensorBoard event files are truncated the same way when the loop opens its writer
+(`purge_step`, `truncate_events`); the writer also holds the run's hparams
+(`write_hparams`, `flat_hparams` of its config).
 
 A remote workdir (`gs://...`): an object store has no append, so metrics.jsonl is rewritten
 whole at each record (it stays small: one line per logged step), and TensorBoard event files
@@ -178,12 +181,13 @@ def truncate_events(folder: str, first_dropped: int) -> None:
   files in `folder`, and a partial last record; a file left without summaries is deleted.
 
   A resumed run rewrites the steps after its checkpoint: without this, a reader of the
-  event files (and TensorBoard's fast loader, which ignores SessionLog START) would see
-  those steps twice, e.g. train/loss at [2, 4, 6, 8, 8] after a kill between the write of
-  step 8 and its checkpoint.
+  event files that does not apply TensorBoard's SessionLog START purge (one decoding them,
+  as tests/faults_test.py does) sees those steps twice, e.g. train/loss at [2, 4, 6, 8, 8]
+  after a kill between the write of step 8 and its checkpoint's commit.
   """
   if not paths.isdir(folder):
     return
+  from google.protobuf import message  # pylint: disable=g-import-not-at-top
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
   for name in sorted(paths.listdir(folder)):
     if not name.startswith(EVENTS_PREFIX):
@@ -192,8 +196,12 @@ def truncate_events(folder: str, first_dropped: int) -> None:
     data = paths.read_bytes(path)
     ranges = _records(data)
     kept, summaries = [], 0
-    for start, end in ranges:
-      event = event_pb2.Event.FromString(data[start + 12:end - 4])
+    for i, (start, end) in enumerate(ranges):
+      try:
+        event = event_pb2.Event.FromString(data[start + 12:end - 4])
+      except message.DecodeError:  # A damaged record: it and what follows are dropped.
+        ranges = ranges[:i]
+        break
       if event.HasField("summary"):
         if event.step >= first_dropped:
           continue
@@ -201,7 +209,7 @@ def truncate_events(folder: str, first_dropped: int) -> None:
       kept.append(data[start:end])
     if not summaries:
       paths.remove(path)
-    elif len(kept) < len(ranges) or (ranges and ranges[-1][1] < len(data)):
+    elif len(kept) < len(ranges) or ranges[-1][1] < len(data):
       paths.write_bytes(path, b"".join(kept))
 
 
