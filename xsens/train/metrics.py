@@ -20,6 +20,7 @@ import logging
 import os
 import struct
 import sys
+import time
 
 import numpy as np
 
@@ -52,8 +53,11 @@ class MetricWriter:
         register_epath_writer(workdir)
       if purge_step is not None:
         truncate_events(os.path.join(workdir, TB_DIR), purge_step)
+      # tensorboardX names a file by the second: the nanosecond suffix keeps a writer
+      # opened in the same second (a quick resume) from replacing the earlier file, and
+      # keeps the files in the order TensorBoard reads them (sorted by name).
       self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), flush_secs=10,
-                               purge_step=purge_step)
+                               purge_step=purge_step, filename_suffix=f".{time.time_ns()}")
 
   def write(self, step: int, scalars: dict) -> None:
     if not self.enabled:
