@@ -43,6 +43,9 @@ def get_config(arg=None):
                                 num_workers=4, eval_threads=4)
   c.model = common.model_config("vit", patch_size=4, width=384, depth=12, num_heads=6,
                                 mlp_dim=1536)
+  # bfloat16 compute (float32 params and optimizer state) and the fused attention call;
+  # on a GPU, --config.train.model.attention_impl=cudnn selects cuDNN's flash attention.
+  c.model.update(dtype="bfloat16", attention_impl="xla_fused")
   c.optimizer.update(name="adamw", learning_rate=1e-3, weight_decay=0.05,
                      schedule="cosine", warmup_steps=5 * TRAIN_EXAMPLES // 512,
                      grad_clip_norm=1.0)

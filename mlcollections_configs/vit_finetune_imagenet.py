@@ -51,6 +51,9 @@ def get_config(arg=None):
       eval_threads=8)
   c.model = common.model_config("vit", patch_size=16, width=768, depth=12, num_heads=12,
                                 mlp_dim=3072)
+  # bfloat16 compute (float32 params and optimizer state) and the fused attention call;
+  # on a GPU, --config.train.model.attention_impl=cudnn selects cuDNN's flash attention.
+  c.model.update(dtype="bfloat16", attention_impl="xla_fused")
   c.pretrained.reinit_head = True
   c.optimizer.update(name="momentum", learning_rate=0.03, momentum=0.9, weight_decay=0.0,
                      schedule="cosine", warmup_steps=500, grad_clip_norm=1.0)
