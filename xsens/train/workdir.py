@@ -254,12 +254,8 @@ class Workdir:
             return           # Held by this process (another Workdir object, e.g. a study's).
           why = _stale_reason(holder, path)
           if why is None:
-            raise ConfigError(
-                "workdir", f"{self.path!r} is in use by process {holder.get('pid')} on "
-                f"{holder.get('host')} since {holder.get('started')}; wait for it, stop it, "
-                f"or choose another --workdir (if it is gone, delete {path})") from None
-          _say(f"xsens: taking over the lock of {self.path} from process "
-               f"{holder.get('pid')} on {holder.get('host')} ({why})")
+            raise self._in_use(holder, path) from None
+          self._say_takeover(holder, why)
           _remove(path)
       else:
         raise ConfigError("workdir", f"could not take the lock {path}; another process keeps "
@@ -269,11 +265,7 @@ class Workdir:
                         ) from None
     finally:
       _remove(tmp)
-    stop = threading.Event()
-    thread = threading.Thread(target=_heartbeat, args=(path, stop), daemon=True,
-                              name="xsens-workdir-lock")
-    thread.start()
-    self._heartbeat = (thread, stop)
+    self._start_heartbeat(_heartbeat, path)
 
   def _acquire_remote_lock(self, path: str) -> None:
     """`acquire_lock` on an object store: write if absent, then read back (see the
@@ -289,12 +281,8 @@ class Workdir:
             return           # Held by this process (another Workdir object).
           why = _remote_stale_reason(holder, time.time())
           if why is None:
-            raise ConfigError(
-                "workdir", f"{self.path!r} is in use by process {holder.get('pid')} on "
-                f"{holder.get('host')} since {holder.get('started')}; wait for it, stop it, "
-                f"or choose another --workdir (if it is gone, delete {path})")
-          _say(f"xsens: taking over the lock of {self.path} from process "
-               f"{holder.get('pid')} on {holder.get('host')} ({why})")
+            raise self._in_use(holder, path)
+          self._say_takeover(holder, why)
         paths.write_text(path, json.dumps(me))
         time.sleep(REMOTE_LOCK_SETTLE_S)
         if _read_lock(path).get("token") == me["token"]:
@@ -305,8 +293,22 @@ class Workdir:
     except OSError as e:
       raise ConfigError("workdir", f"{self.path!r} cannot be written: {e.strerror or e}"
                         ) from None
+    self._start_heartbeat(_remote_heartbeat, path, me)
+
+  def _in_use(self, holder: dict, path: str) -> ConfigError:
+    return ConfigError(
+        "workdir", f"{self.path!r} is in use by process {holder.get('pid')} on "
+        f"{holder.get('host')} since {holder.get('started')}; wait for it, stop it, "
+        f"or choose another --workdir (if it is gone, delete {path})")
+
+  def _say_takeover(self, holder: dict, why: str) -> None:
+    _say(f"xsens: taking over the lock of {self.path} from process "
+         f"{holder.get('pid')} on {holder.get('host')} ({why})")
+
+  def _start_heartbeat(self, target, *args) -> None:
+    """Runs `target(*args, stop)` in a daemon thread until `release_lock`."""
     stop = threading.Event()
-    thread = threading.Thread(target=_remote_heartbeat, args=(path, me, stop), daemon=True,
+    thread = threading.Thread(target=target, args=(*args, stop), daemon=True,
                               name="xsens-workdir-lock")
     thread.start()
     self._heartbeat = (thread, stop)
