@@ -46,6 +46,10 @@ SMOKE_ONLY = {
     "grokking.ipynb": "about 5 minutes",          # The notebook's own estimate.
     "reuse_attention.ipynb": "more than 5 minutes",  # Training alone ran past 300 s.
     "distillation.ipynb": "more than 6 minutes",   # Stopped unfinished after 6 min.
+    # 9 trainings; at 0.9 steps/s on 2 shared cores the first alone took > 5 min.
+    "attention_structure.ipynb": "more than 15 minutes",
+    # Pre-training + 3 seeds x 16 edit variants: 585 s on 2 shared cores (docs/results.md).
+    "modify_memories.ipynb": "about 10 minutes",
 }
 
 DPI = 72  # Of the stored figures (matplotlib's default is 100): small notebooks.

@@ -30,7 +30,12 @@ TESTED_ELSEWHERE = {"sensitivity_vision": "tests/sensitivity_vision_test.py",
                     "grokking": "tests/grokking_test.py",
                     "synthetic_sensitivity": "tests/synthetic_sensitivity_test.py",
                     "vit_finetune_imagenet": "tests/finetune_configs_test.py",
-                    "vit_cifar10": "tests/finetune_configs_test.py"}
+                    "vit_cifar10": "tests/finetune_configs_test.py",
+                    "attention_eigen": "tests/attention_eigen_study_test.py",
+                    "position_encoding": "tests/position_encoding_study_test.py",
+                    "modify_memories": "tests/modify_memories_study_test.py",
+                    "verification": "tests/verification_study_test.py",
+                    "label_shift": "tests/label_shift_study_test.py"}
 
 
 def config_names():

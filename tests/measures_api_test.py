@@ -10,7 +10,7 @@ import pytest
 from xsens import measures
 
 # Feature extractors: they return activations, not measurements of a batch.
-EXTRACTORS = {"layer_features", "attention_maps"}
+EXTRACTORS = {"layer_features", "attention_maps", "attention_logits"}
 
 
 def _model_taking():

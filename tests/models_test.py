@@ -34,6 +34,8 @@ SMALL = {
     "cnn": dict(features=(8, 8, 8), dense_dim=16),
     "bit_resnet": dict(block_units=(1, 1, 1, 1), width_factor=0.125, num_groups=4),
     "reuse_vit": dict(patch_size=4, width=16, depth=2, num_heads=2, mlp_dim=32),
+    "eigen_vit": dict(patch_size=4, width=16, depth=2, num_heads=2, mlp_dim=32,
+                      keys_kept=10, basis_rank=4),
     "convnext": dict(depths=(1, 1, 1, 1), dims=(4, 8, 8, 8), patch_size=2),
 }
 
@@ -50,6 +52,9 @@ PARAM_COUNTS = {
     "bit_resnet": ("bit_resnet", {}, 23_514_570),  # BiT R50x1
     "bit_resnet_r101x1": ("bit_resnet", dict(block_units=(3, 4, 23, 3)), 42_506_698),
     "reuse_vit": ("reuse_vit", {}, 63_690),  # layer 1 reuses all 4 heads: no Q, K
+    "eigen_vit": ("eigen_vit", {}, 72_010),  # keys_kept=0: the ViT
+    # + layer 1's basis [4 heads, 50 tokens, k=4] and mean [4, 50].
+    "eigen_vit_m10_k4": ("eigen_vit", dict(keys_kept=10, basis_rank=4), 73_010),
     # ConvNeXt-T with a 2x2 stem (the 4x4 one needs 32x32 inputs); tests/convnext_test.py
     # checks the published 28,589,128 of ConvNeXt-T on 224x224x3, 1000 classes.
     "convnext": ("convnext", dict(patch_size=2), 27_823_594),
@@ -330,7 +335,7 @@ def test_refusal_messages_list_what_is_allowed():
   with pytest.raises(ConfigError, match=r"allowed: 1, 2, 4, 7, 14, 28$"):
     get_model("vit", NUM_CLASSES, MNIST, patch_size=5)
   with pytest.raises(ConfigError, match=r"allowed: bit_resnet, cnn, convmixer, convnext, "
-                     r"densenet, "
+                     r"densenet, eigen_vit, "
                      r"gpt2, grokking_transformer, lstm, mlp, one_layer_attention, "
                      r"one_layer_vit, resnet18, reuse_vit, roberta, token_mlp, "
                      r"two_layer_cnn, vit$"):
@@ -374,7 +379,7 @@ def test_registry_entries():
   assert {n for n, e in REGISTRY.items() if e.classes_field is None} == {
       "one_layer_vit", "two_layer_cnn"}
   assert {n for n, e in REGISTRY.items() if e.supports_removal} == {
-      "vit", "reuse_vit", "resnet18", "bit_resnet", "convnext"}
+      "vit", "reuse_vit", "eigen_vit", "resnet18", "bit_resnet", "convnext"}
   with pytest.raises(ConfigError, match="unknown model 'nope'"):
     get_entry("nope")
 

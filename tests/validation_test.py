@@ -136,6 +136,16 @@ NESTED_CASES = [
      "must be > 0"),
     ("synthetic_sensitivity", "smoke", "sparse.num_draws", 0, "sparse.num_draws",
      "must be a positive int"),
+    ("label_shift", "smoke", "runs.dro.objective.task.radius", -1.0,
+     "runs.dro.objective.task.radius", "must be a finite number >= 0"),
+    ("modify_memories", "smoke", "edit.linf_deltas", (1e-3, -1.0), "edit.linf_deltas",
+     "δ >= 0"),
+    ("attention_eigen", "smoke", "eigen.key_counts", (4, 18), "eigen.key_counts",
+     "exceeds the T=17 tokens"),
+    ("position_encoding", "smoke", "runs.match_diet_abs.model.position", "alibi",
+     "runs.match_diet_abs.model.position", "unknown position encoding"),
+    ("verification", "smoke", "verification.epsilons", (-0.1,), "verification.epsilons",
+     "finite number >= 0"),
 ]
 
 

@@ -11,7 +11,10 @@ dataset (it dispatches here for names starting with "text/" or "glue/"):
     over the same 64 words. No installable package we could find ships a real
     text-classification corpus (GLUE/IMDB/SST packages, nltk and sklearn corpora all
     download at run time), so the offline default is synthetic.
-  * "glue/mrpc", "glue/qqp": the paper's datasets (spec §7), read through TFDS from
+  * "text/pair_reversed", "text/pair_rotation", "text/pair_match" (offline): the
+    sentence-pair order tasks of `xsens.data.pair_tasks` (DIET study).
+  * "glue/mrpc", "glue/qqp" (and "glue/rte", DIET's GLUE subset): the paper's datasets
+    (spec §7), read through TFDS from
     `data_dir` (prepared elsewhere; xsens never downloads, a missing dataset is a
     ConfigError saying how to prepare it). Sentence pairs become
     "<s> A </s></s> B </s>" (RoBERTa's pair template) with a byte-level BPE tokenizer
@@ -38,15 +41,17 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from xsens import paths
+from xsens.data import pair_tasks
 from xsens.data import splits
 from xsens.data.config import optional
 from xsens.errors import ConfigError, is_finite_number
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
-GLUE = {"glue/mrpc": ("sentence1", "sentence2"), "glue/qqp": ("question1", "question2")}
+GLUE = {"glue/mrpc": ("sentence1", "sentence2"), "glue/qqp": ("question1", "question2"),
+        "glue/rte": ("sentence1", "sentence2")}
 SYNTHETIC = "text/synthetic"
-DATASETS = (SYNTHETIC, *GLUE)
+DATASETS = (SYNTHETIC, *GLUE, *pair_tasks.TASKS)
 FIELDS = ("name", "data_dir", "train_split", "test_split", "max_length", "vocab_size",
           "num_train", "synthetic")
 SYNTHETIC_FIELDS = ("num_train", "num_test", "max_clauses")
@@ -64,7 +69,10 @@ def default_text_data_config() -> ml_collections.ConfigDict:
   """All `data.*` fields of a text dataset with their defaults.
 
   Fields:
-    name: "text/synthetic" | "glue/mrpc" | "glue/qqp".
+    name: "text/synthetic" | "glue/mrpc" | "glue/qqp" | "glue/rte" | a pair task of
+      `xsens.data.pair_tasks` ("text/pair_reversed", "text/pair_rotation",
+      "text/pair_match": sizes from `synthetic.num_train/num_test`, sentence length from
+      max_length).
     data_dir: None (-> $TFDS_DATA_DIR or ~/tensorflow_datasets); holds GLUE and the
       tokenizer cache.
     train_split, test_split: "train" / "validation" (TFDS slicing such as "train[:10%]"
@@ -448,12 +456,17 @@ def validate_text_data_config(dc) -> None:
   if dc["train_split"] == dc["test_split"]:
     raise ConfigError("data.test_split", f"must differ from data.train_split, both are "
                       f"{dc['test_split']!r}")
-  if name == SYNTHETIC:
+  if name in pair_tasks.TASKS:  # Sizes from data.synthetic; A, B from data.max_length.
+    _synthetic_config(dc)
+    pair_tasks.validate(name, dc["max_length"])
+  if name == SYNTHETIC or name in pair_tasks.TASKS:
     cfg = _synthetic_config(dc)
     for role in splits.ROLES:
       if dc[f"{role}_split"] not in SYNTHETIC_SPLITS:
         raise ConfigError(f"data.{role}_split", f"{dc[f'{role}_split']!r} is not a split of "
-                          f"{SYNTHETIC!r}; allowed: {', '.join(SYNTHETIC_SPLITS)}")
+                          f"{name!r}; allowed: {', '.join(SYNTHETIC_SPLITS)}")
+    if name != SYNTHETIC:
+      return
     need = synthetic_max_tokens(cfg["max_clauses"])
     if dc["max_length"] < need:
       raise ConfigError("data.max_length", f"{dc['max_length']} cannot hold the synthetic "
@@ -558,6 +571,12 @@ def _raw_ids(dc, role: str, seed: int) -> tuple[np.ndarray, np.ndarray, int]:
                                      margin=float(cfg["margin"]),
                                      label_noise=float(cfg["label_noise"]))
     return ids, labels, SYNTHETIC_VOCAB
+  if name in pair_tasks.TASKS:
+    cfg = _synthetic_config(dc)
+    ids, labels = pair_tasks.pair_task(pair_tasks.TASKS[name], cfg[f"num_{role}"], seed,
+                                       stream=splits.ROLES.index(role),
+                                       max_length=int(dc["max_length"]))
+    return ids, labels, pair_tasks.VOCAB_SIZE
   tok = glue_tokenizer(dc)
   first, second, labels = _read_glue(name, splits.resolve_data_dir(dc), dc[f"{role}_split"])
   if len(labels) and labels.min() < 0:

@@ -19,6 +19,9 @@ contrast, pixelate, via `corrupt_jax`); the rest (`HOST_ONLY`) run on the host i
 
 from xsens.measures.adversarial import (accuracy, adversarial_accuracy, attack_accuracy, fgsm,
                                         perturbation_structure, pgd, transfer_attack)
+from xsens.measures.attention_eigen import (explained_variance, merge_moments,
+                                            partial_reconstruction, score_moments,
+                                            subspace_overlap)
 from xsens.measures.attention_similarity import (attention_maps, batch_head_similarity,
                                                  head_similarity)
 from xsens.measures.boolean import (degree_spectrum, fourier_average_sensitivity,
@@ -26,6 +29,10 @@ from xsens.measures.boolean import (degree_spectrum, fourier_average_sensitivity
 from xsens.measures.churn import prediction_churn
 from xsens.measures.corruption_eval import corruption_accuracy, mce, relative_mce
 from xsens.measures.corruptions import HOST_ONLY, JAX_CORRUPTIONS, corrupt, corrupt_jax
+from xsens.measures.label_shift import (kl_divergence, label_shift_accuracy,
+                                        project_to_kl_ball, tilted_prior, worst_case_prior)
+from xsens.measures.logit_rank import (attention_logit_rank, attention_logits,
+                                       numerical_rank)
 from xsens.measures.perturbations import (layer_removal_accuracy, sharpness,
                                           weight_noise_accuracy)
 from xsens.measures.sensitivity import (boolean_sensitivity, global_sensitivity,
@@ -40,6 +47,7 @@ from xsens.measures.spectral import (boolean_tokens, degree_block_eigenvalues, e
                                      walsh_kernel)
 from xsens.measures.subgroups import subgroup_accuracy
 from xsens.measures.text_sensitivity import text_global_sensitivity, text_token_sensitivity
+from xsens.measures.verification import duality_gap_trace, verified_accuracy
 
 __all__ = [
     # Sensitivity (Transformers Learn Low Sensitivity Functions).
@@ -61,6 +69,16 @@ __all__ = [
     # Representations.
     "layer_features", "linear_cka", "cka_matrix", "minibatch_cka", "linear_probe_accuracy",
     "attention_maps", "head_similarity", "batch_head_similarity",
+    # Eigen-analysis of attention scores, reconstruction from partial computation.
+    "score_moments", "merge_moments", "explained_variance", "subspace_overlap",
+    "partial_reconstruction",
+    # Position encodings (DIET, Theorem 1): numerical rank of the attention logits.
+    "attention_logit_rank", "attention_logits", "numerical_rank",
     # Reproducibility and subgroups.
     "prediction_churn", "subgroup_accuracy",
+    # Label shift (Zhang et al., ICLR 2021): re-weighted accuracy, KL balls over priors.
+    "label_shift_accuracy", "worst_case_prior", "project_to_kl_ball", "kl_divergence",
+    "tilted_prior",
+    # Verification by the nonconvex reformulation (Bunel et al., NeurIPS 2020).
+    "verified_accuracy", "duality_gap_trace",
 ]

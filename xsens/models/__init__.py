@@ -39,6 +39,7 @@ from xsens.models.cnn import CNN
 from xsens.models.convmixer import ConvMixer
 from xsens.models.convnext import ConvNeXt
 from xsens.models.densenet import DenseNet
+from xsens.models.eigen_vit import EigenViT
 from xsens.models.grokking_transformer import GrokkingTransformer
 from xsens.models.mlp import MLP
 from xsens.models.one_layer_attention import OneLayerAttention, TokenMLP
@@ -178,6 +179,8 @@ REGISTRY: dict[str, ModelEntry] = {e.name: e for e in (
     ModelEntry("cnn", CNN),
     ModelEntry("bit_resnet", BiTResNet, pretrained=pretrained_lib.BIG_TRANSFER),
     ModelEntry("reuse_vit", ReuseViT),
+    # ViT with attention from partial computation (xsens.models.eigen_vit).
+    ModelEntry("eigen_vit", EigenViT),
     # ConvNeXt (presets in xsens.models.convnext.PRESETS); loads timm .safetensors.
     ModelEntry("convnext", ConvNeXt, pretrained=pretrained_lib.TIMM_CONVNEXT),
     # Text classifiers on int32 token ids [B, L] (xsens.models.text).

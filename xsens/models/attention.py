@@ -78,16 +78,19 @@ def unfold_heads(x, num_heads: int):
   return x.reshape(bh // num_heads, num_heads, t, d).transpose(0, 2, 1, 3)
 
 
-def folded_weights(query, key, mask=None):
+def folded_weights(query, key, mask=None, bias=None):
   """Softmax attention weights [B, H, T, S] computed with heads folded into the batch.
 
   query [B, T, H, D] (not yet scaled), key [B, S, H, D], mask broadcastable to
-  [B, H, T, S].
+  [B, H, T, S]; `bias` (broadcastable to [B, H, T, S]) is added to the scaled logits.
   """
   b, t, h, d = query.shape
   query = query / jnp.sqrt(d).astype(query.dtype)
   logits = lax.batch_matmul(fold_heads(query), fold_heads(key).transpose(0, 2, 1))
-  return _masked_softmax(logits.reshape(b, h, t, key.shape[1]), mask)
+  logits = logits.reshape(b, h, t, key.shape[1])
+  if bias is not None:
+    logits = logits + bias.astype(logits.dtype)
+  return _masked_softmax(logits, mask)
 
 
 def weights_times_values(weights, value):
@@ -98,49 +101,54 @@ def weights_times_values(weights, value):
   return unfold_heads(out, h)
 
 
-def folded_attention(query, key, value, mask=None):
-  """softmax(q kᵀ / √D) v with heads folded into the batch. [B, T, H, D] -> [B, T, H, D]."""
-  return weights_times_values(folded_weights(query, key, mask), value)
+def folded_attention(query, key, value, mask=None, bias=None):
+  """softmax(q kᵀ / √D + bias) v with heads folded into the batch. [B, T, H, D] ->
+  [B, T, H, D]."""
+  return weights_times_values(folded_weights(query, key, mask, bias), value)
 
 
-def fused_attention(query, key, value, mask=None, implementation=None):
+def fused_attention(query, key, value, mask=None, implementation=None, bias=None):
   """`jax.nn.dot_product_attention` on flax-scaled queries. [B, T, H, D] -> [B, T, H, D].
 
   The query is divided by √D here (scale=1 in the call) so that every core rounds the
-  same scaled query; `mask` is broadcast to [B, H, T, S].
+  same scaled query; `mask` and `bias` (added to the logits) are broadcast to [B, H, T, S].
   """
   b, t, h, d = query.shape
   query = query / jnp.sqrt(d).astype(query.dtype)
   if mask is not None:
     mask = jnp.broadcast_to(mask, (b, h, t, key.shape[1]))
-  return jax.nn.dot_product_attention(query, key, value, mask=mask, scale=1.0,
+  if bias is not None:
+    bias = jnp.broadcast_to(bias, (b, h, t, key.shape[1])).astype(query.dtype)
+  return jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=1.0,
                                       implementation=implementation)
 
 
-def attend(query, key, value, mask=None, *, impl: str):
-  """The core of `impl` (module docstring) without dropout. [B, T, H, D] -> [B, T, H, D]."""
+def attend(query, key, value, mask=None, *, impl: str, bias=None):
+  """The core of `impl` (module docstring) without dropout. [B, T, H, D] -> [B, T, H, D];
+  `bias` (broadcastable to [B, H, T, S]) is added to the scaled logits."""
   if impl == "einsum":
-    return nn.dot_product_attention(query, key, value, mask=mask)
+    return nn.dot_product_attention(query, key, value, bias=bias, mask=mask)
   if impl == "folded":
-    return folded_attention(query, key, value, mask)
+    return folded_attention(query, key, value, mask, bias)
   if impl == "xla_fused":
-    return fused_attention(query, key, value, mask)
+    return fused_attention(query, key, value, mask, bias=bias)
   if impl == "cudnn":
-    return fused_attention(query, key, value, mask, implementation="cudnn")
+    return fused_attention(query, key, value, mask, implementation="cudnn", bias=bias)
   raise ValueError(f"unknown attention_impl {impl!r}; allowed: {', '.join(ATTENTION_IMPLS)}")
 
 
 def attention_fn(query, key, value, mask=None, dropout_rng=None, dropout_rate=0.,
                  broadcast_dropout=True, deterministic=True, dtype=None, precision=None,
-                 module=None, *, impl: str = "einsum"):
+                 module=None, *, impl: str = "einsum", bias=None):
   """A flax `MultiHeadDotProductAttention` `attention_fn` running the core `impl`.
 
   Where the explicit weights are needed (flax passes `module` to sow them, or attention
-  dropout is active) it is flax's `nn.dot_product_attention` exactly.
+  dropout is active) it is flax's `nn.dot_product_attention` exactly. `bias`
+  (broadcastable to [B, H, T, S]) is added to the scaled logits.
   """
   if impl == "einsum" or module is not None or (dropout_rate > 0. and not deterministic):
     return nn.dot_product_attention(
-        query, key, value, mask=mask, dropout_rng=dropout_rng, dropout_rate=dropout_rate,
-        broadcast_dropout=broadcast_dropout, deterministic=deterministic, dtype=dtype,
-        precision=precision, module=module)
-  return attend(query, key, value, mask, impl=impl)
+        query, key, value, bias=bias, mask=mask, dropout_rng=dropout_rng,
+        dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
+        deterministic=deterministic, dtype=dtype, precision=precision, module=module)
+  return attend(query, key, value, mask, impl=impl, bias=bias)

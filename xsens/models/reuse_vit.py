@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import attention as attention_lib
-from xsens.models.vit import MlpBlock, ViT, classifier_head, embed_tokens, skipped_parts
+from xsens.models.vit import MlpBlock, ViT, classifier_head, encoder_input, skipped_parts
 
 
 def resolve_reuse_heads(reuse_heads: int, num_heads: int) -> int:
@@ -199,10 +199,7 @@ class ReuseViT(ViT):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    dt = attention_lib.compute_dtype(self.dtype)
-    x = embed_tokens(self, x)
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    skipped = skipped_parts(self.skip, self.depth)
+    x, dt, skipped = encoder_input(self, x, train)
     reuses = [layer_reuse_heads(i, self.reuse_heads, self.reuse_layers, self.num_heads)
               for i in range(self.depth)]
     # `train` (argument 3, `self` being 0) is static under remat.

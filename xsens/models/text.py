@@ -57,6 +57,7 @@ import jax.numpy as jnp
 from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import attention as attention_lib
+from xsens.models import position as position_lib
 
 PAD_ID = 0
 ATTENTIONS = ("softmax", "relu")
@@ -120,11 +121,18 @@ class SelfAttention(nn.Module):
   dtype: object = None   # Compute dtype (None: float32, from the params).
 
   @nn.compact
-  def __call__(self, x, mask, train: bool = False):
+  def __call__(self, x, mask, train: bool = False, bias=None, relative_keys=None):
+    """`bias` [B|1, H, L, L] is added to the scaled logits; `relative_keys` [L, L, dh]
+    (Shaw et al.) add q_i·a_ij/√dh (`xsens.models.position`). The logits are sown as
+    `attention_logits` ([B, H, L, L], before masking) on the einsum path when
+    `intermediates` is mutable."""
     head_dim = self.width // self.num_heads
     dense = lambda name: nn.DenseGeneral((self.num_heads, head_dim), kernel_init=_INIT,
                                          dtype=self.dtype, name=name)
     q, k, v = dense("query")(x), dense("key")(x), dense("value")(x)   # [B, L, H, dh]
+    if relative_keys is not None:
+      shaw = position_lib.shaw_logits(q, relative_keys)
+      bias = shaw if bias is None else bias + shaw
     allowed = mask[:, None, None, :]                                   # [B, 1, 1, L]
     if self.causal:
       length = x.shape[1]
@@ -133,6 +141,10 @@ class SelfAttention(nn.Module):
     impl = self.attention_impl
     if self.attention == "relu" or impl == "einsum":
       scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+      if bias is not None:
+        scores = scores + bias.astype(scores.dtype)
+      if self.is_mutable_collection("intermediates"):
+        self.sow("intermediates", "attention_logits", scores)
       if self.attention == "relu":
         weights = jnp.where(allowed, jax.nn.relu(scores), 0.0)
       else:
@@ -140,10 +152,10 @@ class SelfAttention(nn.Module):
         weights = jax.nn.softmax(scores, axis=-1)
       out = jnp.einsum("bhqk,bkhd->bqhd", drop(weights), v)
     elif impl == "folded" or (train and self.dropout_rate > 0):
-      weights = drop(attention_lib.folded_weights(q, k, allowed))      # [B, H, L, L]
+      weights = drop(attention_lib.folded_weights(q, k, allowed, bias))  # [B, H, L, L]
       out = attention_lib.weights_times_values(weights, v)
     else:
-      out = attention_lib.attend(q, k, v, allowed, impl=impl)
+      out = attention_lib.attend(q, k, v, allowed, impl=impl, bias=bias)
     return nn.DenseGeneral(self.width, axis=(-2, -1), kernel_init=self.out_init,
                            dtype=self.dtype, name="out")(out)
 
@@ -157,14 +169,27 @@ class EncoderLayer(nn.Module):
   attention: str = "softmax"
   attention_impl: str = "einsum"
   dtype: object = None
+  position: str = "absolute"     # `xsens.models.position`: the per-layer terms live here.
+  max_length: int = 128
+  relative_clip: int = 16
 
   @nn.compact
-  def __call__(self, x, mask, train: bool = False):
+  def __call__(self, x, mask, train: bool = False, bias=None, segments=None):
+    """`bias`: the layer-shared logit bias [B|1, H, L, L] (or None); `segments` [B, L]."""
     drop = lambda y: nn.Dropout(self.dropout_rate, deterministic=not train)(y)
     dt = self.dtype
+    relative_keys = None
+    if self.position == "diet_rel":
+      own = position_lib.DietRelBias(self.num_heads, self.max_length,
+                                     name="position_bias")(segments)
+      bias = own if bias is None else bias + own
+    elif self.position == "shaw":
+      relative_keys = position_lib.ShawKeys(self.width // self.num_heads,
+                                            self.relative_clip,
+                                            name="position_keys")(x.shape[1])
     a = SelfAttention(self.width, self.num_heads, self.dropout_rate, self.attention,
                       attention_impl=self.attention_impl, dtype=dt,
-                      name="attention")(x, mask, train)
+                      name="attention")(x, mask, train, bias, relative_keys)
     x = nn.LayerNorm(epsilon=_LN_EPS, dtype=dt, name="attention_norm")(x + drop(a))
     h = nn.Dense(self.mlp_dim, kernel_init=_INIT, dtype=dt, name="intermediate")(x)
     h = nn.Dense(self.width, kernel_init=_INIT, dtype=dt, name="output")(
@@ -182,6 +207,14 @@ class RoBERTa(nn.Module):
 
   Parameters: V*D + P*D + 2D (embeddings, LN) + depth*(4D^2 + 4D + 2*D*F + F + D + 4D)
   + D^2 + D + D*K + K, with V vocab, P max_length, D width, F mlp_dim, K classes.
+
+  `position` (`xsens.models.position.POSITIONS`) is where position information enters:
+  "absolute" (the default: the learned table above, the model as before the field),
+  "sinusoidal", "none", or a term on the attention logits ("shaw", "t5", "diet_abs",
+  "diet_rel"; P*D is then replaced by that term's parameters). `diet_dim` is DIET-ABS's
+  d_p (None: the head width), `relative_clip` Shaw et al.'s clipping distance. Segment
+  ids (DIET's E_S) are read off the ids in `__call__` (`position.segment_ids`); `encode`
+  on tokens treats every token as segment 0 unless given `segments`.
   """
   num_classes: int
   vocab_size: int = 8192
@@ -195,23 +228,34 @@ class RoBERTa(nn.Module):
   dtype: str = "float32"         # Launch fields: module docstring.
   remat: bool = False
   attention_impl: str = "einsum"
+  position: str = "absolute"     # Position encoding: see above.
+  diet_dim: int | None = None
+  relative_clip: int = 16
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
     _check_transformer(self, input_shape)
     _checks.one_of("attention", self.attention, ATTENTIONS)
+    position_lib.check_position_fields(self)
 
   def setup(self):
     dt = attention_lib.compute_dtype(self.dtype)
     self.word_embeddings = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT,
                                     dtype=dt)
-    self.position_embeddings = nn.Embed(self.max_length, self.width, embedding_init=_INIT,
-                                        dtype=dt)
+    if self.position == "absolute":
+      self.position_embeddings = nn.Embed(self.max_length, self.width,
+                                          embedding_init=_INIT, dtype=dt)
+    elif self.position == "t5":
+      self.position_bias = position_lib.T5Bias(self.num_heads)
+    elif self.position == "diet_abs":
+      self.position_bias = position_lib.DietAbsBias(
+          self.num_heads, self.max_length, self.diet_dim or self.width // self.num_heads)
     self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS, dtype=dt)
     # `train` (argument 3, `self` being 0) is static under remat.
     layer = nn.remat(EncoderLayer, static_argnums=(3,)) if self.remat else EncoderLayer
     self.layers = [layer(self.width, self.num_heads, self.mlp_dim, self.dropout_rate,
-                         self.attention, self.attention_impl, dt)
+                         self.attention, self.attention_impl, dt, position=self.position,
+                         max_length=self.max_length, relative_clip=self.relative_clip)
                    for _ in range(self.depth)]
     self.head_dense = nn.Dense(self.width, kernel_init=_INIT, dtype=dt)
     self.head_out = nn.Dense(self.num_classes, kernel_init=_INIT, dtype=dt)
@@ -223,30 +267,52 @@ class RoBERTa(nn.Module):
     return self.embedding_norm(self.embed_pre_norm(ids))
 
   def embed_pre_norm(self, ids, train: bool = False):
-    """ids [B, L] -> word + position embeddings [B, L, D], before the LayerNorm."""
+    """ids [B, L] -> word + position embeddings [B, L, D], before the LayerNorm (word
+    embeddings only where `position` is not an input encoding)."""
     del train
     positions = jnp.arange(ids.shape[1])
-    return self.word_embeddings(ids) + self.position_embeddings(positions)
+    words = self.word_embeddings(ids)
+    if self.position == "absolute":
+      return words + self.position_embeddings(positions)
+    if self.position == "sinusoidal":
+      table = position_lib.sinusoidal_table(ids.shape[1], self.width)
+      return words + table.astype(words.dtype)
+    return words
 
   def encode_pre_norm(self, tokens, mask, train: bool = False):
     """`encode` of the embedding LayerNorm of `tokens` (from `embed_pre_norm`)."""
     return self.encode(self.embedding_norm(tokens), mask, train)
 
-  def hidden_states(self, tokens, mask, train: bool = False):
-    """tokens [B, L, D], mask [B, L] -> last layer's hidden states [B, L, D]."""
+  def logit_bias(self, segments):
+    """The layer-shared logit bias of `position` ("t5", "diet_abs"): segments [B, L] ->
+    [B|1, H, L, L], or None."""
+    if self.position == "t5":
+      return self.position_bias(segments.shape[1])
+    if self.position == "diet_abs":
+      return self.position_bias(segments)
+    return None
+
+  def hidden_states(self, tokens, mask, train: bool = False, segments=None):
+    """tokens [B, L, D], mask [B, L], segments [B, L] int (None: all 0) -> last layer's
+    hidden states [B, L, D]."""
+    if segments is None:
+      segments = jnp.zeros(tokens.shape[:2], jnp.int32)
+    bias = self.logit_bias(segments)
     x = self.dropout(tokens, deterministic=not train)
     for layer in self.layers:
-      x = layer(x, mask, train)
+      x = (layer(x, mask, train) if self.position == "absolute"
+           else layer(x, mask, train, bias, segments))
     return x
 
-  def encode(self, tokens, mask, train: bool = False):
+  def encode(self, tokens, mask, train: bool = False, segments=None):
     """tokens [B, L, D], mask [B, L] bool -> logits [B, K] from the first token."""
-    x = self.hidden_states(tokens, mask, train)[:, 0]
+    x = self.hidden_states(tokens, mask, train, segments)[:, 0]
     x = jnp.tanh(self.head_dense(self.dropout(x, deterministic=not train)))
     return self.head_out(self.dropout(x, deterministic=not train)).astype(jnp.float32)
 
   def __call__(self, ids, train: bool = False):
-    return self.encode(self.embed(ids, train), padding_mask(ids), train)
+    segments = None if self.position == "absolute" else position_lib.segment_ids(ids)
+    return self.encode(self.embed(ids, train), padding_mask(ids), train, segments)
 
 
 class GPT2Block(nn.Module):

@@ -65,9 +65,11 @@ import numpy as np
 from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import attention as attention_lib
+from xsens.models import position as position_lib
 
 POOLINGS = ("cls", "mean")
-POSEMBS = ("learned", "sincos")
+POSEMBS = ("learned", "sincos", "none")
+POSITION_BIASES = ("none", "diet_abs", "diet_rel")   # DIET's logit terms (position.py).
 TOKENIZERS = ("patch", "spt")
 SPT_SHIFTS = ("diagonal", "axis")
 ATTENTIONS = ("mha", "lsa")
@@ -206,19 +208,27 @@ class EncoderBlock(nn.Module):
   attention: str = "mha"   # "lsa": locality self-attention (module docstring).
   attention_impl: str = "einsum"
   dtype: object = None     # Compute dtype (None: float32, from the params).
+  # A flax `attention_fn` replacing the core (None: the ViT's; e.g. the partial
+  # computation of `xsens.models.eigen_vit`).
+  attention_core: object = None
 
   @nn.compact
-  def __call__(self, x, train: bool):
+  def __call__(self, x, train: bool, bias=None):
     # Explicit names equal flax's automatic ones, so skipping a branch never
     # renames the modules after it.
     ln_0 = nn.LayerNorm(dtype=self.dtype, name="LayerNorm_0")
     kwargs = {}
-    if self.attention == "lsa":
+    if bias is not None:   # DIET's logit term [1, H, T, T] (ViT.position_bias).
+      kwargs["attention_fn"] = functools.partial(attention_lib.attention_fn, bias=bias,
+                                                 impl=self.attention_impl)
+    elif self.attention == "lsa":
       head_dim = x.shape[-1] // self.num_heads
       tau = self.param("lsa_temperature", nn.initializers.constant(
           float(np.log(head_dim ** -0.5))), (), jnp.float32)
       kwargs["attention_fn"] = functools.partial(lsa_attention, log_scale=tau,
                                                  impl=self.attention_impl)
+    elif self.attention_core is not None:
+      kwargs["attention_fn"] = self.attention_core
     elif self.attention_impl != "einsum":
       kwargs["attention_fn"] = functools.partial(attention_lib.attention_fn,
                                                  impl=self.attention_impl)
@@ -251,6 +261,17 @@ def classifier_head(vit: nn.Module, x: jnp.ndarray, dt) -> jnp.ndarray:
   return nn.Dense(vit.num_classes, dtype=dt, name="head")(x).astype(jnp.float32)
 
 
+def encoder_input(vit: nn.Module, images: jnp.ndarray, train: bool):
+  """The start of every ViT-family `__call__` (run inside its compact scope): the stem
+  (`embed_tokens`), input dropout, and the parsed `vit.skip`.
+
+  Returns (tokens [B, T (+1), width], compute dtype, {layer: skipped parts}).
+  """
+  x = embed_tokens(vit, images)
+  x = nn.Dropout(vit.dropout_rate, deterministic=not train)(x)
+  return x, attention_lib.compute_dtype(vit.dtype), skipped_parts(vit.skip, vit.depth)
+
+
 def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
   """The ViT stem, run inside `vit`'s compact `__call__` (params land in its scope).
 
@@ -275,7 +296,7 @@ def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
   if vit.posemb == "learned":
     x = x + attention_lib.cast(vit.param(
         "pos_embedding", nn.initializers.normal(stddev=0.02), (1, h * w, d), jnp.float32), dt)
-  else:
+  elif vit.posemb == "sincos":
     x = x + attention_lib.cast(posemb_sincos_2d(h, w, d), dt)
   if vit.pooling == "cls":
     cls = attention_lib.cast(vit.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32), dt)
@@ -310,6 +331,10 @@ class ViT(nn.Module):
   dtype: str = "float32"
   remat: bool = False
   attention_impl: str = "einsum"
+  # DIET (xsens.models.position) on the flattened tokens, CLS included, no segments:
+  # "diet_abs" (one P_Q P_Kᵀ per head, d_p = d_h, shared by the blocks) or "diet_rel"
+  # (R_{i−j} per head and block); use with posemb="none" for nothing at the input.
+  position_bias: str = "none"
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -333,6 +358,10 @@ class ViT(nn.Module):
     _checks.one_of("tokenizer", self.tokenizer, TOKENIZERS)
     _checks.one_of("spt_shifts", self.spt_shifts, SPT_SHIFTS)
     _checks.one_of("attention", self.attention, ATTENTIONS)
+    _checks.one_of("position_bias", self.position_bias, POSITION_BIASES)
+    if self.position_bias != "none" and (type(self) is not ViT or self.attention != "mha"):
+      raise ConfigError("model.position_bias", f"{self.position_bias!r} needs the plain "
+                        "ViT with attention='mha'; use 'none'")
     attention_lib.check_launch_fields(self)
     if (self.tokenizer == "spt" and self.spt_shifts == "diagonal"
         and self.patch_size < 2):
@@ -360,17 +389,21 @@ class ViT(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    dt = attention_lib.compute_dtype(self.dtype)
-    x = embed_tokens(self, x)
-    x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    skipped = skipped_parts(self.skip, self.depth)
+    x, dt, skipped = encoder_input(self, x, train)
     # `train` (argument 2, `self` being 0) is static under remat.
     block = nn.remat(EncoderBlock, static_argnums=(2,)) if self.remat else EncoderBlock
+    tokens, bias = jnp.zeros((1, x.shape[1]), jnp.int32), None
+    if self.position_bias == "diet_abs":
+      bias = position_lib.DietAbsBias(self.num_heads, x.shape[1], self.width // self.num_heads,
+                                      use_segments=False, name="position_bias")(tokens)
     for i in range(self.depth):
       parts = skipped.get(i, frozenset())
+      if self.position_bias == "diet_rel":
+        bias = position_lib.DietRelBias(self.num_heads, x.shape[1], use_segments=False,
+                                        name=f"position_bias_{i}")(tokens)
       x = block(self.num_heads, self.mlp_dim, self.dropout_rate,
                 skip_attention="attention" in parts,
                 skip_mlp="mlp" in parts, attention=self.attention,
                 attention_impl=self.attention_impl, dtype=dt,
-                name=f"encoderblock_{i}")(x, train)
+                name=f"encoderblock_{i}")(x, train, bias)
     return classifier_head(self, x, dt)

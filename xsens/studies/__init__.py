@@ -22,6 +22,11 @@ STUDIES = {
     "sensitivity_language": "xsens.studies.sensitivity_language",
     "grokking": "xsens.studies.grokking",
     "synthetic_sensitivity": "xsens.studies.synthetic_sensitivity",
+    "attention_eigen": "xsens.studies.attention_eigen",
+    "position_encoding": "xsens.studies.position_encoding",
+    "modify_memories": "xsens.studies.modify_memories",
+    "verification": "xsens.studies.verification",
+    "label_shift": "xsens.studies.label_shift",
 }
 
 

@@ -46,6 +46,7 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError, check_kind_block, is_finite_number
 from xsens.train import distill as distill_lib
+from xsens.train import dro
 from xsens.train import interventions, losses
 
 TermFn = Callable[..., tuple]
@@ -108,8 +109,61 @@ def _distillation_term(spec: distill_lib.DistillSpec, base_loss):
   return term
 
 
+_ADVERSARIAL_FIELDS = ("epsilon", "num_steps", "step_size", "clip_min", "clip_max")
+
+
+def _adversarial_term(epsilon: float, num_steps: int, step_size: float, clip_min, clip_max):
+  """Adversarial training (Madry et al. 2018): the mean cross-entropy on L∞ PGD examples
+  of `xsens.measures.adversarial.pgd` (random start), crafted on the current parameters
+  (not differentiated through) in the term's train-mode forward pass."""
+  from xsens.measures import adversarial  # Local: measures import the train package.
+
+  def term(apply_fn, params, batch, key, state):
+    del state
+    adv = adversarial.pgd(apply_fn, jax.lax.stop_gradient(params), batch["image"],
+                          labels=batch["label"], key=key, epsilon=epsilon,
+                          num_steps=num_steps, step_size=step_size, clip_min=clip_min,
+                          clip_max=clip_max)["adv_inputs"]
+    logits = apply_fn(params, jax.lax.stop_gradient(adv))
+    return losses.get_loss("cross_entropy")(logits, batch["label"]).mean(), {}
+  return term
+
+
+def _adversarial_options(options: dict, path: str) -> dict:
+  out = {"epsilon": options.get("epsilon", 0.1), "num_steps": options.get("num_steps", 7),
+         "step_size": options.get("step_size", None), "clip_min": options.get("clip_min", 0.0),
+         "clip_max": options.get("clip_max", 1.0)}
+  if not is_finite_number(out["epsilon"]) or out["epsilon"] < 0:
+    raise ConfigError(f"{path}.epsilon", f"must be a finite number >= 0, got {out['epsilon']!r}")
+  n = out["num_steps"]
+  if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    raise ConfigError(f"{path}.num_steps", f"must be an int >= 1, got {n!r}")
+  if out["step_size"] is None:
+    out["step_size"] = 2.5 * out["epsilon"] / n
+  if not is_finite_number(out["step_size"]) or out["step_size"] <= 0:
+    raise ConfigError(f"{path}.step_size", f"must be a number > 0, got {out['step_size']!r}")
+  return out
+
+
+def _masked_lm_term(apply_fn, params, batch, key, state):
+  """Masked-LM cross-entropy: the mean over the labelled positions of −log p(label), with
+  `batch["logits"]` [..., V] and `batch["label"]` [...] int (−1: not predicted; e.g.
+  [B, L, V] and [B, L] for a masked LM). Aux "accuracy": argmax accuracy on them."""
+  del apply_fn, params, key, state
+  labels = batch["label"]
+  valid = (labels >= 0).astype(jnp.float32)
+  logp = jax.nn.log_softmax(batch["logits"].astype(jnp.float32), axis=-1)
+  safe = jnp.maximum(labels, 0)[..., None]
+  nll = -jnp.take_along_axis(logp, safe, axis=-1)[..., 0]
+  count = jnp.maximum(valid.sum(), 1.0)
+  hits = (jnp.argmax(logp, axis=-1) == labels).astype(jnp.float32)
+  return (nll * valid).sum() / count, {"accuracy": (hits * valid).sum() / count}
+
+
 _FIELDS = {"cross_entropy": (), "multi_margin": (), "min_entropy": (), "distillation": (),
-           "sensitivity": ("sigma", "patch_size", "grid_aligned")}
+           "sensitivity": ("sigma", "patch_size", "grid_aligned"), "masked_lm": (),
+           **dro.FIELDS,  # Label shift (xsens.train.dro): DRO over π and its baselines.
+           "adversarial": _ADVERSARIAL_FIELDS}
 KINDS = tuple(_FIELDS)
 
 
@@ -125,8 +179,15 @@ def make_term(name: str, kind: str, weight: float, options: dict, *, loss_fn=Non
                 needs_key=True)
   if kind == "min_entropy":
     return Term(name, kind, weight, _entropy_term)
+  if kind == "masked_lm":
+    return Term(name, kind, weight, _masked_lm_term)
   if kind == "distillation":
     return Term(name, kind, weight, _distillation_term(distill_spec, loss_fn))
+  if kind == "adversarial":
+    return Term(name, kind, weight, _adversarial_term(**options), needs_key=True)
+  if kind in dro.KINDS:  # Options from `dro.validate_options` (with "train_prior").
+    fn, init_state = dro.make_fns(kind, options)
+    return Term(name, kind, weight, fn, init_state=init_state)
   raise ValueError(f"unknown term kind {kind!r}")
 
 
@@ -138,9 +199,12 @@ def uses_new_form(config) -> bool:
 
 
 def terms_from_config(config, image_shape, loss_fn,
-                      distill_spec: distill_lib.DistillSpec | None = None) -> list[Term]:
+                      distill_spec: distill_lib.DistillSpec | None = None,
+                      class_counts=None) -> list[Term]:
   """The objective's terms from `config.objective`, or from the old fields (module doc).
 
+  `class_counts` [K]: training examples per class (None: unknown, e.g. streamed data), for
+  the label-shift terms (`xsens.train.dro`).
   Raises ConfigError naming `objective.<name>.<field>` for a bad term.
   """
   if not uses_new_form(config):
@@ -164,6 +228,10 @@ def terms_from_config(config, image_shape, loss_fn,
     options = {k: tc[k] for k in _FIELDS[kind] if k in tc}
     if kind == "sensitivity":
       options = _sensitivity_options(options, path, image_shape)
+    if kind in dro.KINDS:
+      options = dro.validate_options(kind, options, path, class_counts)
+    if kind == "adversarial":
+      options = _adversarial_options(options, path)
     if kind == "distillation" and distill_spec is None:
       raise ConfigError(f"{path}.kind", "a distillation term needs config.distill (teacher, "
                         "alpha, temperature)")

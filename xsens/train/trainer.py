@@ -65,6 +65,9 @@ class TrainResult:
   train: pipeline.Split
   test: pipeline.Split
   summary: dict              # steps, stop_reason, train/test accuracy and loss, wall_s.
+  # The final states of the stateful objective terms ({name: pytree}, host arrays; e.g.
+  # the DRO prior π of `xsens.train.dro`), {} when no term keeps state.
+  objective_state: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     # One object per run, so `jax.jit(measure, static_argnums=0)(res.apply_fn, ...)` and
@@ -250,14 +253,16 @@ def build_experiment(config, num_devices: int | None = None, *,
         config.distill, train.num_classes, train.input_shape, config.data, len(train),
         check_teacher=check_teacher)
   loss_fn = losses.get_loss(config.loss)
+  class_counts = (None if train_eval is not None else
+                  np.bincount(train.labels, minlength=train.num_classes))
   terms = objectives.terms_from_config(config, train.input_shape, loss_fn,
-                                       setup.spec if setup is not None else None)
+                                       setup.spec if setup is not None else None,
+                                       class_counts=class_counts)
   check_mixup_fits(config, terms, _input_dtype(train))
   evals = evaluators.build(
       default_evals(config), apply_fn=eval_apply_fn(model), loss_fn=loss_fn,
       default_every=config.eval_every, num_classes=train.num_classes,
-      train_class_counts=(None if train_eval is not None else
-                          np.bincount(train.labels, minlength=train.num_classes)),
+      train_class_counts=class_counts,
       load_peer=functools.partial(load_peer, config.data, train.num_classes,
                                   train.input_shape))
   if config.get("target_train_accuracy") is not None:
@@ -761,7 +766,8 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
       "wall_s": finished.get("wall_s", time.time() - t_start),
   }
   wd.write_json(summary_name, summary)
-  return TrainResult(exp.model, variables, exp.train, exp.test, summary)
+  return TrainResult(exp.model, variables, exp.train, exp.test, summary,
+                     objective_state=jax.device_get(state.get("objective", {})))
 
 
 def _input_dtype(train) -> np.dtype:

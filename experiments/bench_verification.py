@@ -1,0 +1,137 @@
+"""Benchmark: time to a duality gap of 1e-3 per property, the nonconvex reformulation
+(FISTA, `xsens.verify.nonconvex`) vs HiGHS (`scipy.optimize.linprog`) on the same triangle
+relaxation, for MLPs 784-w-w-10 trained on mnist5k (through the one trainer), w in
+--widths, side by side in one run.
+
+  python -m experiments.bench_verification --root=workdirs/bench_verification
+  python -m experiments.bench_verification --root=workdirs/bench_verification_tiny --widths=100 --examples=1 \
+      --train_steps=20
+
+A property is (test example, ε, wrong class j): min f_y − f_j over the relaxation. Per
+property: FISTA's wall time (jitted, compiled beforehand, one property per call) until the
+gap primal − dual ≤ --gap or --max_iters iterations; HiGHS's `linprog` wall time (the LP
+built once per example, not timed). Reported per width: median times, the speed-up, the
+share of properties whose FISTA gap reached --gap, and the largest |dual − LP optimum| and
+|primal − LP optimum|. Writes bench_verification.json / .md / .png under --root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from mlcollections_configs import common
+from mlcollections_configs import verification as verification_config
+from xsens.report import plots
+from xsens.studies import compare
+from xsens.verify import bounds as bounds_lib
+from xsens.verify import lp, nonconvex
+
+
+def parse(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--root", required=True)
+  p.add_argument("--widths", default="100,256,512,1024")
+  p.add_argument("--examples", type=int, default=3)
+  p.add_argument("--epsilon", type=float, default=0.02)
+  p.add_argument("--properties", type=int, default=9,
+                 help="wrong classes j per example (the first ones; 9 = all of MNIST's)")
+  p.add_argument("--gap", type=float, default=1e-3)
+  p.add_argument("--max_iters", type=int, default=2000)
+  p.add_argument("--train_steps", type=int, default=300)
+  return p.parse_args(argv)
+
+
+def train(args, widths):
+  """One MLP 784-w-w-10 per width on mnist5k, through `compare.train_runs` (resumes)."""
+  config = verification_config.get_config(None)
+  config.train.total_steps = args.train_steps
+  config.train.eval_every = config.train.checkpoint_every = args.train_steps
+  config.runs = ml_collections.ConfigDict({
+      f"w{w}": {"model": common.model_config(name="mlp", hidden_dims=(w, w))} for w in widths})
+  return compare.train_runs(config, args.root)
+
+
+def bench_width(res, args) -> dict:
+  layers = bounds_lib.network_from_model(res.model, res.variables)
+  bounds_fn = jax.jit(functools.partial(nonconvex.relaxation_bounds, clip_min=0.0,
+                                        clip_max=1.0))
+
+  @jax.jit
+  def solve(b, c):
+    return nonconvex.solve(functools.partial(nonconvex.evaluate, layers, b, c),
+                           nonconvex.init_theta(b), method="fista", max_iters=args.max_iters,
+                           tol=args.gap)
+
+  x = np.asarray(res.test.images[:args.examples]).reshape(args.examples, -1)
+  y = np.asarray(res.test.labels[:args.examples])
+  mats = [lp.dense_matrix(l) for l in layers]
+  rec = {k: [] for k in ("nc_s", "lp_s", "reached", "dual_err", "primal_err", "iters")}
+  for xi, yi in zip(x, y):
+    b = bounds_fn(layers, jnp.asarray(xi), args.epsilon)
+    data = lp.build(layers, b, mats)
+    for j in [j for j in range(layers[-1].num_out) if j != yi][:args.properties]:
+      c = np.zeros(layers[-1].num_out, np.float32)
+      c[yi], c[j] = 1.0, -1.0
+      jax.block_until_ready(solve(b, jnp.asarray(c)))             # compile / warm
+      start = time.perf_counter()
+      out = jax.block_until_ready(solve(b, jnp.asarray(c)))
+      rec["nc_s"].append(time.perf_counter() - start)
+      opt = lp.solve_margin(data, c)
+      rec["lp_s"].append(opt["wall_s"])
+      rec["reached"].append(float(out["gap"]) <= args.gap)
+      rec["dual_err"].append(abs(float(out["dual"]) - opt["value"]))
+      rec["primal_err"].append(abs(float(out["primal"]) - opt["value"]))
+      rec["iters"].append(int(out["iterations"]))
+  nc, lps = np.median(rec["nc_s"]), np.median(rec["lp_s"])
+  return {"properties": len(rec["nc_s"]), "fista_median_s": float(nc),
+          "highs_median_s": float(lps), "speedup": float(lps / nc),
+          "gap_reached_share": float(np.mean(rec["reached"])),
+          "median_iterations": float(np.median(rec["iters"])),
+          "max_dual_minus_lp": float(np.max(rec["dual_err"])),
+          "median_dual_minus_lp": float(np.median(rec["dual_err"])),
+          "max_primal_minus_lp": float(np.max(rec["primal_err"]))}
+
+
+def main(argv=None) -> dict:
+  args = parse(argv)
+  widths = [int(w) for w in args.widths.split(",")]
+  results = train(args, widths)
+  table = {}
+  for w in widths:
+    table[w] = bench_width(results[f"w{w}"], args)
+    print(w, json.dumps(table[w]), flush=True)
+  header = ("| width | properties | FISTA median s | HiGHS median s | speed-up | gap ≤ "
+            f"{args.gap:g} reached | median iters | median / max abs(dual − LP) | "
+            "max abs(primal − LP) |\n|---|---|---|---|---|---|---|---|---|\n")
+  lines = [f"| {w} | {r['properties']} | {r['fista_median_s']:.4f} | "
+           f"{r['highs_median_s']:.4f} | {r['speedup']:.1f}× | {r['gap_reached_share']:.2f} | "
+           f"{r['median_iterations']:.0f} | {r['median_dual_minus_lp']:.2e} / "
+           f"{r['max_dual_minus_lp']:.2e} | {r['max_primal_minus_lp']:.2e} |"
+           for w, r in table.items()]
+  md = header + "\n".join(lines) + "\n"
+  print(md)
+  os.makedirs(args.root, exist_ok=True)
+  with open(os.path.join(args.root, "bench_verification.json"), "w") as f:
+    json.dump({"args": vars(args), "widths": {str(w): r for w, r in table.items()}}, f,
+              indent=1)
+  with open(os.path.join(args.root, "bench_verification.md"), "w") as f:
+    f.write(md)
+  plots.line_plot(os.path.join(args.root, "bench_verification.png"), widths,
+                  {"FISTA (nonconvex)": [table[w]["fista_median_s"] for w in widths],
+                   "HiGHS (LP)": [table[w]["highs_median_s"] for w in widths]},
+                  xlabel="hidden width", ylabel="median seconds per property", logy=True,
+                  logx=True, title="Time to solve one property")
+  return table
+
+
+if __name__ == "__main__":
+  main()

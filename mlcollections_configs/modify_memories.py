@@ -1,0 +1,134 @@
+"""Modifying memories in a masked LM: fine-tuning, replay, ℓ∞ / ℓ2-constrained and per-part edits.
+
+Zhu et al., "Modifying Memories in Transformer Models" (arXiv 2012.00363); set-up in
+xsens/studies/modify_memories.py and docs/results.md (modify_memories).
+
+  xsens --config=mlcollections_configs/modify_memories.py --workdir=workdirs/modify_memories
+  xsens --config=mlcollections_configs/modify_memories.py:smoke --workdir=workdirs/mm_smoke
+  xsens --config=mlcollections_configs/modify_memories.py:sizes=all --workdir=...
+  xsens --config=mlcollections_configs/modify_memories.py:phases --workdir=...
+  xsens --config=mlcollections_configs/modify_memories.py:setup=lama,data_dir=PATH --workdir=...
+
+Variants:
+- default (CPU, 2 cores, under 10 minutes; scale chosen so pre-training reaches >= 95 %
+  recall within the budget): a synthetic knowledge base of 200 subjects x 6 relations
+  (1,200 facts; 3 many-to-one relations with 5 objects, 3 with 20), 3 training templates
+  and 2 held-out paraphrases per relation, 2,000 background sentences; a RoBERTa MLM
+  (width 64, depth 4, 4 heads, MLP 128, tied embeddings) pre-trained 2,000 steps (batch
+  128, 25 % background, Adam 2e-3 cosine); edits of |S| = 32 facts, 3 seeds, 50 full-batch
+  Adam steps (lr 1e-3): fine-tuning, replay 1:1, ℓ∞ δ in (1e-3, 3e-3, 1e-2, 3e-2), ℓ2 δ in
+  (0.1, 0.3, 1), and each block / the embeddings / all attention / all feed-forward
+  sublayers alone at ℓ∞ δ = 1e-2 (the issue's 1,000 subjects x 10 relations is
+  `--config.data.synthetic.num_subjects=1000 --config.data.synthetic.num_relations=10`,
+  with more pre-training steps).
+- `sizes=all`: |S| in (32, 128, 512).
+- `phases`: adds a second training phase (2,000 steps of batches of 90 % background
+  sentences, 10 % fact sentences: `phases.fact_fraction`) and repeats the edits from that
+  model (the paper's question on training phases). With fact_fraction 0 the facts are
+  forgotten (recall 0.014 after 2,000 steps, docs/results.md) and too few are known to edit.
+- `setup=lama,data_dir=PATH`: LAMA / T-REx cloze data from PATH (layout in
+  xsens/data/knowledge.py); the model is pre-trained on its evidence sentences.
+- `smoke`: seconds; what the tests run.
+- `seeds=N`, `steps=N` (edit steps), `pretrain_steps=N` override those fields.
+"""
+
+import ml_collections
+
+from xsens.config_utils import parse_arg
+
+SETUPS = ("synthetic", "lama")
+
+
+def get_config(arg=None):
+  arg = parse_arg(arg, smoke=False, sizes="", phases=False, setup="synthetic", data_dir="",
+                  seeds=0, steps=0, pretrain_steps=0)
+  if arg.setup not in SETUPS:
+    raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
+  config = ml_collections.ConfigDict()
+  config.study = "modify_memories"
+  config.seed = 0
+
+  d = config.data = ml_collections.ConfigDict()
+  d.source = "synthetic"
+  d.data_dir = ml_collections.FieldReference(None, field_type=str)
+  s = d.synthetic = ml_collections.ConfigDict()
+  s.num_subjects = 200
+  s.num_relations = 6
+  s.many_to_one_fraction = 0.5
+  s.many_to_one_objects = 5
+  s.objects_per_relation = 20
+  s.num_train_templates = 3
+  s.num_heldout_templates = 2
+  d.lama = ml_collections.ConfigDict({"relations": (), "max_facts_per_relation": 0})
+  d.background = ml_collections.ConfigDict({"num_train": 2000, "num_test": 500,
+                                            "max_clauses": 2})
+
+  m = config.model = ml_collections.ConfigDict()
+  m.width = 64
+  m.depth = 4
+  m.num_heads = 4
+  m.mlp_dim = 128
+
+  p = config.pretrain = ml_collections.ConfigDict()
+  p.steps = 2000
+  p.batch_size = 128
+  p.background_fraction = 0.25
+  p.chunk_steps = 500
+  p.target_recall = 0.95   # Reported: whether pre-training reached it (issue 19 item 2).
+  p.optimizer = ml_collections.ConfigDict({
+      "name": "adam", "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 100,
+      "weight_decay": 0.0})
+
+  # Optional second phase: `finetune_steps` steps on batches of background sentences and a
+  # fraction `fact_fraction` of fact sentences (0: background only).
+  config.phases = ml_collections.ConfigDict({"finetune_steps": 0, "fact_fraction": 0.1})
+
+  e = config.edit = ml_collections.ConfigDict()
+  e.methods = ("finetune", "replay", "linf", "l2", "parts")
+  e.sizes = (32,)
+  e.num_seeds = 3
+  e.steps = 50
+  e.eval_every = 25
+  e.linf_deltas = (1e-3, 3e-3, 1e-2, 3e-2)
+  e.l2_deltas = (0.1, 0.3, 1.0)
+  e.parts = ("embeddings", "block_0", "block_1", "block_2", "block_3", "attention",
+             "feed_forward")
+  e.parts_delta = 1e-2
+  e.replay_ratio = 1.0
+  e.optimizer = ml_collections.ConfigDict({
+      "name": "adam", "learning_rate": 1e-3, "schedule": "constant", "weight_decay": 0.0})
+
+  config.eval = ml_collections.ConfigDict({"num_unmodified": 512, "batch_size": 256})
+
+  if arg.setup == "lama":
+    d.source = "lama_trex"
+    d.data_dir = arg.data_dir or None
+    d.lama.max_facts_per_relation = 200
+  if arg.sizes == "all":
+    e.sizes = (32, 128, 512)
+  elif arg.sizes:
+    e.sizes = tuple(int(x) for x in arg.sizes.split("+"))
+  if arg.phases:
+    config.phases.finetune_steps = 2000
+  if arg.smoke:
+    s.num_subjects, s.num_relations = 24, 4
+    s.objects_per_relation = 6
+    d.background.num_train, d.background.num_test = 64, 32
+    m.width, m.depth, m.num_heads, m.mlp_dim = 16, 2, 2, 32
+    p.steps, p.batch_size, p.chunk_steps = 60, 32, 30
+    p.optimizer.warmup_steps = 5
+    e.sizes = (4,)
+    e.num_seeds = 2
+    e.steps, e.eval_every = 6, 3
+    e.linf_deltas, e.l2_deltas = (0.0, 1e-2), (0.0, 0.5)
+    e.parts = ("first", "last", "embeddings")
+    config.eval.num_unmodified, config.eval.batch_size = 64, 64
+    if arg.phases:
+      config.phases.finetune_steps = 20
+  if arg.seeds:
+    e.num_seeds = arg.seeds
+  if arg.steps:
+    e.steps = arg.steps
+  if arg.pretrain_steps:
+    p.steps = arg.pretrain_steps
+  return config

@@ -1,0 +1,85 @@
+"""Offline sentence-pair tasks that need word order and segments (DIET study, issue 18 D).
+
+Each example is RoBERTa's pair template "<s> A </s></s> B </s>" (ids [2m + 4]), where A
+is m distinct words drawn from `NUM_WORDS` (ids 4..4+NUM_WORDS−1, after the specials of
+`xsens.data.text`) and B is always a permutation of A, so the bag of words of an example
+carries no information about its label; only order (and which segment a word is in) does.
+Labels (`TASKS`, the `data.name` of each):
+
+  "text/pair_reversed": 1 iff B is A reversed; negatives: another permutation of A.
+  "text/pair_rotation": 1 iff B is a rotation of A by r in 1..m−1; negatives: a
+                        permutation of A that is no rotation (nor A itself).
+  "text/pair_match":    1 iff token k of B equals token k of A (k = `MATCH_INDEX`);
+                        B is a random permutation of A with that constraint.
+
+An encoder without position information is permutation-equivariant, so its first-token
+output is the same for both labels of any A: chance accuracy is its ceiling. Labels are
+exactly balanced (alternating, before the loader shuffles); examples are deterministic
+in (seed, stream). Our design, not the paper's (DIET evaluates on GLUE, XTREME and WMT).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xsens.errors import ConfigError
+
+# The special ids of xsens.data.text (<pad> 0, <s> 1, </s> 2, <unk> 3), kept equal by a test.
+BOS_ID, EOS_ID, NUM_SPECIAL = 1, 2, 4
+NUM_WORDS = 16
+VOCAB_SIZE = NUM_SPECIAL + NUM_WORDS
+MATCH_INDEX = 2
+TASKS = {"text/pair_reversed": "reversed", "text/pair_rotation": "rotation",
+         "text/pair_match": "match"}
+MIN_WORDS = 4
+
+
+def words_per_sentence(max_length: int) -> int:
+  """m: the length of A and B in a sequence of `max_length` tokens (2m + 4 <= max_length)."""
+  return min(NUM_WORDS, (max_length - 4) // 2)
+
+
+def validate(name: str, max_length) -> None:
+  """ConfigError naming `data.max_length` when it cannot hold a pair of >= MIN_WORDS words."""
+  if words_per_sentence(max_length) < MIN_WORDS:
+    raise ConfigError("data.max_length", f"{max_length} cannot hold the pairs of {name!r} "
+                      f"(2·m + 4 tokens, m >= {MIN_WORDS} words); use max_length >= "
+                      f"{2 * MIN_WORDS + 4}")
+
+
+def _is_rotation(a: np.ndarray, b: np.ndarray) -> bool:
+  return any(np.array_equal(np.roll(a, r), b) for r in range(len(a)))
+
+
+def _second(task: str, a: np.ndarray, positive: bool, rng) -> np.ndarray:
+  """B for A under `task` with the given label."""
+  m = len(a)
+  if task == "reversed" and positive:
+    return a[::-1].copy()
+  if task == "rotation" and positive:
+    return np.roll(a, int(rng.integers(1, m)))
+  while True:
+    b = rng.permutation(a)
+    if task == "reversed" and not np.array_equal(b, a[::-1]):
+      return b
+    if task == "rotation" and not _is_rotation(a, b):
+      return b
+    if task == "match" and (b[MATCH_INDEX] == a[MATCH_INDEX]) == positive:
+      return b
+
+
+def pair_task(task: str, num_examples: int, seed: int, *, stream: int = 0,
+              max_length: int = 20) -> tuple[np.ndarray, np.ndarray]:
+  """(ids [N, max_length] int32 right-padded "<s> A </s></s> B </s>", labels [N] int32)
+  of `task` ("reversed" | "rotation" | "match"), m = words_per_sentence(max_length)."""
+  if task not in TASKS.values():
+    raise ValueError(f"unknown pair task {task!r}; allowed: {', '.join(TASKS.values())}")
+  m = words_per_sentence(max_length)
+  rng = np.random.default_rng([seed, 11, stream, list(TASKS.values()).index(task)])
+  labels = (np.arange(num_examples) % 2).astype(np.int32)
+  ids = np.zeros((num_examples, max_length), np.int32)
+  for n in range(num_examples):
+    a = rng.choice(NUM_WORDS, size=m, replace=False) + NUM_SPECIAL
+    b = _second(task, a, bool(labels[n]), rng)
+    ids[n, :2 * m + 4] = [BOS_ID, *a, EOS_ID, EOS_ID, *b, EOS_ID]
+  return ids, labels

@@ -1,0 +1,129 @@
+"""A masked language model on the RoBERTa encoder of `xsens.models.text`.
+
+`RobertaMLM` = `text.RoBERTa`'s embeddings and encoder layers (post-LN, the same
+parameters and initialisation; the classification head is never built) + RoBERTa's LM
+head (HF `RobertaLMHead`): Dense(width) -> GELU -> LayerNorm -> logits = h @ E^T + b,
+with E the word-embedding table (tied embeddings) and b a per-token bias.
+
+  logits = model.apply(v, ids)                            # [B, L, V]
+  logits = model.apply(v, ids, positions, method=model.at_positions)   # [B, V]
+
+Parameter tree: {"encoder": {"word_embeddings", "position_embeddings", "embedding_norm",
+"layers_0" .. "layers_<depth-1>" (each "attention" {query, key, value, out},
+"attention_norm", "intermediate", "output", "output_norm")}, and the LM head's "dense",
+"norm" and "bias"}; `part_names` / `part_mask` select parts of it (the modify_memories study tunes
+one part at a time).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xsens.errors import ConfigError
+from xsens.models import text
+
+FIXED_PARTS = ("all", "embeddings", "head", "first", "last", "attention", "feed_forward")
+_ATTENTION = ("attention", "attention_norm")
+_FEED_FORWARD = ("intermediate", "output", "output_norm")
+_EMBEDDINGS = ("word_embeddings", "position_embeddings", "embedding_norm")
+
+
+class RobertaMLM(nn.Module):
+  """RoBERTa encoder + tied-embedding LM head (module docstring); ids [B, L] int32."""
+  vocab_size: int
+  max_length: int = 128
+  width: int = 256
+  depth: int = 4
+  num_heads: int = 8
+  mlp_dim: int = 1024
+  dropout_rate: float = 0.0
+
+  def check_input(self, input_shape) -> None:
+    """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
+    self.encoder_module().check_input(input_shape)
+
+  def encoder_module(self) -> text.RoBERTa:
+    return text.RoBERTa(num_classes=1, vocab_size=self.vocab_size,
+                        max_length=self.max_length, width=self.width, depth=self.depth,
+                        num_heads=self.num_heads, mlp_dim=self.mlp_dim,
+                        dropout_rate=self.dropout_rate)
+
+  def setup(self):
+    self.encoder = self.encoder_module()
+    self.head_dense = nn.Dense(self.width, kernel_init=nn.initializers.normal(0.02),
+                               name="dense")
+    self.head_norm = nn.LayerNorm(epsilon=1e-5, name="norm")
+    self.bias = self.param("bias", nn.initializers.zeros, (self.vocab_size,))
+
+  def hidden(self, ids, train: bool = False):
+    """ids [B, L] -> last hidden states [B, L, D]."""
+    tokens = self.encoder.embed(ids, train)
+    return self.encoder.hidden_states(tokens, text.padding_mask(ids), train)
+
+  def head(self, h):
+    """hidden [..., D] -> logits [..., V] (tied to the word embeddings)."""
+    h = self.head_norm(nn.gelu(self.head_dense(h), approximate=False))
+    return self.encoder.word_embeddings.attend(h) + self.bias
+
+  def at_positions(self, ids, positions, train: bool = False):
+    """ids [B, L], positions [B] int -> logits [B, V] at one position per row."""
+    h = self.hidden(ids, train)
+    h = jnp.take_along_axis(h, positions[:, None, None], axis=1)[:, 0]
+    return self.head(h)
+
+  def __call__(self, ids, train: bool = False):
+    return self.head(self.hidden(ids, train))
+
+
+def part_names(depth: int) -> tuple[str, ...]:
+  """Every part `part_mask` accepts for a model of `depth` layers."""
+  return FIXED_PARTS + tuple(f"block_{i}" for i in range(depth))
+
+
+def check_part(part: str, depth: int, field: str) -> None:
+  """ConfigError naming `field` unless `part` is one of `part_names(depth)`."""
+  allowed = part_names(depth)
+  if part not in allowed:
+    raise ConfigError(field, f"unknown part {part!r}; allowed: {', '.join(allowed)}")
+
+
+def _selected(path: tuple[str, ...], part: str, depth: int) -> bool:
+  top = path[0]
+  if part == "all":
+    return True
+  if part == "head":
+    return top == "lm_head"
+  if top != "encoder":
+    return False
+  name = path[1]
+  if part == "embeddings":
+    return name in _EMBEDDINGS
+  block = {"first": 0, "last": depth - 1}.get(part)
+  if block is None and part.startswith("block_"):
+    block = int(part[len("block_"):])
+  if block is not None:
+    return name == f"layers_{block}"
+  sub = path[2] if len(path) > 2 else ""
+  return name.startswith("layers_") and sub in (_ATTENTION if part == "attention"
+                                                else _FEED_FORWARD)
+
+
+def part_mask(params, part: str, depth: int):
+  """A pytree like `params` of float32 scalars: 1 on the leaves of `part`, else 0.
+
+  Parts: "all"; "embeddings" (word + position embeddings and their LayerNorm; the word
+  table is also the tied output layer); "head" (the LM head's dense, LayerNorm and bias);
+  "first" / "last" / "block_<i>" (one encoder layer); "attention" / "feed_forward" (those
+  sublayers, with their LayerNorm, in every layer).
+  """
+  check_part(part, depth, "part")
+
+  def leaf(path, _):
+    keys = tuple(str(getattr(k, "key", k)) for k in path)
+    keys = ("lm_head",) + keys if keys[0] in ("dense", "norm", "bias") else keys
+    return np.float32(_selected(keys, part, depth))
+
+  return jax.tree_util.tree_map_with_path(leaf, params)

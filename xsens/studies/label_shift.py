@@ -1,0 +1,210 @@
+"""Study `label_shift`: DRO over the label prior against its baselines under label shift.
+
+"Coping with label shift via distributionally robust optimisation" (Zhang, Menon, Veit,
+Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I). Every
+method of `config.runs` (objective terms of `xsens.train.dro`) is trained on a
+long-tailed training split through `compare.train_runs` (`config.num_seeds` seeds each).
+Each model's per-class accuracy and loss on the balanced test split give its accuracy
+under any test prior π (acc_π = Σ_y π_y acc_y, `xsens.measures.label_shift`), for:
+the training prior p_train (in distribution), tilts π ∝ p_train^λ (`label_shift.tilts`:
+λ > 1 toward the head, λ < 1 toward the tail, 0 uniform), symmetric Dirichlet samples
+(`dirichlet_concentrations`, `num_dirichlet` each, seeded), and the worst case of each
+model within the KL ball KL(π‖p_train) ≤ ρ (`radii`, exact: exponential tilting and
+bisection over the model's per-class errors). Writes results.md/json (mean ± s.e. over
+seeds), accuracy_vs_kl.png, worst_case.png and dro_prior.png (DRO's final π).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.measures import label_shift
+from xsens.report import plots, tables
+from xsens.studies import compare
+
+LABEL_SHIFT_FIELDS = ("tilts", "dirichlet_concentrations", "num_dirichlet", "radii", "seed",
+                      "eval_batch_size", "headline_tilt")
+
+
+def _require(ok: bool, field: str, message: str, value) -> None:
+  if not ok:
+    raise ConfigError(f"label_shift.{field}", f"{message}, got {value!r}")
+
+
+def _numbers(values, ok) -> bool:
+  return (isinstance(values, (tuple, list)) and len(values) > 0
+          and all(is_finite_number(v) and ok(v) for v in values))
+
+
+def validate(config) -> None:
+  """Checks `config.label_shift` (ConfigError naming `label_shift.<field>`)."""
+  ls = config.get("label_shift")
+  if ls is None:
+    raise ConfigError("label_shift", "is missing; see mlcollections_configs/label_shift.py")
+  unknown = sorted(set(ls.keys()) - set(LABEL_SHIFT_FIELDS))
+  _require(not unknown, unknown[0] if unknown else "", "unknown field; allowed: "
+           + ", ".join(LABEL_SHIFT_FIELDS), unknown[:1])
+  _require(_numbers(ls.tilts, lambda v: True), "tilts",
+           "must be a non-empty tuple of finite numbers λ (π ∝ p_train^λ)", ls.tilts)
+  _require(_numbers(ls.dirichlet_concentrations, lambda v: v > 0), "dirichlet_concentrations",
+           "must be a non-empty tuple of numbers > 0", ls.dirichlet_concentrations)
+  _require(is_int(ls.num_dirichlet) and ls.num_dirichlet >= 0, "num_dirichlet",
+           "must be an int >= 0", ls.num_dirichlet)
+  _require(_numbers(ls.radii, lambda v: v >= 0), "radii",
+           "must be a non-empty tuple of finite numbers >= 0 (KL radii ρ)", ls.radii)
+  _require(is_int(ls.seed) and ls.seed >= 0, "seed", "must be an int >= 0", ls.seed)
+  _require(is_int(ls.eval_batch_size) and ls.eval_batch_size > 0, "eval_batch_size",
+           "must be an int > 0", ls.eval_batch_size)
+  _require(is_finite_number(ls.headline_tilt), "headline_tilt", "must be a finite number",
+           ls.headline_tilt)
+
+
+def shift_priors(p_train: np.ndarray, ls) -> tuple[list[str], np.ndarray]:
+  """(names, priors [M, K]): p_train, the tilts, then the Dirichlet samples."""
+  names, priors = ["train prior"], [p_train]
+  for lam in ls.tilts:
+    names.append(f"tilt λ={lam:g}")
+    priors.append(np.asarray(label_shift.tilted_prior(jnp.asarray(p_train), float(lam))))
+  rng = np.random.default_rng(ls.seed)
+  for c in ls.dirichlet_concentrations:
+    for j in range(ls.num_dirichlet):
+      names.append(f"dirichlet c={c:g} #{j}")
+      priors.append(rng.dirichlet(np.full(len(p_train), float(c))))
+  return names, np.asarray(priors, np.float64)
+
+
+def per_class_metrics(res, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per-class accuracy and cross-entropy [K] of a finished run on its test split, over
+  fixed-size padded batches (`label_shift.per_class_sums`)."""
+  x, y, k = res.test.inputs, res.test.labels, res.test.num_classes
+  totals = None
+  for start in range(0, len(y), batch_size):
+    xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+    pad = batch_size - len(yb)
+    mask = np.concatenate([np.ones(len(yb), np.float32), np.zeros(pad, np.float32)])
+    xb = np.concatenate([xb, np.repeat(xb[:1], pad, 0)]) if pad else xb
+    yb = np.concatenate([yb, np.repeat(yb[:1], pad, 0)]) if pad else yb
+    sums = jax.device_get(label_shift.per_class_sums(res.apply_fn, res.variables, xb, yb,
+                                                     mask, num_classes=k))
+    totals = sums if totals is None else {n: totals[n] + sums[n] for n in sums}
+  count = np.maximum(totals["count"], 1.0)
+  return totals["correct"] / count, totals["loss"] / count
+
+
+def evaluate_run(res, p_train: np.ndarray, priors: np.ndarray, ls) -> dict:
+  """A run's accuracy and loss under every prior [M], and its worst-case accuracy and
+  prior for every radius."""
+  acc, loss = per_class_metrics(res, ls.eval_batch_size)
+  shifted = label_shift.reweighted_metrics(jnp.asarray(acc), jnp.asarray(loss),
+                                           jnp.asarray(priors, jnp.float32))
+  worst = {}
+  for rho in ls.radii:
+    w = jax.device_get(label_shift.worst_case_prior(jnp.asarray(1.0 - acc),
+                                                    jnp.asarray(p_train, jnp.float32),
+                                                    float(rho)))
+    worst[float(rho)] = {"accuracy": float(np.clip(1.0 - w["value"], 0.0, 1.0)),
+                         "prior": w["prior"].tolist(), "kl": float(w["kl"])}
+  return {"per_class_accuracy": acc.tolist(), "per_class_loss": loss.tolist(),
+          "accuracy": np.asarray(shifted["accuracy"]).tolist(),
+          "loss": np.asarray(shifted["loss"]).tolist(), "worst": worst}
+
+
+def run_row(run_id: str, ev: dict, names: list[str], ls) -> dict:
+  """The table row of one run: accuracy at p_train, each tilt, each Dirichlet
+  concentration (mean over its samples) and each worst-case radius."""
+  acc = dict(zip(names, ev["accuracy"]))
+  row = {"run": run_id, "in-dist.": acc["train prior"]}
+  for lam in ls.tilts:
+    row[f"λ={lam:g}"] = acc[f"tilt λ={lam:g}"]
+  if ls.num_dirichlet:
+    for c in ls.dirichlet_concentrations:
+      row[f"Dir({c:g})"] = float(np.mean([acc[f"dirichlet c={c:g} #{j}"]
+                                          for j in range(ls.num_dirichlet)]))
+  for rho in ls.radii:
+    row[f"worst ρ={rho:g}"] = ev["worst"][float(rho)]["accuracy"]
+  return row
+
+
+def accuracy_vs_kl_plot(path: str, kl: np.ndarray, acc: dict[str, np.ndarray],
+                        worst: dict[str, tuple[list, list]], num_classes: int) -> str:
+  """Accuracy (mean over seeds) under each test prior against KL(π_test‖p_train): points
+  for the tilts and Dirichlet samples, lines for the worst case at each radius."""
+  fig, ax = plt.subplots(figsize=(6.4, 3.8))
+  for (name, a), style in zip(acc.items(), plots.line_styles(len(acc))):
+    ax.scatter(kl, a, s=12, color=style["color"], marker=style["marker"],
+               facecolors="none", alpha=0.6)
+    ax.plot(*worst[name], label=f"{name} (points; line: worst case)", **style)
+  plots.chance_line(ax, num_classes)
+  plots.styled_axes(ax, "Accuracy under label shift", "KL(π_test ‖ p_train) (nats)",
+                    plots.ACCURACY)
+  plots.legend_outside(ax)
+  return plots.save_figure(fig, path, tight=True)
+
+
+def run(config, workdir: str, *, overwrite: bool = False) -> dict:
+  """Trains every method for every seed, evaluates it under label shift, writes the report."""
+  validate(config)
+  experiments = compare.validate_runs(config)
+  ls = config.label_shift
+  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
+  ids = compare.run_ids(config)
+  first = next(iter(results.values()))
+  k = first.train.num_classes
+  p_train = np.bincount(first.train.labels, minlength=k) / len(first.train.labels)
+  names, priors = shift_priors(p_train, ls)
+  kl = np.asarray(label_shift.kl_divergence(jnp.asarray(priors), jnp.asarray(p_train)))
+  evals = {run_id: evaluate_run(res, p_train, priors, ls) for run_id, res in results.items()}
+  rows = [run_row(run_id, ev, names, ls) for run_id, ev in evals.items()]
+  columns = [c for c in rows[0] if c != "run"]
+  table = compare.seed_rows(rows, ids, columns)
+  methods = list(config.runs)
+  by_method = {m: [r for r in evals if ids[r][0] == m] for m in methods}
+  mean_acc = {m: np.mean([evals[r]["accuracy"] for r in by_method[m]], 0) for m in methods}
+  radii = [float(r) for r in ls.radii]
+  worst_mean = {m: [np.mean([evals[r]["worst"][rho]["accuracy"] for r in by_method[m]])
+                    for rho in radii] for m in methods}
+  worst_se = {m: [compare.mean_and_stderr([evals[r]["worst"][rho]["accuracy"]
+                                           for r in by_method[m]])[1] for rho in radii]
+              for m in methods}
+  plot_files = [
+      accuracy_vs_kl_plot(os.path.join(workdir, "accuracy_vs_kl.png"), kl, mean_acc,
+                          {m: ([0.0] + radii, [mean_acc[m][0]] + worst_mean[m])
+                           for m in methods}, k),
+      plots.line_plot(os.path.join(workdir, "worst_case.png"), radii, worst_mean,
+                      errors={m: np.nan_to_num(worst_se[m]) for m in methods},
+                      xlabel="KL radius ρ (nats)", ylabel=plots.ACCURACY,
+                      title="Worst-case accuracy in KL(π‖p_train) ≤ ρ", num_classes=k),
+  ]
+  dro_pi = {}
+  for m in methods:
+    states = [results[r].objective_state.get("task") for r in by_method[m]]
+    if all(s is not None and "pi" in s for s in states):
+      dro_pi[m] = np.mean([np.asarray(s["pi"]) for s in states], 0).tolist()
+  if dro_pi:
+    plot_files.append(plots.grouped_bar_plot(
+        os.path.join(workdir, "dro_prior.png"), [str(c) for c in range(k)],
+        {"p_train (class frequency)": p_train, **{f"final π of {m}": v
+                                                   for m, v in dro_pi.items()}},
+        xlabel="class (head → tail)", ylabel="probability",
+        title="DRO's adversarial prior π after training (mean over seeds)"))
+  headline = f"λ={ls.headline_tilt:g}"
+  notes = (f"{len(ids) // len(methods)} seed(s) per method, ± = s.e. over seeds. Columns: "
+           "accuracy on the balanced test split re-weighted to the training prior "
+           "(in-dist.), to π ∝ p_train^λ (λ=0 uniform, λ<0 toward the tail), mean over "
+           f"{ls.num_dirichlet} symmetric Dirichlet(c) priors per c, and the worst prior of "
+           f"each model with KL(π‖p_train) ≤ ρ. The oracle trains for {headline}. "
+           f"Training prior p_train = {np.round(p_train, 4).tolist()}.")
+  md = tables.write_results(
+      workdir, f"Label shift on long-tailed {config.train.data.name}", table, notes=notes,
+      plots=plot_files,
+      extra={"p_train": p_train.tolist(), "priors": dict(zip(names, priors.tolist())),
+             "kl": dict(zip(names, kl.tolist())), "runs": evals, "dro_pi": dro_pi,
+             "per_seed_rows": rows})
+  return {"rows": table, "per_seed_rows": rows, "markdown": md, "evals": evals,
+          "p_train": p_train, "dro_pi": dro_pi}

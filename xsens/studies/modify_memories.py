@@ -1,0 +1,711 @@
+"""Study `modify_memories`: editing facts in a masked LM under a norm constraint.
+
+Zhu, Rawat, Zaheer, Bhojanapalli, Li, Yu, Kumar, "Modifying Memories in Transformer
+Models" (arXiv 2012.00363; spec §G; benchmark code github.com/zhuchen03/modifying-memory).
+The paper's claims: plain fine-tuning on the modified facts S forgets the unmodified facts
+F\\S; constraining ‖θ − θ₀‖ ≤ δ keeps them; tuning selected blocks (the first and last)
+works best; the pre-training and fine-tuning phases matter for memorisation.
+
+Pipeline (all training through the one loop, `xsens.train.loop.run`, resumable):
+  1. knowledge: `xsens.data.knowledge` (synthetic from the seed, or LAMA / T-REx from
+     `data.data_dir`) + a background corpus (the synthetic language, one masked word).
+  2. pre-training: `xsens.models.mlm.RobertaMLM` with the `masked_lm` objective term
+     (`xsens.train.objectives`) on mini-batches mixing fact sentences (training templates)
+     and background sentences; batches are a pure function of the step. Recall = accuracy
+     on the training-template sentences of every fact (target ≥ 95 %).
+  3. optional second phase (`phases.finetune_steps` > 0): the pre-trained model trained
+     on batches of background sentences with a share `phases.fact_fraction` of fact
+     sentences (0: background only, a downstream phase); the edits also start from it.
+  4. edits, per |S| in `edit.sizes` and edit seed: S = |S| known facts (every training
+     sentence answered), new objects ∝ frequency among the relation's other objects
+     (`knowledge.choose_modified`). Each method family is one loop run whose state holds a
+     grid of variants, `jax.vmap`ped: "finetune" (all parameters, no constraint), "replay"
+     (the same plus round(edit.replay_ratio × |S sentences|) unmodified training sentences
+     drawn afresh every step), "linf" / "l2" (all parameters, projected after every step
+     onto ‖θ − θ₀‖ ≤ δ for δ in edit.linf_deltas / edit.l2_deltas,
+     `xsens.train.constraints.project`), "parts" (one part each, `edit.parts`, ℓ∞ δ =
+     edit.parts_delta; the other parameters get zero gradient: a 0/1 mask per leaf, which
+     for Adam without weight decay equals optax.set_to_zero on the frozen leaves). Full
+     batch on S's training sentences, `edit.steps` steps.
+  5. metrics every `edit.eval_every` steps and at the end: A_M (accuracy on the modified
+     facts' sentences with their new objects: training templates `A_M` and held-out
+     paraphrases `A_M_para`), A_{F\\S} (on `eval.num_unmodified` sentences of unmodified
+     facts: training templates `A_FS`, paraphrases `A_FS_para`), Ā = (A_M + A_FS) / 2, and
+     `background` (masked-word accuracy on held-out background sentences).
+Reported: mean ± s.e. over edit seeds per (base model, |S|, method, δ / part); trade-off
+plot A_M vs A_FS over δ per method; parts bar plot; A_M / A_FS vs steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from xsens import paths
+from xsens.data import knowledge
+from xsens.data import text
+from xsens.errors import ConfigError, is_finite_number, is_int, prefixed, require
+from xsens.models import mlm
+from xsens.report import plots, tables
+from xsens.train import constraints, loop, objectives
+from xsens.train import optim
+from xsens.train.sharding import abstract_with_shardings
+from xsens.train.workdir import Workdir
+
+METHODS = ("finetune", "replay", "linf", "l2", "parts")
+SOURCES = ("synthetic", "lama_trex")
+METRICS = ("A_M", "A_M_para", "A_FS", "A_FS_para", "background")
+EDIT_LOG_FIELDS = ("loss",) + METRICS
+SUBRUNS = ("pretrain", "finetune_phase", "edits")   # Loop runs under the study's workdir.
+
+# ------------------------------------------------------------------------------------------
+# Validation.
+
+
+def _positive_int(value, field: str) -> None:
+  require(is_int(value) and value >= 1, field, f"must be a positive int, got {value!r}")
+
+
+def _deltas(values, field: str) -> None:
+  require(isinstance(values, (tuple, list)) and len(values) > 0
+          and all(is_finite_number(d) and d >= 0 for d in values), field,
+          f"must be a non-empty tuple of radii δ >= 0 (finite), got {values!r}")
+
+
+def num_facts_of(config) -> int | None:
+  """The knowledge base's fact count from the config alone (None for LAMA: read later)."""
+  if config.data.source != "synthetic":
+    return None
+  s = config.data.synthetic
+  return int(s.num_subjects) * int(s.num_relations)
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
+  d = config.data
+  require(d.source in SOURCES, "data.source",
+          f"unknown source {d.source!r}; allowed: {', '.join(SOURCES)}")
+  if d.source == "lama_trex":
+    require(isinstance(d.data_dir, str) and d.data_dir, "data.data_dir",
+            "must be the folder holding LAMA's relations.jsonl and TREx/ for source "
+            "'lama_trex'")
+  s = d.synthetic
+  for f in ("num_subjects", "num_relations", "many_to_one_objects", "objects_per_relation",
+            "num_train_templates", "num_heldout_templates"):
+    _positive_int(s[f], f"data.synthetic.{f}")
+  require(s.num_train_templates + s.num_heldout_templates <= len(knowledge.PATTERNS),
+          "data.synthetic.num_heldout_templates", f"train + held-out templates must be <= "
+          f"{len(knowledge.PATTERNS)}, got {s.num_train_templates} + {s.num_heldout_templates}")
+  require(s.many_to_one_objects >= 2 and s.objects_per_relation >= 2,
+          "data.synthetic.many_to_one_objects", "relations need >= 2 objects (an edit "
+          "changes the object)")
+  require(is_finite_number(s.many_to_one_fraction) and 0 <= s.many_to_one_fraction <= 1,
+          "data.synthetic.many_to_one_fraction",
+          f"must be in [0, 1], got {s.many_to_one_fraction!r}")
+  for f in ("num_train", "num_test", "max_clauses"):
+    _positive_int(d.background[f], f"data.background.{f}")
+  m = config.model
+  for f in ("width", "depth", "num_heads", "mlp_dim"):
+    _positive_int(m[f], f"model.{f}")
+  require(m.width % m.num_heads == 0, "model.num_heads",
+          f"must divide model.width={m.width}, got {m.num_heads}")
+  p = config.pretrain
+  for f in ("steps", "batch_size", "chunk_steps"):
+    _positive_int(p[f], f"pretrain.{f}")
+  require(is_finite_number(p.target_recall) and 0 < p.target_recall <= 1,
+          "pretrain.target_recall", f"must be in (0, 1], got {p.target_recall!r}")
+  require(is_finite_number(p.background_fraction) and 0 <= p.background_fraction < 1,
+          "pretrain.background_fraction", f"must be in [0, 1), got {p.background_fraction!r}")
+  with prefixed("pretrain"):
+    optim.validate_optimizer_config(p.optimizer, int(p.steps))
+  require(is_int(config.phases.finetune_steps) and config.phases.finetune_steps >= 0,
+          "phases.finetune_steps", f"must be an int >= 0 (0: no second phase), got "
+          f"{config.phases.finetune_steps!r}")
+  frac = config.phases.fact_fraction
+  require(is_finite_number(frac) and 0 <= frac < 1, "phases.fact_fraction",
+          f"must be in [0, 1) (the fact sentences' share of phase-2 batches), got {frac!r}")
+  e = config.edit
+  methods = tuple(e.methods)
+  require(methods and all(x in METHODS for x in methods) and len(set(methods)) == len(methods),
+          "edit.methods", f"must be distinct names from {', '.join(METHODS)}, got {methods!r}")
+  sizes = tuple(e.sizes)
+  require(sizes and all(is_int(x) and x >= 1 for x in sizes), "edit.sizes",
+          f"must be positive ints (|S|), got {sizes!r}")
+  total = num_facts_of(config)
+  if total is not None:
+    require(max(sizes) <= total, "edit.sizes", f"|S| = {max(sizes)} exceeds the knowledge "
+            f"base's {total} facts (data.synthetic.num_subjects x num_relations)")
+  for f in ("num_seeds", "steps", "eval_every"):
+    _positive_int(e[f], f"edit.{f}")
+  _deltas(e.linf_deltas, "edit.linf_deltas")
+  _deltas(e.l2_deltas, "edit.l2_deltas")
+  require(is_finite_number(e.parts_delta) and e.parts_delta >= 0, "edit.parts_delta",
+          f"must be a radius δ >= 0 (finite), got {e.parts_delta!r}")
+  parts = tuple(e.parts)
+  require(len(parts) > 0, "edit.parts", "must name at least one part")
+  for part in parts:
+    mlm.check_part(part, int(m.depth), "edit.parts")
+  require(is_finite_number(e.replay_ratio) and e.replay_ratio > 0, "edit.replay_ratio",
+          f"must be > 0 (replayed per modified sentence), got {e.replay_ratio!r}")
+  with prefixed("edit"):
+    optim.validate_optimizer_config(e.optimizer, int(e.steps))
+  require(e.optimizer.get("weight_decay", 0.0) == 0, "edit.optimizer.weight_decay",
+          "must be 0: decay would move the frozen parts and θ₀ is the reference")
+  _positive_int(config.eval.num_unmodified, "eval.num_unmodified")
+  _positive_int(config.eval.batch_size, "eval.batch_size")
+  require(is_int(config.seed) and config.seed >= 0, "seed",
+          f"must be an int >= 0, got {config.seed!r}")
+
+
+# ------------------------------------------------------------------------------------------
+# Data.
+
+
+def load_knowledge(config) -> knowledge.ClozeData:
+  """The cloze knowledge of `config.data` (synthetic from config.seed, or LAMA)."""
+  d = config.data
+  if d.source == "synthetic":
+    s = d.synthetic
+    return knowledge.synthetic_knowledge(
+        int(config.seed), num_subjects=int(s.num_subjects), num_relations=int(s.num_relations),
+        many_to_one_fraction=float(s.many_to_one_fraction),
+        many_to_one_objects=int(s.many_to_one_objects),
+        objects_per_relation=int(s.objects_per_relation),
+        num_train_templates=int(s.num_train_templates),
+        num_heldout_templates=int(s.num_heldout_templates))
+  lama = d.lama
+  data = knowledge.read_lama_trex(
+      d.data_dir, relations=tuple(lama.relations) or None,
+      max_facts_per_relation=lama.max_facts_per_relation or None)
+  require(max(config.edit.sizes) <= len(data.facts), "edit.sizes",
+          f"|S| = {max(config.edit.sizes)} exceeds the {len(data.facts)} facts read from "
+          f"{d.data_dir!r}")
+  return data
+
+
+def _widen(ids: np.ndarray, length: int) -> np.ndarray:
+  return np.pad(ids, ((0, 0), (0, length - ids.shape[1])))
+
+
+def corpus(config, data: knowledge.ClozeData) -> dict:
+  """Every array the study trains and evaluates on, at one sequence length L:
+  {"facts": train split ids/position/fact, "para": held-out split, "bg_train", "bg_test"
+  (ids/position/target)}; numpy."""
+  b = config.data.background
+  length = max(data.max_length, text.synthetic_max_tokens(int(b.max_clauses)))
+  bg = {name: knowledge.background_cloze(int(b[f"num_{name}"]), int(config.seed),
+                                         stream=stream, length=length,
+                                         max_clauses=int(b.max_clauses))
+        for stream, name in enumerate(("train", "test"))}
+  widen = lambda split: {**split, "ids": _widen(split["ids"], length)}
+  return {"facts": widen(data.train), "para": widen(data.heldout), "bg_train": bg["train"],
+          "bg_test": bg["test"], "length": length}
+
+
+# ------------------------------------------------------------------------------------------
+# Model, loss, evaluation.
+
+
+def make_model(config, data: knowledge.ClozeData, length: int) -> mlm.RobertaMLM:
+  m = config.model
+  return mlm.RobertaMLM(vocab_size=data.vocab_size, max_length=length, width=int(m.width),
+                        depth=int(m.depth), num_heads=int(m.num_heads),
+                        mlp_dim=int(m.mlp_dim), dropout_rate=0.0)
+
+
+MLM_TERM = objectives.make_term("mlm", "masked_lm", 1.0, {})
+
+
+def mlm_loss(model, params, ids, positions, targets):
+  """(loss, accuracy) of the `masked_lm` objective term at one position per row."""
+  logits = model.apply({"params": params}, ids, positions, method=model.at_positions)
+  loss, aux, _ = objectives.total_loss([MLM_TERM], None, params,
+                                       {"logits": logits, "label": targets}, None, {})
+  return loss, aux["mlm/accuracy"]
+
+
+def make_accuracy(model, batch_size: int):
+  """A jitted `(params, {"ids" [N, L], "position" [N], "target" [N]}) -> accuracy`, in
+  batches of `batch_size` (a lax.map), and a jitted `(params, ids, positions) -> argmax
+  token [N]`."""
+  def predictions(params, ids, positions):
+    n = ids.shape[0]
+    pad = (-n) % batch_size
+    ids_p = jnp.pad(ids, ((0, pad), (0, 0))).reshape(-1, batch_size, ids.shape[1])
+    pos_p = jnp.pad(positions, (0, pad)).reshape(-1, batch_size)
+    one = lambda a: jnp.argmax(model.apply({"params": params}, a[0], a[1],
+                                           method=model.at_positions), -1)
+    return jax.lax.map(one, (ids_p, pos_p)).reshape(-1)[:n]
+
+  def acc(params, split):
+    pred = predictions(params, split["ids"], split["position"])
+    return jnp.mean((pred == split["target"]).astype(jnp.float32))
+
+  return jax.jit(acc), jax.jit(predictions)
+
+
+# ------------------------------------------------------------------------------------------
+# Pre-training (and the optional background-only phase) through the one loop.
+
+
+def _sample(key, n: int, count: int) -> jax.Array:
+  return jax.random.randint(key, (count,), 0, n)
+
+
+def pretrain_batch(arrays: dict, step, key, num_facts_rows: int, num_bg_rows: int):
+  """(ids, positions, targets) of step `step`: rows drawn uniformly with replacement from
+  the fact sentences and the background sentences, from fold_in(key, step) only."""
+  k = jax.random.fold_in(key, step)
+  kf, kb = jax.random.split(k)
+  parts = []
+  if num_facts_rows:
+    i = _sample(kf, arrays["f_ids"].shape[0], num_facts_rows)
+    parts.append((arrays["f_ids"][i], arrays["f_pos"][i], arrays["f_target"][i]))
+  if num_bg_rows:
+    i = _sample(kb, arrays["b_ids"].shape[0], num_bg_rows)
+    parts.append((arrays["b_ids"][i], arrays["b_pos"][i], arrays["b_target"][i]))
+  return tuple(jnp.concatenate(x) for x in zip(*parts))
+
+
+def _pretrain_arrays(corp: dict, objects: np.ndarray) -> dict:
+  f = corp["facts"]
+  return {"f_ids": jnp.asarray(f["ids"]), "f_pos": jnp.asarray(f["position"]),
+          "f_target": jnp.asarray(objects[f["fact"]]),
+          "b_ids": jnp.asarray(corp["bg_train"]["ids"]),
+          "b_pos": jnp.asarray(corp["bg_train"]["position"]),
+          "b_target": jnp.asarray(corp["bg_train"]["target"])}
+
+
+def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, steps: int,
+                background_fraction: float, init_params=None, seed_offset: int = 0,
+                log=print, desc: str = "pretrain") -> dict:
+  """Trains (or resumes) one phase in `path` through the loop: config.pretrain.optimizer
+  on the masked-LM term, batches from `pretrain_batch`; returns {"params", "metrics"
+  (`recall`), "wall_s"}."""
+  p = config.pretrain
+  batch = int(p.batch_size)
+  num_bg = int(round(background_fraction * batch))
+  tx = optim.make_optimizer(p.optimizer, steps)
+  arrays = _pretrain_arrays(corp, objects)
+  key = jax.random.fold_in(jax.random.key(int(config.seed)), 1 + seed_offset)
+  ids0 = jnp.zeros((1, corp["length"]), jnp.int32)
+
+  @jax.jit
+  def init():
+    params = (model.init(jax.random.fold_in(key, 7), ids0)["params"]
+              if init_params is None else init_params)
+    return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+  def one_step(state, t):
+    ids, pos, tgt = pretrain_batch(arrays, t, key, batch - num_bg, num_bg)
+    (loss, acc), grads = jax.value_and_grad(
+        lambda q: mlm_loss(model, q, ids, pos, tgt), has_aux=True)(state["params"])
+    updates, opt = tx.update(grads, state["opt"], state["params"])
+    return ({"params": optax.apply_updates(state["params"], updates), "opt": opt,
+             "step": state["step"] + 1}, {"loss": loss, "accuracy": acc})
+
+  @functools.partial(jax.jit, static_argnums=2)
+  def chunk(state, start, length):
+    state, logs = jax.lax.scan(one_step, state, start + jnp.arange(length, dtype=jnp.int32))
+    return state, {k: v.sum() for k, v in logs.items()}
+
+  def advance(state, start, length):
+    return (*chunk(state, jnp.int32(start), length), None)
+
+  size = int(p.chunk_steps)
+  t0 = time.perf_counter()
+  res = _run_loop(path, init, advance, loop.Schedule(
+      total_steps=steps, log_every=size, checkpoint_every=size, max_chunk=size), desc)
+  wall = time.perf_counter() - t0
+  metrics = recall(make_accuracy(model, int(config.eval.batch_size))[0], res.state["params"],
+                   corp, objects)
+  log(f"[modify_memories] {desc}: {steps} steps ({wall:.0f} s with compilation and "
+      f"checkpoints), " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+  return {"params": res.state["params"], "metrics": metrics, "wall_s": wall}
+
+
+def _run_loop(path: str, init, advance, schedule: loop.Schedule, desc: str):
+  """`loop.run` of a Program on one device in the Workdir at `path`."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.eval_shape(init)
+  abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
+  paths.makedirs(path)
+  wd = Workdir(path, keep_checkpoints=1)
+  res = loop.run(wd, loop.Program(init=init, abstract_state=abstract, advance=advance),
+                 schedule, desc=desc)
+  return res
+
+
+def recall(acc_fn, params, corp: dict, objects: np.ndarray) -> dict:
+  """Sentence accuracy on every training-template sentence ("recall"), on the paraphrases
+  ("recall_para") and on held-out background sentences ("background")."""
+  out = {}
+  for name, split in (("recall", corp["facts"]), ("recall_para", corp["para"])):
+    target = jnp.asarray(objects[split["fact"]])
+    out[name] = float(acc_fn(params, {"ids": jnp.asarray(split["ids"]),
+                                      "position": jnp.asarray(split["position"]),
+                                      "target": target}))
+  out["background"] = float(acc_fn(params, jax.tree.map(jnp.asarray, corp["bg_test"])))
+  return out
+
+
+def known_facts(pred_fn, params, corp: dict, objects: np.ndarray, num_facts: int
+                ) -> np.ndarray:
+  """[F] bool: every training-template sentence of the fact is answered correctly."""
+  f = corp["facts"]
+  pred = np.asarray(pred_fn(params, jnp.asarray(f["ids"]), jnp.asarray(f["position"])))
+  wrong = np.bincount(f["fact"], weights=pred != objects[f["fact"]], minlength=num_facts)
+  seen = np.bincount(f["fact"], minlength=num_facts)
+  return (wrong == 0) & (seen > 0)
+
+
+# ------------------------------------------------------------------------------------------
+# Edits.
+
+
+def edit_batch(arrays: dict, step, key, num_replay: int):
+  """(ids, positions, targets, is_replay) of one edit step: every modified sentence (with
+  its new object) then `num_replay` unmodified training sentences drawn uniformly with
+  replacement from fold_in(key, step)."""
+  ids, pos, tgt = arrays["s_ids"], arrays["s_pos"], arrays["s_target"]
+  replay = jnp.zeros(ids.shape[0], bool)
+  if num_replay:
+    i = _sample(jax.random.fold_in(key, step), arrays["u_ids"].shape[0], num_replay)
+    ids = jnp.concatenate([ids, arrays["u_ids"][i]])
+    pos = jnp.concatenate([pos, arrays["u_pos"][i]])
+    tgt = jnp.concatenate([tgt, arrays["u_target"][i]])
+    replay = jnp.concatenate([replay, jnp.ones(num_replay, bool)])
+  return ids, pos, tgt, replay
+
+
+def edit_sets(corp: dict, data: knowledge.ClozeData, chosen: np.ndarray, new: np.ndarray,
+              num_unmodified: int, seed: int) -> dict:
+  """The arrays of one edit: S's training sentences ("s_*", new objects), the unmodified
+  training sentences to replay ("u_*"), and the evaluation splits (module docstring)."""
+  objects = knowledge.modified_objects(data.facts, chosen, new)
+  unmodified = np.setdiff1d(np.arange(len(data.facts)), chosen)
+  rng = np.random.default_rng([seed, 31])
+
+  def take(split, rows):
+    return {"ids": jnp.asarray(split["ids"][rows]),
+            "position": jnp.asarray(split["position"][rows]),
+            "target": jnp.asarray(objects[split["fact"][rows]])}
+
+  def sample(rows):
+    return np.sort(rng.permutation(rows)[:num_unmodified])
+
+  facts, para = corp["facts"], corp["para"]
+  s = take(facts, knowledge.sentences_of(facts, chosen))
+  u = take(facts, knowledge.sentences_of(facts, unmodified))
+  return {"s_ids": s["ids"], "s_pos": s["position"], "s_target": s["target"],
+          "u_ids": u["ids"], "u_pos": u["position"], "u_target": u["target"],
+          "eval": {"A_M": s, "A_M_para": take(para, knowledge.sentences_of(para, chosen)),
+                   "A_FS": take(facts, sample(knowledge.sentences_of(facts, unmodified))),
+                   "A_FS_para": take(para, sample(knowledge.sentences_of(para, unmodified))),
+                   "background": jax.tree.map(jnp.asarray, corp["bg_test"])}}
+
+
+def variants(config, methods) -> list[dict]:
+  """Every edit variant of `methods` (replay excluded): {"method", "label", "norm", "delta",
+  "part"}; "finetune" is ℓ∞ at δ = inf."""
+  e = config.edit
+  out = []
+  for method in methods:
+    if method == "finetune":
+      out.append({"method": method, "label": "δ=∞", "norm": "linf", "delta": math.inf,
+                  "part": "all"})
+    elif method in ("linf", "l2"):
+      out += [{"method": method, "label": f"δ={d:g}", "norm": method, "delta": float(d),
+               "part": "all"} for d in e[f"{method}_deltas"]]
+    elif method == "parts":
+      out += [{"method": method, "label": part, "norm": "linf",
+               "delta": float(e.parts_delta), "part": part} for part in e.parts]
+  return out
+
+
+def make_edit_fns(config, model, num_replay: int):
+  """(init(anchor, G) -> state, chunk(state, arrays, grid, key, start, length) -> (state,
+  per-step loss [G, length]), evaluate(params [G, ...], eval sets) -> {metric: [G]});
+  `grid` = {"delta" [G], "l2" [G] bool, "mask" (0/1 per leaf, [G])}, vmapped."""
+  tx = optim.make_optimizer(config.edit.optimizer, int(config.edit.steps))
+  acc_fn = make_accuracy(model, int(config.eval.batch_size))[0]
+
+  def init(anchor, num_variants: int):
+    grid = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_variants, *x.shape)), anchor)
+    return {"anchor": anchor, "params": grid, "opt": jax.vmap(tx.init)(grid),
+            "step": jnp.zeros((), jnp.int32)}
+
+  def one_step(params, opt, anchor, arrays, variant, key, t):
+    ids, pos, tgt, _ = edit_batch(arrays, t, key, num_replay)
+    loss, grads = jax.value_and_grad(lambda q: mlm_loss(model, q, ids, pos, tgt)[0])(params)
+    grads = jax.tree.map(lambda g, m: g * m, grads, variant["mask"])
+    updates, opt = tx.update(grads, opt, params)
+    params = optax.apply_updates(params, updates)
+    linf = constraints.project(params, anchor, variant["delta"], "linf")
+    l2 = constraints.project(params, anchor, variant["delta"], "l2")
+    params = jax.tree.map(lambda a, b: jnp.where(variant["l2"], b, a), linf, l2)
+    return params, opt, loss
+
+  def chunk(state, arrays, grid, key, start, length):
+    def body(carry, t):
+      params, opt = carry
+      params, opt, loss = jax.vmap(one_step, in_axes=(0, 0, None, None, 0, None, None))(
+          params, opt, state["anchor"], arrays, grid, key, t)
+      return (params, opt), loss
+    (params, opt), losses = jax.lax.scan(body, (state["params"], state["opt"]),
+                                         start + jnp.arange(length, dtype=jnp.int32))
+    return ({"anchor": state["anchor"], "params": params, "opt": opt,
+             "step": state["step"] + length}, losses.T)
+
+  def evaluate(grid_params, eval_sets):
+    return jax.lax.map(lambda p: {k: acc_fn(p, split) for k, split in eval_sets.items()},
+                       grid_params)
+
+  return (jax.jit(init, static_argnums=1), jax.jit(chunk, static_argnums=5),
+          jax.jit(evaluate))
+
+
+def run_edit(path: str, config, anchor, arrays: dict, specs: list, num_replay: int, key,
+             fns: tuple, desc: str) -> dict:
+  """The edit variants `specs` (vmapped) trained together through the loop in `path`.
+  Returns {"final": {metric: [G], "distance": [G]}, "logs": {field: [G, steps]}}."""
+  init, chunk, evaluate = fns
+  n_var, steps = len(specs), int(config.edit.steps)
+  depth = int(config.model.depth)
+  grid = {"delta": jnp.asarray([v["delta"] for v in specs], jnp.float32),
+          "l2": jnp.asarray([v["norm"] == "l2" for v in specs]),
+          "mask": jax.tree.map(lambda *m: jnp.asarray(np.stack(m)), *[
+              mlm.part_mask(anchor, v["part"], depth) for v in specs])}
+  eval_sets = arrays["eval"]
+  train_arrays = {k: v for k, v in arrays.items() if k != "eval"}
+
+  def advance(state, start, length):
+    state, losses = chunk(state, train_arrays, grid, key, jnp.int32(start), length)
+    metrics = jax.device_get(evaluate(state["params"], eval_sets))
+    logs = {"loss": np.asarray(losses, np.float32)}
+    for k in METRICS:   # Evaluated at the chunk's last step; NaN before it.
+      col = np.full((n_var, length), np.nan, np.float32)
+      col[:, -1] = metrics[k]
+      logs[k] = col
+    return state, {"loss": losses.mean(0).sum()}, logs
+
+  every = int(config.edit.eval_every)
+  res = _run_loop(path, lambda: init(anchor, n_var), advance, loop.Schedule(
+      total_steps=steps, checkpoint_every=every, max_chunk=every), desc)
+  logs = Workdir(path).read_step_log(res.step, EDIT_LOG_FIELDS, (n_var,))
+  final = {k: logs[k][:, -1] for k in METRICS}
+  final["distance"] = np.asarray([
+      constraints.distance(jax.tree.map(lambda x, g=g: x[g], res.state["params"]), anchor,
+                           v["norm"]) for g, v in enumerate(specs)])
+  return {"final": final, "logs": logs}
+
+
+# ------------------------------------------------------------------------------------------
+# The study.
+
+
+def base_models(config, workdir: str, model, corp, data, log) -> dict:
+  """{"pretrained": phase-1 result, ["finetuned": phase-2 result]}."""
+  objects = data.facts[:, 2]
+  p = config.pretrain
+  out = {"pretrained": train_phase(os.path.join(workdir, "pretrain"), config, model, corp,
+                                   objects, steps=int(p.steps),
+                                   background_fraction=float(p.background_fraction), log=log)}
+  k = int(config.phases.finetune_steps)
+  if k:
+    out["finetuned"] = train_phase(
+        os.path.join(workdir, "finetune_phase"), config, model, corp, objects, steps=k,
+        background_fraction=1.0 - float(config.phases.fact_fraction),
+        init_params=out["pretrained"]["params"],
+        seed_offset=1, log=log, desc="finetune phase")
+  return out
+
+
+def mean_se(values) -> tuple[float, float]:
+  x = np.asarray(values, np.float64)
+  se = float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
+  return float(x.mean()), se
+
+
+def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
+  """Every edit (base model x |S| x seed x method); one row per variant and seed."""
+  e = config.edit
+  acc_fns = make_accuracy(model, int(config.eval.batch_size))
+  fns, raw = {}, []
+  grid_specs = variants(config, [m for m in e.methods if m != "replay"])
+  replay_specs = [{"method": "replay", "label": "δ=∞", "norm": "linf", "delta": math.inf,
+                   "part": "all"}] if "replay" in e.methods else []
+  for base, res in bases.items():
+    anchor = res["params"]
+    known = known_facts(acc_fns[1], anchor, corp, data.facts[:, 2], len(data.facts))
+    for size in e.sizes:
+      for s in range(int(e.num_seeds)):
+        seed = int(config.seed) + s
+        try:
+          chosen, new = knowledge.choose_modified(data, known, int(size), seed)
+        except ValueError as err:
+          raise ConfigError("edit.sizes", f"|S| = {size}: {err} (the {base} model knows "
+                            f"{int(known.sum())} of {len(data.facts)} facts)") from None
+        arrays = edit_sets(corp, data, chosen, new, int(config.eval.num_unmodified), seed)
+        key = jax.random.fold_in(jax.random.key(seed), 2)
+        n_s = int(arrays["s_ids"].shape[0])
+        for name, specs, n_replay in (
+            ("grid", grid_specs, 0),
+            ("replay", replay_specs, knowledge.replay_count(n_s, float(e.replay_ratio)))):
+          if not specs:
+            continue
+          if n_replay not in fns:
+            fns[n_replay] = make_edit_fns(config, model, n_replay)
+          out = run_edit(os.path.join(workdir, "edits", base, f"S{size}", f"seed{seed}", name),
+                         config, anchor, arrays, specs, n_replay, key, fns[n_replay],
+                         f"edit {name}")
+          for g, v in enumerate(specs):
+            raw.append({"base": base, "size": int(size), "seed": seed, "method": v["method"],
+                        "variant": v["label"],
+                        **{k: float(x[g]) for k, x in out["final"].items()},
+                        "curve": {k: out["logs"][k][g].tolist() for k in ("A_M", "A_FS")}})
+          log(f"[modify_memories] {base} |S|={size} seed {seed} {name}: " + "; ".join(
+              f"{v['method']} {v['label']} A_M {out['final']['A_M'][g]:.2f} A_FS "
+              f"{out['final']['A_FS'][g]:.2f}" for g, v in enumerate(specs)))
+  return raw
+
+
+def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
+  """Pre-trains, edits with every method, writes results.md/json and the plots."""
+  validate(config)
+  runs = [os.path.join(workdir, name) for name in SUBRUNS]
+  # The guard: a workdir holding runs of another config is refused (one line naming the
+  # differing fields); --overwrite removes them.
+  Workdir.open(workdir, config, overwrite=overwrite, keep_checkpoints=1,
+               has_state=any(paths.isdir(r) for r in runs)).release_lock()
+  if overwrite:
+    for r in runs:
+      if paths.isdir(r):
+        paths.rmtree(r)
+  t0 = time.perf_counter()
+  data = load_knowledge(config)
+  corp = corpus(config, data)
+  model = make_model(config, data, corp["length"])
+  bases = base_models(config, workdir, model, corp, data, log)
+  raw = edit_all(config, workdir, model, corp, data, bases, log)
+  rows = summary_rows(raw)
+  plot_files = figures(workdir, config, rows, raw)
+  wall = time.perf_counter() - t0
+  notes = report_notes(config, data, bases, wall)
+  md = tables.write_results(
+      workdir, "Modifying memories: constrained fine-tuning of a masked LM", rows,
+      notes=notes, plots=plot_files,
+      extra={"runs": [{k: v for k, v in r.items() if k != "curve"} for r in raw],
+             "bases": {b: r["metrics"] for b, r in bases.items()},
+             "num_facts": int(len(data.facts)), "vocab_size": data.vocab_size,
+             "wall_s": wall, "config": json.loads(config.to_json_best_effort())})
+  return {"rows": rows, "raw": raw, "markdown": md, "bases":
+          {b: r["metrics"] for b, r in bases.items()}, "wall_s": wall}
+
+
+def summary_rows(raw: list) -> list:
+  """Mean ± s.e. over edit seeds per (base, |S|, method, variant), Ā = (A_M + A_FS) / 2."""
+  groups = {}
+  for r in raw:
+    groups.setdefault((r["base"], r["size"], r["method"], r["variant"]), []).append(r)
+  rows = []
+  for (base, size, method, variant), rs in groups.items():
+    row = {"base": base, "|S|": size, "method": method, "variant": variant, "seeds": len(rs)}
+    for k in METRICS:
+      row[k], row[f"{k}_se"] = mean_se([r[k] for r in rs])
+    row["A_bar"], row["A_bar_se"] = mean_se([(r["A_M"] + r["A_FS"]) / 2 for r in rs])
+    row["‖θ−θ₀‖"] = float(np.mean([r["distance"] for r in rs]))
+    rows.append(row)
+  return rows
+
+
+def figures(workdir: str, config, rows: list, raw: list) -> list:
+  """trade_off.png (A_M vs A_FS per method over δ, first base and |S|), parts.png and
+  steps.png; returns the file names."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  base, size = rows[0]["base"], rows[0]["|S|"]
+  sel = [r for r in rows if r["base"] == base and r["|S|"] == size]
+  files = []
+  fig, ax = plt.subplots(figsize=(5.6, 3.6))
+  styles = plots.line_styles(len(METHODS))
+  for method, style in zip(METHODS, styles):
+    pts = [r for r in sel if r["method"] == method]
+    if not pts:
+      continue
+    ax.errorbar([r["A_FS"] for r in pts], [r["A_M"] for r in pts],
+                xerr=[r["A_FS_se"] for r in pts], yerr=[r["A_M_se"] for r in pts],
+                label=method, color=style["color"], marker=style.get("marker", "o"),
+                linestyle=style.get("linestyle", "-") if method in ("linf", "l2") else "none",
+                capsize=2)
+    if method in ("linf", "l2", "parts"):
+      for r in pts:
+        ax.annotate(r["variant"].replace("δ=", ""), (r["A_FS"], r["A_M"]), fontsize=6)
+  plots.styled_axes(ax, f"A_M vs A_F\\S over δ ({base}, |S|={size})",
+                    "A_F\\S (unmodified facts, accuracy)", "A_M (modified facts, accuracy)")
+  plots.legend_outside(ax)
+  files.append(plots.save_figure(fig, os.path.join(workdir, "trade_off.png"), tight=True))
+  parts = [r for r in sel if r["method"] == "parts"]
+  if parts:
+    files.append(plots.grouped_bar_plot(
+        os.path.join(workdir, "parts.png"), [r["variant"] for r in parts],
+        {"A_M": [r["A_M"] for r in parts], "A_F\\S": [r["A_FS"] for r in parts],
+         "A_M para": [r["A_M_para"] for r in parts]},
+        ylabel="accuracy", xlabel="part tuned",
+        title=f"Parts, ℓ∞ δ={config.edit.parts_delta:g} ({base}, |S|={size})"))
+  series, steps = {}, None
+  for method in ("finetune", "replay", "linf"):
+    rs = [r for r in raw if r["base"] == base and r["size"] == size and r["method"] == method]
+    if not rs:
+      continue
+    labels = list(dict.fromkeys(r["variant"] for r in rs))
+    variant = labels[len(labels) // 2]
+    rs = [r for r in rs if r["variant"] == variant]
+    curves = {k: np.asarray([r["curve"][k] for r in rs], np.float64) for k in ("A_M", "A_FS")}
+    idx = np.flatnonzero(np.all(~np.isnan(curves["A_M"]), axis=0))   # Evaluated steps.
+    if steps is not None and not np.array_equal(steps, idx + 1):
+      continue
+    steps = idx + 1
+    for k, curve in curves.items():
+      series[f"{method} {variant} {k}"] = (curve[:, idx].mean(0), curve[:, idx].std(0))
+  if series:
+    files.append(plots.dynamics_plot(os.path.join(workdir, "steps.png"), steps, series,
+                                     xlabel="edit step", ylabel="accuracy",
+                                     title=f"A_M and A_F\\S vs steps ({base}, |S|={size})",
+                                     error_every=1))
+  return [os.path.basename(f) for f in files]
+
+
+def report_notes(config, data, bases: dict, wall: float) -> str:
+  e, m, p = config.edit, config.model, config.pretrain
+  lines = [
+      f"Knowledge: {config.data.source}, {len(data.facts)} facts, {len(data.relation_names)} "
+      f"relations, vocabulary {data.vocab_size}; background: synthetic language, "
+      f"{config.data.background.num_train} training sentences, one masked word each.",
+      f"Model: RoBERTa MLM width {m.width}, depth {m.depth}, {m.num_heads} heads, MLP "
+      f"{m.mlp_dim}, tied embeddings; pre-trained {p.steps} steps, batch {p.batch_size} "
+      f"({p.background_fraction:.0%} background), {p.optimizer.name} lr "
+      f"{p.optimizer.learning_rate}.",
+  ]
+  for base, res in bases.items():
+    reached = res["metrics"]["recall"] >= float(p.target_recall)
+    lines.append(f"Base model `{base}`: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in res["metrics"].items()) + f" (recall target "
+        f"{p.target_recall:g} {'reached' if reached else 'NOT reached'}).")
+  lines += [
+      f"Edits: |S| ∈ {list(e.sizes)}, {e.num_seeds} seeds (S and new objects), {e.steps} "
+      f"full-batch steps of {e.optimizer.name} lr {e.optimizer.learning_rate}; replay ratio "
+      f"{e.replay_ratio}; ℓ∞ δ {list(e.linf_deltas)}, ℓ2 δ {list(e.l2_deltas)}; parts at ℓ∞ "
+      f"δ={e.parts_delta:g}. Columns: mean over seeds, `_se` its standard error; A_M / "
+      "A_FS on training templates, `_para` on held-out paraphrases; Ā = (A_M + A_FS) / 2; "
+      "‖θ−θ₀‖ in the method's norm (mean over seeds).",
+      f"Wall time {wall:.0f} s.",
+  ]
+  return "\n\n".join(lines)

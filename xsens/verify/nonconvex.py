@@ -1,0 +1,268 @@
+"""Verification by the nonconvex reformulation of the triangle relaxation.
+
+Bunel, Hinder, Bhojanapalli, Dvijotham, "An efficient nonconvex reformulation of stagewise
+convex optimization problems", NeurIPS 2020, arXiv 2010.14322. The stagewise problem
+
+  min_{s ∈ S, z} f(s, z)  s.t.  μ_i(s, z_{<i}) ≤ z_i ≤ η_i(s, z_{<i})     (μ_i convex, η_i concave)
+
+becomes, with z_i = μ_i + θ_i (η_i − μ_i) and θ ∈ [0, 1]^n, a problem with box constraints
+only (nonconvex, with the same global optimum). For a ReLU network (layers and bounds of
+`xsens.verify.bounds`; after the public google-deepmind/jax_verify
+`jax_verify/src/nonconvex/nonconvex.py`, re-written here):
+
+  x_0 = l_0 + (u_0 − l_0) ⊙ θ_0
+  ẑ_k = A_k x_{k-1} + b_k,  x_k = relu(ẑ_k) + θ_k ⊙ (chord_k(ẑ_k) − relu(ẑ_k))
+  f(θ) = c ᵀ (A_L x_{L-1} + b_L),  c = e_y − e_j  (the margin f_y − f_j)
+
+with chord_k(ẑ) = u(ẑ − l)/(u − l) on ambiguous units (l < 0 < u) and relu(ẑ) on stable
+ones. Every θ is a point of the triangle relaxation, so f(θ) is a primal value ≥ the LP
+optimum p*.
+
+The dual bound, read off the gradient. With multipliers μ_k for ẑ_k = A_k x_{k-1} + b_k,
+weak duality gives for every μ
+
+  p* ≥ g(μ) = cᵀb_L + Σ_k μ_kᵀ b_k + Σ_i min(ν_0,i l_0,i, ν_0,i u_0,i)
+              + Σ_{k,i} min_{ẑ ∈ {l, clip(0, l, u), u}} (ν_k,i relu(ẑ) − μ_k,i ẑ),
+
+ν_k = A_{k+1}ᵀ μ_{k+1} (μ_L = c), because the triangle is the convex hull of those three
+points. We take μ_k = ∂f/∂ẑ_k at the current θ (the backpropagated gradient); at a
+non-degenerate optimum these are the optimal multipliers and the gap closes. So every
+iterate has a primal value and a dual bound, the duality gap is the stopping rule, and a
+property is verified when the dual bound is > 0.
+
+Solvers (`solve`): projected gradient and FISTA (Beck & Teboulle 2009, textbook momentum
+t_{k+1} = (1 + √(1 + 4t_k²))/2 from t_1 = 1; jax_verify's LinesearchFistaOptimizer uses
+t ← 1 + √(1 + t²)/2 from t_0 = 0 instead), both with backtracking on the step (shrink 0.5,
+grow 1.5 after a step that needed no backtracking, within [1e-5, 100], the jax_verify
+defaults of spec §H), each one `lax.while_loop` (or `lax.scan` to record the trace).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from xsens.verify import bounds as bounds_lib
+from xsens.verify.bounds import Affine, Bounds, affine, linear_t, relu_relaxation
+
+Array = jax.Array
+
+METHODS = ("pgd", "fista")
+# Spec §H defaults (jax_verify LinesearchFistaOptimizer).
+DEFAULTS = dict(max_step=100.0, min_step=1e-5, shrink=0.5, grow=1.5, tol=1e-2)
+
+
+# ----------------------------------------------------------------------------- the problem
+
+
+def init_theta(bounds: Bounds, value: float = 0.5) -> list[Array]:
+  """θ_0 [n_0] and θ_k [n_k] for every hidden layer, all `value`."""
+  return [jnp.full_like(b[0], value) for b in bounds[:-1]]
+
+
+def _vertex_min(mu: Array, nu: Array, lo: Array, hi: Array) -> Array:
+  """Σ_i min over the triangle's vertices ẑ ∈ {l, clip(0, l, u), u} of ν relu(ẑ) − μ ẑ."""
+  mid = jnp.clip(0.0, lo, hi)
+  vals = [nu * jax.nn.relu(z) - mu * z for z in (lo, mid, hi)]
+  return jnp.sum(jnp.minimum(jnp.minimum(vals[0], vals[1]), vals[2]))
+
+
+def evaluate(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[Array]
+             ) -> tuple[Array, list[Array], Array]:
+  """(f(θ), ∂f/∂θ, g(μ)) of the module doc, μ the backpropagated gradient.
+
+  Args:
+    layers: the network's L affine layers.
+    bounds: [(l_0, u_0), ..., (l_{L-1}, u_{L-1})] (input box, hidden pre-activations; a
+      trailing logits entry is ignored).
+    c: [K] objective weights on the logits.
+    theta: θ_0 [n_0], θ_1 [n_1], ..., θ_{L-1}.
+  """
+  lo0, hi0 = bounds[0]
+  x = lo0 + (hi0 - lo0) * theta[0]
+  saved = []
+  for k, layer in enumerate(layers[:-1], start=1):
+    z = affine(layer, x)
+    lo, hi = bounds[k]
+    _, s, t, _ = relu_relaxation(lo, hi)
+    r = jax.nn.relu(z)
+    h = s * z + t - r
+    x = r + theta[k] * h
+    saved.append((z, s, h))
+  value = c @ affine(layers[-1], x)
+  nu = linear_t(layers[-1], c)
+  grads = [None] * len(theta)
+  for k in range(len(layers) - 1, 0, -1):
+    z, s, h = saved[k - 1]
+    grads[k] = nu * h
+    nu = linear_t(layers[k - 1], nu * ((1 - theta[k]) * (z > 0) + theta[k] * s))
+  grads[0] = nu * (hi0 - lo0)
+  return value, grads, dual_bound(layers, bounds, c, [z for z, _, _ in saved])
+
+
+def dual_bound(layers: Sequence[Affine], bounds: Bounds, c: Array, zs: list[Array]) -> Array:
+  """g(μ) of the module doc with μ_k = max(ν_k, 0) relu'(ẑ_k) + min(ν_k, 0) s_k.
+
+  ν_k = ∂f/∂x_k is backpropagated; a positive ν_k pushes x_k down to its lower bound
+  relu(ẑ_k), a negative one up to the chord (slope s_k), as in the Wolfe dual of
+  jax_verify's `nonconvex/duals.py`. zs: the current pre-activations ẑ_1..ẑ_{L-1}.
+  """
+  dual = c @ layers[-1].bias
+  nu = linear_t(layers[-1], c)
+  for k in range(len(layers) - 1, 0, -1):
+    _, s, _, _ = relu_relaxation(*bounds[k])
+    mu = jnp.maximum(nu, 0) * (zs[k - 1] > 0) + jnp.minimum(nu, 0) * s
+    dual = dual + mu @ layers[k - 1].bias + _vertex_min(mu, nu, *bounds[k])
+    nu = linear_t(layers[k - 1], mu)
+  lo0, hi0 = bounds[0]
+  return dual + jnp.sum(jnp.minimum(nu * lo0, nu * hi0))
+
+
+# ----------------------------------------------------------------------------- the solvers
+
+
+def _vdot(a, b) -> Array:
+  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def _where(cond, a, b):
+  return jax.tree.map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
+def solve(fn: Callable, theta0, *, method: str = "fista", max_iters: int = 100,
+          tol: float = DEFAULTS["tol"], stop_on_sign: bool = False, step0: float = 1.0,
+          max_step: float = DEFAULTS["max_step"], min_step: float = DEFAULTS["min_step"],
+          shrink: float = DEFAULTS["shrink"], grow: float = DEFAULTS["grow"],
+          trace: bool = False) -> dict:
+  """Minimises fn over θ ∈ [0, 1] (a pytree) by projected gradient or FISTA.
+
+  One iteration tries the step y − η∇f(y) projected on the box; it is accepted when
+  f(cand) ≤ f(y) + ⟨∇f(y), cand − y⟩ + ‖cand − y‖²/(2η) (or η is at min_step), else η
+  shrinks and the next iteration retries. Every candidate is feasible, so the best f seen
+  is a primal value; the best dual bound seen is kept too.
+
+  Args:
+    fn: θ -> (value, grad (pytree like θ), dual bound); pure and jittable.
+    theta0: the start (inside the box).
+    method: "pgd" (no momentum: one fn call per iteration) or "fista" (two: the candidate
+      and the momentum point).
+    max_iters: iterations (static; with trace, exactly this many).
+    tol: stop when best primal − best dual ≤ tol (absolute).
+    stop_on_sign: also stop once the sign of the optimum is known (dual > 0: verified;
+      primal < 0: the relaxation cannot verify).
+    trace: run all `max_iters` iterations in a `lax.scan` and return the history.
+
+  Returns:
+    dict with theta (the iterate of the best primal value), primal, dual, gap,
+    iterations (scalars);
+    with trace also primal_trace, dual_trace [max_iters] (best so far after each iteration).
+  """
+  if method not in METHODS:
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+  momentum = method == "fista"
+  clip = functools.partial(jax.tree.map, lambda v: jnp.clip(v, 0.0, 1.0))
+  f0, g0, d0 = fn(theta0)
+  dtype = f0.dtype
+  state = dict(x=theta0, y=theta0, f_y=f0, g_y=g0, t=jnp.ones((), dtype), best=theta0,
+               step=jnp.asarray(step0, dtype), clean=jnp.array(True), primal=f0, dual=d0,
+               it=jnp.zeros((), jnp.int32))
+
+  def body(s):
+    y, step = s["y"], s["step"]
+    cand = clip(jax.tree.map(lambda a, g: a - step * g, y, s["g_y"]))
+    f_c, g_c, d_c = fn(cand)
+    diff = jax.tree.map(jnp.subtract, cand, y)
+    quad = s["f_y"] + _vdot(s["g_y"], diff) + _vdot(diff, diff) / (2 * step)
+    slack = 8 * jnp.finfo(dtype).eps * (1 + jnp.abs(quad))   # rounding in f and quad
+    accept = (f_c <= quad + slack) | (step <= min_step)
+    new = dict(s)
+    if momentum:
+      t_next = (1 + jnp.sqrt(1 + 4 * s["t"] ** 2)) / 2
+      beta = (s["t"] - 1) / t_next
+      y_acc = jax.tree.map(lambda a, b: a + beta * (a - b), cand, s["x"])
+      new["y"] = _where(accept, y_acc, y)
+      new["t"] = jnp.where(accept, t_next, s["t"])
+      new["f_y"], new["g_y"], d_y = fn(new["y"])
+    else:
+      new["y"] = _where(accept, cand, y)
+      new["f_y"], new["g_y"] = _where(accept, (f_c, g_c), (s["f_y"], s["g_y"]))
+      d_y = d_c
+    new["x"] = _where(accept, cand, s["x"])
+    grown = jnp.where(s["clean"], jnp.minimum(step * grow, max_step), step)
+    new["step"] = jnp.where(accept, grown, jnp.maximum(step * shrink, min_step))
+    new["clean"] = accept
+    new["best"] = _where(f_c < s["primal"], cand, s["best"])
+    new["primal"] = jnp.minimum(s["primal"], f_c)
+    new["dual"] = jnp.maximum(s["dual"], jnp.maximum(d_c, d_y))
+    new["it"] = s["it"] + 1
+    return new
+
+  def running(s):
+    go = (s["it"] < max_iters) & (s["primal"] - s["dual"] > tol)
+    if stop_on_sign:
+      go = go & (s["dual"] <= 0) & (s["primal"] >= 0)
+    return go
+
+  if trace:
+    def scan_body(s, _):
+      s = body(s)
+      return s, (s["primal"], s["dual"])
+    state, (primals, duals) = jax.lax.scan(scan_body, state, None, length=max_iters)
+    extra = dict(primal_trace=primals, dual_trace=duals)
+  else:
+    state, extra = jax.lax.while_loop(running, body, state), {}
+  return dict(theta=state["best"], primal=state["primal"], dual=state["dual"],
+              gap=state["primal"] - state["dual"], iterations=state["it"], **extra)
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+def relaxation_bounds(layers: Sequence[Affine], x: Array, epsilon, *, clip_min=None,
+                      clip_max=None, bounds_method: str = "triangle") -> Bounds:
+  """Bounds of the input box (x flat [n_0]) and of every ẑ_k ("ibp" or "triangle")."""
+  lo, hi = bounds_lib.input_box(x, epsilon, clip_min, clip_max)
+  if bounds_method == "ibp":
+    return bounds_lib.interval_bounds(layers, lo, hi)
+  if bounds_method == "triangle":
+    return bounds_lib.triangle_bounds(layers, lo, hi)
+  raise ValueError(f"bounds_method must be 'ibp' or 'triangle', got {bounds_method!r}")
+
+
+def margin_bounds(layers: Sequence[Affine], x: Array, label: Array, epsilon, *,
+                  clip_min=None, clip_max=None, bounds_method: str = "triangle",
+                  theta_init: float = 0.5, **solver_options) -> dict:
+  """Primal values and dual bounds of min f_y − f_j over the relaxation, for every j.
+
+  Args:
+    layers: the network.
+    x: one flat input [n_0]; label: its int class; epsilon: the L∞ radius.
+    solver_options: of `solve` (method, max_iters, tol, stop_on_sign, trace, ...).
+
+  Returns:
+    `solve`'s dict with a leading [K] axis (j = y: primal = dual = +inf, gap 0,
+    iterations 0); theta dropped.
+  """
+  bounds = relaxation_bounds(layers, x, epsilon, clip_min=clip_min, clip_max=clip_max,
+                             bounds_method=bounds_method)
+  num_classes = layers[-1].num_out
+  cs = bounds_lib.margin_matrix(label, num_classes, x.dtype)
+  theta0 = init_theta(bounds, theta_init)
+
+  def one(c):
+    out = solve(functools.partial(evaluate, layers, bounds, c), theta0, **solver_options)
+    out.pop("theta")
+    return out
+
+  out = jax.vmap(one)(cs)
+  is_label = jnp.arange(num_classes) == label
+  for name in ("primal", "dual", "primal_trace", "dual_trace"):
+    if name in out:
+      mask = is_label.reshape((-1,) + (1,) * (out[name].ndim - 1))
+      out[name] = jnp.where(mask, jnp.inf, out[name])
+  out["gap"] = jnp.where(is_label, 0.0, out["gap"])
+  out["iterations"] = jnp.where(is_label, 0, out["iterations"])
+  return out
