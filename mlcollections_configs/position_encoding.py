@@ -9,9 +9,9 @@ arXiv 2104.08698); docs/drafts/position_encoding.md.
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/pe_glue
 
 Set-ups (`setup=`):
-- `synthetic` (default, offline, CPU; 18 runs, 18 min on a loaded 2-core machine, 521 s
-  of CPU): a small RoBERTa-style encoder (2 layers, width 32, 8 heads, so d_h = 4; 2000
-  steps of batch 64, AdamW 3e-3) trained from scratch on the pair task "match" of
+- `synthetic` (default, offline, CPU; 18 runs, 7 min 32 s on a quiet 2-core machine): a
+  small RoBERTa-style encoder (2 layers, width 32, 8 heads, so d_h = 4; 2000 steps of
+  batch 64, AdamW 3e-3) trained from scratch on the pair task "match" of
   `xsens.data.pair_tasks` ("<s> A </s></s> B </s>" with 4 words each, L = 12, B a
   permutation of A: does token 2 of B equal token 2 of A), for six position modes (all
   of `xsens.models.position.POSITIONS` but "sinusoidal"), 3 training seeds each.
