@@ -82,7 +82,7 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
   adds overlaps across models."""
   path = lambda: ml_collections.FieldReference(None, field_type=str)
   config = ml_collections.ConfigDict()
-  config.study = "attention_eigen"
+  config.study = "attention_eigen_imagenet"
   config.imagenet = common.imagenet_stream_config()
   ec = config.eigen = eigen_config()
   ec.analysed_run = "vit_b16"

@@ -223,7 +223,7 @@ def test_bad_fields_are_one_line_config_errors(tmp_path, overrides, field):
     else:
       cfg[node] = value
   with _mock(), pytest.raises(ConfigError) as e:
-    pipeline.validate_data_config(cfg)
+    streaming.validate_data_config(cfg)
   assert e.value.field == field and "\n" not in str(e.value)
 
 
@@ -232,7 +232,7 @@ def test_unknown_stream_field_is_refused(tmp_path):
   cfg.stream.unlock()
   cfg.stream.crop_size = 3
   with _mock(), pytest.raises(ConfigError) as e:
-    pipeline.validate_data_config(cfg)
+    streaming.validate_data_config(cfg)
   assert e.value.field == "data.stream.crop_size"
   with pytest.raises(ValueError, match="unknown data.stream field"):
     stream_config(crop_size=3)
@@ -349,7 +349,7 @@ def test_worker_processes_on_real_array_record_files(tmp_path):
       file_format="array_record")
   cfg = _data_config(tmp_path)
   cfg.data_dir = str(tmp_path)
-  pipeline.validate_data_config(cfg)
+  streaming.validate_data_config(cfg)
   out = {}
   for workers in (0, 2):
     cfg.stream.num_workers = workers
@@ -370,3 +370,13 @@ def test_worker_processes_on_real_array_record_files(tmp_path):
       np.testing.assert_array_equal(batch["label"], labels)
   assert not np.array_equal(out[0][1]["label"], out[2][1]["label"])
   assert os.path.isdir(tmp_path / "imagenet2012")
+
+
+def test_in_memory_validation_refuses_a_stream_block(tmp_path):
+  """`pipeline` (in memory) does not read streams; `streaming.validate_data_config` checks
+  both kinds of `data` block."""
+  cfg = _data_config(tmp_path)
+  with pytest.raises(ConfigError) as e:
+    pipeline.validate_data_config(cfg)
+  assert e.value.field == "data.stream" and "\n" not in str(e.value)
+  streaming.validate_data_config(default_data_config())   # mnist5k: in memory, valid

@@ -142,6 +142,8 @@ NESTED_CASES = [
      "δ >= 0"),
     ("attention_eigen", "smoke", "eigen.key_counts", (4, 18), "eigen.key_counts",
      "exceeds the T=17 tokens"),
+    ("attention_eigen", "setup=imagenet,smoke", "eigen.seed", 0,
+     "runs.vit_b16.pretrained.path", "must be set"),
     ("position_encoding", "smoke", "runs.match_diet_abs.model.position", "alibi",
      "runs.match_diet_abs.model.position", "unknown position encoding"),
     ("verification", "smoke", "verification.epsilons", (-0.1,), "verification.epsilons",

@@ -276,12 +276,13 @@ def validate_data_config(data_config) -> None:
 
   Reads no examples: embedded datasets are not prepared; a TFDS dataset is opened (its metadata
   and file indexes), which reports a missing dataset, a bad split or a missing feature key.
-  Text datasets (`is_text`) are checked by `xsens.data.text`.
+  Text datasets (`is_text`) are checked by `xsens.data.text`. A `data.stream` block is
+  refused: `xsens.data.streaming.validate_data_config` checks any `data` block.
   """
-  if data_config.get("stream") is not None:  # Read with grain (xsens.data.streaming).
-    from xsens.data import streaming  # pylint: disable=g-import-not-at-top
-    streaming.validate_stream_data_config(data_config)
-    return
+  if data_config.get("stream") is not None:
+    raise ConfigError("data.stream", "a streamed dataset is read by xsens.data.streaming "
+                      "(`streaming.validate_data_config` checks it), not loaded in memory; "
+                      "remove data.stream to load it here")
   if is_text(data_config):
     text.validate_text_data_config(data_config)
     return

@@ -724,17 +724,25 @@ def augment_from_config(block) -> Augment:
                  flip=b["flip"], resample=b["resample"])
 
 
+def validate_data_config(data_config) -> None:
+  """Raises `ConfigError` for any bad `data.*` field: a block with `stream` set is checked
+  here (`validate_stream_data_config`), any other by `pipeline.validate_data_config`."""
+  if is_streaming(data_config):
+    validate_stream_data_config(data_config)
+  else:
+    pipeline.validate_data_config(data_config)
+
+
 def validate_stream_data_config(data_config) -> None:
   """Checks a `data` block with `stream` set: the block's fields, the fields that streaming
   does not offer, and the dataset, splits and feature keys (metadata only)."""
   augment_from_config(data_config["stream"])
   name = data_config["name"]
-  from xsens.data import pipeline as pipeline_lib  # pylint: disable=g-import-not-at-top
-  if (not isinstance(name, str) or name in pipeline_lib.EMBEDDED or pipeline_lib.is_text(
-      data_config) or name.startswith(pipeline_lib.SYNTHETIC_PREFIX)):
+  if (not isinstance(name, str) or name in pipeline.EMBEDDED or pipeline.is_text(
+      data_config) or name.startswith(pipeline.SYNTHETIC_PREFIX)):
     raise ConfigError("data.name", f"streaming (data.stream) reads a prepared TFDS image "
                       f"dataset, not {name!r}; remove data.stream to load it in memory")
-  pipeline_lib._check_common(data_config)  # pylint: disable=protected-access
+  pipeline._check_common(data_config)  # pylint: disable=protected-access
   for field in _NOT_WHEN_STREAMING:
     if data_config.get(field) is not None:
       raise ConfigError(f"data.{field}", f"is not available when streaming (data.stream is "

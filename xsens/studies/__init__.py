@@ -23,6 +23,8 @@ STUDIES = {
     "grokking": "xsens.studies.grokking",
     "synthetic_sensitivity": "xsens.studies.synthetic_sensitivity",
     "attention_eigen": "xsens.studies.attention_eigen",
+    # `attention_eigen.py:setup=imagenet`: pretrained ViT-B/16, nothing trained.
+    "attention_eigen_imagenet": "xsens.studies.attention_eigen_imagenet",
     "position_encoding": "xsens.studies.position_encoding",
     "modify_memories": "xsens.studies.modify_memories",
     "verification": "xsens.studies.verification",

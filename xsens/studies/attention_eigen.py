@@ -205,11 +205,8 @@ def _accuracy(model, variables, images, labels, batch_size: int) -> float:
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains the runs, analyses the attention of `eigen.analysed_run`, writes the report.
-  A config with an `imagenet` block (set-up `imagenet`) trains nothing and analyses
-  pretrained checkpoints (`xsens.studies.attention_eigen_imagenet`)."""
-  if "imagenet" in config:
-    from xsens.studies import attention_eigen_imagenet  # pylint: disable=import-outside-toplevel
-    return attention_eigen_imagenet.run(config, workdir, overwrite=overwrite)
+  (Set-up `imagenet`, pretrained checkpoints and no training, is the study
+  `attention_eigen_imagenet`.)"""
   ec = config.eigen
   probe = compare.validate_runs(config)
   ids = compare.run_ids(config)

@@ -119,7 +119,7 @@ def validate_config(config, num_devices: int | None = None) -> None:
              f"must be None (use config.seed) or an int >= 0, got {value!r}")
   require(config.model.name in models_lib.MODELS, "model.name",
            f"unknown model {config.model.name!r}; allowed: {', '.join(sorted(models_lib.MODELS))}")
-  pipeline.validate_data_config(config.data)
+  streaming.validate_data_config(config.data)
 
 
 def _is_int(value) -> bool:
