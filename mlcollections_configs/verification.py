@@ -3,6 +3,7 @@ Bhojanapalli, Dvijotham, NeurIPS 2020, arXiv 2010.14322).
 
   xsens --config=mlcollections_configs/verification.py --workdir=workdirs/verification
   xsens --config=mlcollections_configs/verification.py:smoke --workdir=workdirs/verification_smoke
+  xsens --config=mlcollections_configs/verification.py:seeds=3 --workdir=workdirs/verification_s3
   xsens --config=mlcollections_configs/verification.py:setup=cifar10 \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/ver_c10
 
@@ -53,9 +54,10 @@ def _adversarial(epsilon: float, num_steps: int) -> dict:
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="mnist5k", smoke=False)
+  arg = parse_arg(arg, setup="mnist5k", smoke=False, seeds=1)
   config = common.multi_run_config("verification", arg.setup, SETUPS,
                                    target_train_accuracy=None)
+  config.num_seeds = arg.seeds       # `seeds=3`: every run trained with 3 seeds
   train = config.train
   train.data.name = arg.setup
   train.data.normalize = "zero_one"

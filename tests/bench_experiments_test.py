@@ -65,3 +65,15 @@ def test_pytorch_sensitivity_patterns_count_flips():
     np.testing.assert_array_equal(fn(0.0), np.zeros(5))  # No noise: nothing flips.
     loud = fn(1e4)
     assert loud.shape == (5,) and loud.max() > 0 and loud.max() <= 1
+
+
+@pytest.mark.slow
+def test_verification_benchmark_runs_both_solvers_and_writes_its_table(tmp_path):
+  from experiments import bench_verification  # pylint: disable=import-outside-toplevel
+  table = bench_verification.main([f"--root={tmp_path}", "--widths=16", "--examples=1",
+                                   "--properties=2", "--train_steps=5", "--max_iters=300"])
+  row = table[16]
+  assert row["properties"] == 2 and row["unsound_duals"] == 0
+  assert row["max_primal_minus_lp"] < 1e-2          # the same relaxation, the same optimum
+  for name in ("bench_verification.json", "bench_verification.md", "bench_verification.png"):
+    assert os.path.getsize(tmp_path / name) > 0

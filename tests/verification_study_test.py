@@ -12,11 +12,18 @@ from xsens.studies import verification as study
 
 @pytest.mark.slow
 def test_smoke_study_classifies_every_property_and_writes_the_report(tmp_path):
-  config = verification_config.get_config("smoke")
+  config = verification_config.get_config("smoke,seeds=2")
   out = studies.run(config, str(tmp_path))
   rows = out["rows"]
   methods = {r["method"] for r in rows}
   assert methods == {"ibp", "triangle", "pgd", "fista", "lp"}
+  # One row per (run, method, ε): the mean over the 2 training seeds (LP: seed 0 only).
+  assert {(r["method"], r["seeds"]) for r in rows} == {(m, 1 if m == "lp" else 2)
+                                                      for m in methods}
+  per_seed = [r for r in out["per_seed"] if r["method"] == "fista" and r["epsilon"] == 0.05]
+  assert sorted(r["run"] for r in per_seed) == ["cnn_adv", "cnn_adv_seed1"]
+  row = next(r for r in rows if r["method"] == "fista" and r["epsilon"] == 0.05)
+  assert row["verified"] == pytest.approx(np.mean([r["verified"] for r in per_seed]))
   for r in rows:
     assert 0.0 <= r["verified"] <= 1.0
     if r["method"] != "lp":

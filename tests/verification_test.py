@@ -136,6 +136,40 @@ def test_nonconvex_optimum_equals_highs(small):
                              atol=1e-5)
 
 
+def test_a_unit_at_the_kink_stalls_the_gradient_dual_and_the_polish_closes_it():
+  """min relu(x) + relu(−x) = |x| over x ∈ [−1, 2]: the LP optimum 0 is at x = 0, the
+  kink of both units, where the gradient's multipliers (0 or 1) bound it by −1 only; the
+  fractions a = (½, ½) give the optimum."""
+  one = jnp.ones((1, 1))
+  layers = (B.Affine(jnp.concatenate([one, -one], 1), jnp.zeros(2)),
+            B.Affine(jnp.ones((2, 1)), jnp.zeros(1)))
+  bounds = [(jnp.array([-1.0]), jnp.array([2.0])),                 # x
+            (jnp.array([-1.0, -2.0]), jnp.array([2.0, 1.0])),      # (x, −x)
+            (jnp.array([0.0]), jnp.array([3.0]))]                  # the logit
+  c = jnp.ones(1)
+  assert lp.solve_margin(lp.build(layers, bounds), np.ones(1))["value"] == pytest.approx(0)
+  optimum = [jnp.array([1 / 3 + 1e-6]), jnp.zeros(2)]   # x = 3e-6, both units on relu
+  primal, _, dual = N.evaluate(layers, bounds, c, optimum)
+  assert float(primal) == pytest.approx(0, abs=1e-5) and float(dual) == pytest.approx(-1)
+  polished = N.polish_dual(layers, bounds, c, optimum, primal=primal, dual=dual, tol=1e-4)
+  assert -1e-4 <= float(polished) <= 1e-6
+  a = [jnp.array([0.5, 0.5])]
+  assert float(N.dual_from_fractions(layers, bounds, c, a)) == pytest.approx(0, abs=1e-6)
+  for frac in np.linspace(0, 1, 5):                      # every fraction is a lower bound
+    a = [jnp.array([frac, 1 - frac / 2])]
+    assert float(N.dual_from_fractions(layers, bounds, c, a)) <= 1e-6
+  # Through the solver (whose primal is slow on this degenerate toy): the gradient's dual
+  # stays at −1; the polish at the best θ lifts it, still a lower bound of the optimum 0.
+  fn = functools.partial(N.evaluate, layers, bounds, c)
+  plain = N.solve(fn, N.init_theta(bounds), max_iters=300, tol=1e-4)
+  out = N.solve_margin(layers, bounds, c, max_iters=300, tol=1e-4)
+  assert int(plain["iterations"]) == 300 and float(plain["dual"]) == pytest.approx(-1)
+  assert -1e-2 <= float(out["dual"]) <= 1e-6      # the target (primal 0.45) overshoots
+  # `patience`: the primal falls by < tol / 10 in 10 iterations: stop, gap still > tol.
+  slow = N.solve(fn, N.init_theta(bounds), max_iters=300, tol=1.0, patience=10)
+  assert int(slow["iterations"]) < 50 and float(slow["gap"]) > 1.0
+
+
 def test_while_loop_stops_on_the_gap_and_on_the_sign(small):
   layers, x, label, bounds, _ = small
   c = B.margin_matrix(label, 4)[(label + 1) % 4]

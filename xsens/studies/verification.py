@@ -177,32 +177,55 @@ def _rows(name, verified, lp_results, vc) -> list[dict]:
   return rows
 
 
+def seed_table(rows: list[dict], ids: dict[str, tuple[str, int]]) -> list[dict]:
+  """One row per (run, method, ε) of the per-seed `rows` (key "run": a run id): verified,
+  falsified and open rates, their mean and `<rate> s.e.` over the seeds; `seeds` = n."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault((ids[r["run"]][0], r["method"], r["epsilon"]), []).append(r)
+  out = []
+  for (name, method, eps), group in groups.items():
+    row = {"run": name, "method": method, "epsilon": eps, "seeds": len(group),
+           "examples": group[0]["examples"]}
+    for c in ("verified", "falsified", "open"):
+      row[c], row[f"{c} s.e."] = (compare.mean_and_stderr([r[c] for r in group])
+                                  if group[0][c] is not None else (None, None))
+    out.append(row)
+  return out
+
+
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run, verifies it with every method at every ε, writes the report."""
   experiments = compare.validate_runs(config)
   validate(config, experiments)
   results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
   vc = config.verification
+  ids = compare.run_ids(config)
   key = jax.random.key(vc.seed)
   rows, verified, lps, traces = [], {}, {}, {}
   log = logging.getLogger("xsens.studies")
-  for j, (name, res) in enumerate(results.items()):
-    log.info("Verifying run %s (%s)", name, ", ".join(vc.methods))
-    verified[name] = verify_run(res, vc, jax.random.fold_in(key, j))
-    if "lp" in vc.methods and name in vc.lp_runs:
+  for j, (rid, res) in enumerate(results.items()):
+    name, seed = ids[rid]
+    log.info("Verifying run %s (%s)", rid, ", ".join(vc.methods))
+    verified[rid] = verify_run(res, vc, jax.random.fold_in(key, j))
+    if seed == 0 and "lp" in vc.methods and name in vc.lp_runs:   # LP, trace: seed 0
       lps[name] = lp_run(res, vc)
-    if name in vc.trace_runs:
+    if seed == 0 and name in vc.trace_runs:
       traces[name] = trace_run(res, vc)
-    rows += _rows(name, verified[name], lps.get(name), vc)
+    rows += _rows(rid, verified[rid], lps.get(name) if seed == 0 else None, vc)
+  table = seed_table(rows, ids)
   eps = [float(e) for e in vc.epsilons]
   plot_files = []
-  for name in results:
-    series = {m: [verified[name][m][e]["verified"] for e in eps] for m in verified[name]}
+  for name in config.runs:
+    mean = {(r["method"], r["epsilon"]): r["verified"] for r in table if r["run"] == name}
+    series = {m: [mean[(m, e)] for e in eps] for m in vc.methods if m != "lp"}
     if name in lps:
       series[f"lp (first {vc.lp_num_examples})"] = [lps[name][e]["verified"] for e in eps]
     plot_files.append(plots.line_plot(
         os.path.join(workdir, f"verified_{name}.png"), eps, series, xlabel="ε (L∞)",
-        ylabel="verified accuracy", title=f"Verified accuracy: {name}", logx=True))
+        ylabel="verified accuracy" + (f" (mean of {len(ids) // len(config.runs)} seeds)"
+                                      if len(ids) > len(config.runs) else ""),
+        title=f"Verified accuracy: {name}", logx=True))
   for name, t in traces.items():
     gaps = {m: np.maximum(t[m]["gap_median"], 1e-8) for m in ("pgd", "fista")}
     plot_files.append(plots.line_plot(
@@ -215,14 +238,17 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
            f"cut to [0, 1]; intermediate bounds: {vc.bounds_method}; nonconvex solvers stop "
            f"at gap ≤ {vc.tol:g}, at a known sign, or after {vc.max_iters} iterations; "
            f"falsified = clean error or a {vc.attack_steps}-step PGD attack succeeds. "
-           f"LP (HiGHS) on runs {list(vc.lp_runs)}, first {vc.lp_num_examples} examples.")
-  md = tables.write_results(workdir, f"Verification on {config.train.data.name}", rows,
+           f"LP (HiGHS) on runs {list(vc.lp_runs)}, first {vc.lp_num_examples} examples "
+           f"(training seed 0 only). Rates are means over the {len(ids) // len(config.runs)} "
+           "training seed(s) of each run, s.e. over seeds (NaN for one seed).")
+  md = tables.write_results(workdir, f"Verification on {config.train.data.name}", table,
                             notes=notes, plots=plot_files,
-                            extra={"training": compare.summary_rows(results),
+                            extra={"per_seed": rows,
+                                   "training": compare.summary_rows(results),
                                    "traces": traces,
                                    "lp": {n: {str(e): r for e, r in v.items()}
                                           for n, v in lps.items()}})
-  return {"rows": rows, "markdown": md, "verified": verified, "lp": lps, "traces": traces,
+  return {"rows": table, "per_seed": rows, "markdown": md, "verified": verified, "lp": lps, "traces": traces,
           "training": compare.summary_rows(results)}
 
 

@@ -95,15 +95,16 @@ def build(layers: Sequence[Affine], bounds: Bounds, matrices=None) -> dict:
               bounds=np.stack([var_lo, var_hi], axis=1))
 
 
-def solve_margin(data: dict, c: np.ndarray) -> dict:
+def solve_margin(data: dict, c: np.ndarray, method: str = "highs") -> dict:
   """min cᵀ logits over the relaxation: {"value", "status", "wall_s"} (value NaN unless
-  HiGHS reports optimal)."""
+  HiGHS reports optimal). method: of `linprog` ("highs" lets HiGHS choose; "highs-ds",
+  "highs-ipm")."""
   c = np.asarray(c, np.float64)
   cost = np.zeros(data["n"])
   cost[data["last_x"]] = data["last_matrix"].T @ c
   start = time.perf_counter()
   res = scipy.optimize.linprog(cost, A_ub=data["A_ub"], b_ub=data["b_ub"], A_eq=data["A_eq"],
-                               b_eq=data["b_eq"], bounds=data["bounds"], method="highs")
+                               b_eq=data["b_eq"], bounds=data["bounds"], method=method)
   wall = time.perf_counter() - start
   value = res.fun + c @ data["last_bias"] if res.status == 0 else float("nan")
   return {"value": float(value), "status": int(res.status), "wall_s": wall}

@@ -30,6 +30,15 @@ non-degenerate optimum these are the optimal multipliers and the gap closes. So 
 iterate has a primal value and a dual bound, the duality gap is the stopping rule, and a
 property is verified when the dual bound is > 0.
 
+Kinks. Where the LP optimum puts a unit at the kink of its triangle (ẑ = 0 on the lower
+face), the optimal multiplier is a fraction a ∈ [0, 1] of ν, which the gradient (a ∈ {0, 1}
+on either side of the kink) never gives: the primal converges and the gap stalls (on 6–11 %
+of the properties of 784-w-w-10 MNIST MLPs, docs/benchmarks.md). `polish_dual` then runs
+projected ascent on g over the fractions a of the units with |ẑ| ≤ kink_tol (u − l), the
+others held at the gradient's 0 / 1; every a gives a valid bound, so this only tightens it.
+`solve_margin` is `solve` (which may stop early on a stalled primal: `patience`) followed
+by that polish when the gap is still open.
+
 Solvers (`solve`): projected gradient and FISTA (Beck & Teboulle 2009, textbook momentum
 t_{k+1} = (1 + √(1 + 4t_k²))/2 from t_1 = 1; jax_verify's LinesearchFistaOptimizer uses
 t ← 1 + √(1 + t²)/2 from t_0 = 0 instead), both with backtracking on the step (shrink 0.5,
@@ -53,6 +62,8 @@ Array = jax.Array
 METHODS = ("pgd", "fista")
 # Spec §H defaults (jax_verify LinesearchFistaOptimizer).
 DEFAULTS = dict(max_step=100.0, min_step=1e-5, shrink=0.5, grow=1.5, tol=1e-2)
+# `polish_dual` (ours, not from the spec): ascent steps, kink width, first step.
+DEFAULTS.update(polish_steps=100, kink_tol=1e-3, polish_step=1.0)
 
 
 # ----------------------------------------------------------------------------- the problem
@@ -70,6 +81,23 @@ def _vertex_min(mu: Array, nu: Array, lo: Array, hi: Array) -> Array:
   return jnp.sum(jnp.minimum(jnp.minimum(vals[0], vals[1]), vals[2]))
 
 
+def _forward(layers: Sequence[Affine], bounds: Bounds, theta: list[Array]
+             ) -> tuple[Array, list[tuple[Array, Array, Array]]]:
+  """x_{L-1} and, per hidden layer, (ẑ_k, chord slope s_k, chord(ẑ_k) − relu(ẑ_k))."""
+  lo0, hi0 = bounds[0]
+  x = lo0 + (hi0 - lo0) * theta[0]
+  saved = []
+  for k, layer in enumerate(layers[:-1], start=1):
+    z = affine(layer, x)
+    lo, hi = bounds[k]
+    _, s, t, _ = relu_relaxation(lo, hi)
+    r = jax.nn.relu(z)
+    h = s * z + t - r
+    x = r + theta[k] * h
+    saved.append((z, s, h))
+  return x, saved
+
+
 def evaluate(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[Array]
              ) -> tuple[Array, list[Array], Array]:
   """(f(θ), ∂f/∂θ, g(μ)) of the module doc, μ the backpropagated gradient.
@@ -82,16 +110,7 @@ def evaluate(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[Arr
     theta: θ_0 [n_0], θ_1 [n_1], ..., θ_{L-1}.
   """
   lo0, hi0 = bounds[0]
-  x = lo0 + (hi0 - lo0) * theta[0]
-  saved = []
-  for k, layer in enumerate(layers[:-1], start=1):
-    z = affine(layer, x)
-    lo, hi = bounds[k]
-    _, s, t, _ = relu_relaxation(lo, hi)
-    r = jax.nn.relu(z)
-    h = s * z + t - r
-    x = r + theta[k] * h
-    saved.append((z, s, h))
+  x, saved = _forward(layers, bounds, theta)
   value = c @ affine(layers[-1], x)
   nu = linear_t(layers[-1], c)
   grads = [None] * len(theta)
@@ -110,15 +129,65 @@ def dual_bound(layers: Sequence[Affine], bounds: Bounds, c: Array, zs: list[Arra
   relu(ẑ_k), a negative one up to the chord (slope s_k), as in the Wolfe dual of
   jax_verify's `nonconvex/duals.py`. zs: the current pre-activations ẑ_1..ẑ_{L-1}.
   """
+  return dual_from_fractions(layers, bounds, c, [(z > 0).astype(c.dtype) for z in zs])
+
+
+def dual_from_fractions(layers: Sequence[Affine], bounds: Bounds, c: Array,
+                        fractions: list[Array]) -> Array:
+  """g(μ) with μ_k = max(ν_k, 0) a_k + min(ν_k, 0) s_k, for any a_k ∈ [0, 1] [n_k]
+  (`dual_bound`: a_k = relu'(ẑ_k)); a lower bound of the LP optimum for every a."""
   dual = c @ layers[-1].bias
   nu = linear_t(layers[-1], c)
   for k in range(len(layers) - 1, 0, -1):
     _, s, _, _ = relu_relaxation(*bounds[k])
-    mu = jnp.maximum(nu, 0) * (zs[k - 1] > 0) + jnp.minimum(nu, 0) * s
+    mu = jnp.maximum(nu, 0) * fractions[k - 1] + jnp.minimum(nu, 0) * s
     dual = dual + mu @ layers[k - 1].bias + _vertex_min(mu, nu, *bounds[k])
     nu = linear_t(layers[k - 1], mu)
   lo0, hi0 = bounds[0]
   return dual + jnp.sum(jnp.minimum(nu * lo0, nu * hi0))
+
+
+def polish_dual(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[Array], *,
+                primal: Array, dual: Array, tol: float = DEFAULTS["tol"],
+                steps: int = DEFAULTS["polish_steps"], kink_tol: float = DEFAULTS["kink_tol"],
+                step_scale: float = DEFAULTS["polish_step"]) -> Array:
+  """A tighter dual bound at θ: max(dual, g(a)) over projected ascent on the fractions a.
+
+  The units at a kink at θ (ambiguous, |ẑ| ≤ kink_tol (u − l)) get a free a ∈ [0, 1],
+  starting at relu'(ẑ); the others keep relu'(ẑ) (module doc, "Kinks"). Supergradient
+  steps with Polyak's step size, step_scale (primal − g(a)) / ‖∂g/∂a‖² (the primal value
+  as the target: it is ≥ max g), step_scale halved after every step that does not raise
+  the best g (the target overshoots by the primal's own gap); at most `steps` (a
+  `lax.while_loop`: none when no unit is at a kink or primal − dual ≤ tol already).
+
+  Args:
+    theta: the primal point (e.g. `solve`'s best θ); primal, dual: its value and the best
+      dual bound so far (scalars).
+  """
+  zs = [z for z, _, _ in _forward(layers, bounds, theta)[1]]
+  kinks = [(jnp.abs(z) <= kink_tol * (hi - lo)) & (lo < 0) & (hi > 0)
+           for z, (lo, hi) in zip(zs, bounds[1:len(zs) + 1])]
+  any_kink = jnp.any(jnp.stack([m.any() for m in kinks])) if kinks else jnp.array(False)
+  value_and_grad = jax.value_and_grad(functools.partial(dual_from_fractions, layers, bounds,
+                                                        c))
+
+  def body(state):
+    t, a, best, scale = state
+    value, grad = value_and_grad(a)
+    grad = [jnp.where(m, g, 0.0) for g, m in zip(grad, kinks)]
+    norm2 = sum(jnp.vdot(g, g) for g in grad)
+    scale = jnp.where(value > best, scale, scale / 2)
+    step = scale * (primal - value) / jnp.maximum(norm2, jnp.finfo(c.dtype).tiny)
+    a = [jnp.clip(ai + step * g, 0.0, 1.0) for ai, g in zip(a, grad)]
+    return t + 1, a, jnp.maximum(best, value), scale
+
+  def running(state):
+    t, _, best, _ = state
+    return (t < steps) & (primal - best > tol) & any_kink
+
+  start = (jnp.zeros((), jnp.int32), [(z > 0).astype(c.dtype) for z in zs], dual,
+           jnp.asarray(2 * step_scale, c.dtype))
+  return jax.lax.while_loop(running, body, start)[2]
 
 
 # ----------------------------------------------------------------------------- the solvers
@@ -136,7 +205,7 @@ def solve(fn: Callable, theta0, *, method: str = "fista", max_iters: int = 100,
           tol: float = DEFAULTS["tol"], stop_on_sign: bool = False, step0: float = 1.0,
           max_step: float = DEFAULTS["max_step"], min_step: float = DEFAULTS["min_step"],
           shrink: float = DEFAULTS["shrink"], grow: float = DEFAULTS["grow"],
-          trace: bool = False) -> dict:
+          patience: int | None = None, trace: bool = False) -> dict:
   """Minimises fn over θ ∈ [0, 1] (a pytree) by projected gradient or FISTA.
 
   One iteration tries the step y − η∇f(y) projected on the box; it is accepted when
@@ -153,6 +222,9 @@ def solve(fn: Callable, theta0, *, method: str = "fista", max_iters: int = 100,
     tol: stop when best primal − best dual ≤ tol (absolute).
     stop_on_sign: also stop once the sign of the optimum is known (dual > 0: verified;
       primal < 0: the relaxation cannot verify).
+    patience: also stop after this many iterations without the best primal falling by
+      more than tol / 10 (a stalled primal: the gap is the dual's, see `polish_dual`);
+      None: never.
     trace: run all `max_iters` iterations in a `lax.scan` and return the history.
 
   Returns:
@@ -168,7 +240,7 @@ def solve(fn: Callable, theta0, *, method: str = "fista", max_iters: int = 100,
   dtype = f0.dtype
   state = dict(x=theta0, y=theta0, f_y=f0, g_y=g0, t=jnp.ones((), dtype), best=theta0,
                step=jnp.asarray(step0, dtype), clean=jnp.array(True), primal=f0, dual=d0,
-               it=jnp.zeros((), jnp.int32))
+               it=jnp.zeros((), jnp.int32), mark=f0, mark_it=jnp.zeros((), jnp.int32))
 
   def body(s):
     y, step = s["y"], s["step"]
@@ -198,12 +270,17 @@ def solve(fn: Callable, theta0, *, method: str = "fista", max_iters: int = 100,
     new["primal"] = jnp.minimum(s["primal"], f_c)
     new["dual"] = jnp.maximum(s["dual"], jnp.maximum(d_c, d_y))
     new["it"] = s["it"] + 1
+    moved = new["primal"] < s["mark"] - tol / 10
+    new["mark"] = jnp.where(moved, new["primal"], s["mark"])
+    new["mark_it"] = jnp.where(moved, new["it"], s["mark_it"])
     return new
 
   def running(s):
     go = (s["it"] < max_iters) & (s["primal"] - s["dual"] > tol)
     if stop_on_sign:
       go = go & (s["dual"] <= 0) & (s["primal"] >= 0)
+    if patience is not None:
+      go = go & (s["it"] - s["mark_it"] < patience)
     return go
 
   if trace:
@@ -232,6 +309,27 @@ def relaxation_bounds(layers: Sequence[Affine], x: Array, epsilon, *, clip_min=N
   raise ValueError(f"bounds_method must be 'ibp' or 'triangle', got {bounds_method!r}")
 
 
+def solve_margin(layers: Sequence[Affine], bounds: Bounds, c: Array, *,
+                 theta_init: float = 0.5, polish_steps: int = DEFAULTS["polish_steps"],
+                 kink_tol: float = DEFAULTS["kink_tol"], **solver_options) -> dict:
+  """min cᵀ logits over the relaxation: `solve` from θ = theta_init, then, if the gap is
+  still > tol (and, with stop_on_sign, the sign unknown), `polish_dual` at the best θ.
+
+  Returns `solve`'s dict; dual and gap include the polish (a trace does not).
+  """
+  out = solve(functools.partial(evaluate, layers, bounds, c), init_theta(bounds, theta_init),
+              **solver_options)
+  if polish_steps:
+    tol = solver_options.get("tol", DEFAULTS["tol"])
+    if solver_options.get("stop_on_sign"):   # sign known: nothing to polish for
+      tol = jnp.where((out["dual"] > 0) | (out["primal"] < 0), jnp.inf, tol)
+    out["dual"] = polish_dual(layers, bounds, c, out["theta"], primal=out["primal"],
+                              dual=out["dual"], tol=tol, steps=polish_steps,
+                              kink_tol=kink_tol)
+    out["gap"] = out["primal"] - out["dual"]
+  return out
+
+
 def margin_bounds(layers: Sequence[Affine], x: Array, label: Array, epsilon, *,
                   clip_min=None, clip_max=None, bounds_method: str = "triangle",
                   theta_init: float = 0.5, **solver_options) -> dict:
@@ -240,7 +338,8 @@ def margin_bounds(layers: Sequence[Affine], x: Array, label: Array, epsilon, *,
   Args:
     layers: the network.
     x: one flat input [n_0]; label: its int class; epsilon: the L∞ radius.
-    solver_options: of `solve` (method, max_iters, tol, stop_on_sign, trace, ...).
+    solver_options: of `solve_margin` and `solve` (method, max_iters, tol, stop_on_sign,
+      patience, polish_steps, trace, ...).
 
   Returns:
     `solve`'s dict with a leading [K] axis (j = y: primal = dual = +inf, gap 0,
@@ -250,10 +349,9 @@ def margin_bounds(layers: Sequence[Affine], x: Array, label: Array, epsilon, *,
                              bounds_method=bounds_method)
   num_classes = layers[-1].num_out
   cs = bounds_lib.margin_matrix(label, num_classes, x.dtype)
-  theta0 = init_theta(bounds, theta_init)
 
   def one(c):
-    out = solve(functools.partial(evaluate, layers, bounds, c), theta0, **solver_options)
+    out = solve_margin(layers, bounds, c, theta_init=theta_init, **solver_options)
     out.pop("theta")
     return out
 
