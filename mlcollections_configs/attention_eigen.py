@@ -61,7 +61,6 @@ def eigen_config() -> ml_collections.ConfigDict:
   ec.seed = 0                      # random-init model, random keys, random subspaces
   ec.num_examples = 500            # training examples (statistics) / test examples (errors)
   ec.batch_size = 100
-  ec.kind = "logits"               # scores the reconstruction works on
   ec.matrix_tokens = ml_collections.FieldReference(25, field_type=int)  # t² matrix dims
   ec.levels = (0.9, 0.99)
   ec.overlap_rank = 8

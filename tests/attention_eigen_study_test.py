@@ -64,6 +64,8 @@ def test_language_smoke_runs_the_text_encoder(tmp_path):
     ("key_counts", (4, 18), "eigen.key_counts"),       # m > T = 17
     ("ranks", (5,), "eigen.ranks"),                   # k > m = 4
     ("subset_rules", ("every_other",), "eigen.subset_rules"),
+    ("levels", (), "eigen.levels"),                   # max() of none, after training
+    ("levels", ("high",), "eigen.levels"),
 ])
 def test_bad_eigen_config_is_refused_before_training(tmp_path, field, value, path):
   config = ae_config.get_config("smoke")

@@ -64,3 +64,14 @@ def test_cifar100_lt_reads_a_data_dir_or_says_it_is_missing(tmp_path):
   assert len(exp.train) < 200   # The long tail subsampled the mock training split.
   assert e.value.field == "objective.task.kind" and "have no example" in e.value.message
   assert "\n" not in str(e.value)
+
+
+def test_headline_tilt_must_be_the_oracle_s_tilt():
+  config = ls_cfg.get_config("smoke")
+  ls_study.validate(config)
+  config.label_shift.headline_tilt = -0.5        # the oracle still trains for λ = −1
+  with pytest.raises(ConfigError) as e:
+    ls_study.validate(config)
+  assert e.value.field == "label_shift.headline_tilt" and "\n" not in str(e.value)
+  config.runs.oracle.objective.task.tilt = -0.5
+  ls_study.validate(config)

@@ -78,3 +78,12 @@ def test_cifar10_setup_builds_and_validates_on_mock_tfds_data():
   study.validate(config, experiments)
   assert experiments["cnn"].train.images.shape[1:] == (32, 32, 3)
   assert max(config.verification.epsilons) == pytest.approx(8 / 255)
+
+
+def test_a_run_with_other_pixels_is_refused_naming_its_field():
+  """The boxes are cut to [0, 1]; a run's own `data.normalize` override is checked too."""
+  config = verification_config.get_config("smoke")
+  config.runs.cnn_adv.data = {"normalize": "half"}
+  with pytest.raises(ConfigError) as e:
+    studies.run(config, "/nonexistent/never_written")
+  assert e.value.field == "runs.cnn_adv.data.normalize" and "\n" not in str(e.value)

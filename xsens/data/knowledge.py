@@ -9,9 +9,11 @@ Two sources give the same `ClozeData` (numpy, int32 token ids right-padded with 
     set; objects follow a Zipf law (p_k ∝ 1 / (k + 1)), so object frequencies differ, as
     the paper's new-object sampling (∝ frequency) needs. Each relation renders its facts
     through `num_train_templates` training templates and `num_heldout_templates` held-out
-    paraphrases, drawn per relation from `PATTERNS` (so every pattern is a training pattern
-    of some relations, and a relation's held-out patterns are never rendered for it in
-    training text). Subjects, relation words and objects are single tokens.
+    paraphrases, drawn per relation from `PATTERNS` by an independent permutation, so a
+    relation's held-out patterns are never rendered for it in training text. A held-out
+    pattern is usually a training pattern of some other relation, but nothing enforces
+    it: for some seeds (e.g. 3 and 4 of the default sizes) a pattern is held out
+    everywhere it is drawn, and its paraphrases use wording the model never saw. Subjects, relation words and objects are single tokens.
   * `read_lama_trex(data_dir, ...)`: a LAMA / T-REx cloze set in LAMA's layout (below).
 
 Token ids: 0..3 are the shared specials of `xsens.data.text` (<pad>, <s>, </s>, <unk>),

@@ -39,7 +39,7 @@ import numpy as np
 
 from xsens import paths
 from xsens.data import batching
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, is_finite_number
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit
 from xsens.report import plots, tables
@@ -75,14 +75,13 @@ def validate_eigen_config(ec, num_tokens: int | None = None) -> None:
           ec.subset_rules) else "eigen.subset_rules"
       raise ConfigError(field, f"unknown subset rule {rule!r}; allowed: "
                         f"{', '.join(ae.SUBSET_RULES)}")
-  if ec.kind not in ae.SCORE_KINDS:
-    raise ConfigError("eigen.kind", f"unknown kind {ec.kind!r}; allowed: "
-                      f"{', '.join(ae.SCORE_KINDS)}")
   if num_tokens is not None and ec.overlap_rank > num_tokens:
     raise ConfigError("eigen.overlap_rank", f"{ec.overlap_rank} exceeds T={num_tokens}")
-  for level in ec.levels:
-    if not 0 < level <= 1:
-      raise ConfigError("eigen.levels", f"levels must be in (0, 1]; got {level!r}")
+  levels = ec.levels
+  if (not isinstance(levels, (tuple, list)) or not levels
+      or not all(is_finite_number(v) and 0 < v <= 1 for v in levels)):
+    raise ConfigError("eigen.levels", f"must be a non-empty tuple of numbers in (0, 1]; "
+                      f"got {levels!r}")
   if ec.matrix_tokens is not None:
     _positive_int(ec.matrix_tokens, "eigen.matrix_tokens")
 

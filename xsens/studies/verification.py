@@ -62,11 +62,12 @@ def validate(config, experiments) -> None:
     unknown = [r for r in vc[field] if r not in config.runs]
     require(not unknown, f"verification.{field}",
             f"unknown runs {unknown!r}; allowed: {', '.join(config.runs)}")
-  require(config.train.data.normalize == "zero_one", "train.data.normalize",
-          f"verification needs pixels in [0, 1] ('zero_one'), got "
-          f"{config.train.data.normalize!r}")
   for name, exp in experiments.items():
     with compare.run_errors(config, compare.run_ids(config)[name][0]):
+      # The input boxes are cut to [0, 1]: the run's own pixels must be in [0, 1].
+      require(exp.config.data.normalize == "zero_one", "data.normalize",
+              f"verification needs pixels in [0, 1] ('zero_one'), got "
+              f"{exp.config.data.normalize!r}")
       bounds_lib.check_model(exp.model)
 
 
