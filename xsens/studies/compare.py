@@ -12,7 +12,7 @@ import functools
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -86,15 +86,18 @@ def mean_and_stderr(values) -> tuple[float, float]:
   return float(v.mean()), se
 
 
-def seed_rows(rows: list[dict], ids: dict[str, tuple[str, int]], columns) -> list[dict]:
-  """One row per run of `rows` (one per run id, key "run"): for each of `columns`, the
-  mean over its seeds and `<column> s.e.` their standard error; `seeds` = n."""
-  groups: dict[str, list[dict]] = {}
+def seed_rows(rows: list[dict], ids: dict[str, tuple[str, int]], columns,
+              group_by: Sequence[str] = ()) -> list[dict]:
+  """One row per run of `rows` (one per run id, key "run"), and per value of the keys
+  `group_by`: for each of `columns`, the mean over its seeds and `<column> s.e.` their
+  standard error (NaN where no seed has a value); `seeds` = n."""
+  groups: dict[tuple, list[dict]] = {}
   for row in rows:
-    groups.setdefault(ids[row["run"]][0], []).append(row)
+    key = (ids[row["run"]][0],) + tuple(row[k] for k in group_by)
+    groups.setdefault(key, []).append(row)
   out = []
-  for name, group in groups.items():
-    agg = {"run": name, "seeds": len(group)}
+  for (name, *values), group in groups.items():
+    agg = {"run": name, **dict(zip(group_by, values)), "seeds": len(group)}
     for c in columns:
       agg[c], agg[f"{c} s.e."] = mean_and_stderr([r.get(c) for r in group])
     out.append(agg)

@@ -181,18 +181,8 @@ def _rows(name, verified, lp_results, vc) -> list[dict]:
 def seed_table(rows: list[dict], ids: dict[str, tuple[str, int]]) -> list[dict]:
   """One row per (run, method, ε) of the per-seed `rows` (key "run": a run id): verified,
   falsified and open rates, their mean and `<rate> s.e.` over the seeds; `seeds` = n."""
-  groups: dict[tuple, list[dict]] = {}
-  for r in rows:
-    groups.setdefault((ids[r["run"]][0], r["method"], r["epsilon"]), []).append(r)
-  out = []
-  for (name, method, eps), group in groups.items():
-    row = {"run": name, "method": method, "epsilon": eps, "seeds": len(group),
-           "examples": group[0]["examples"]}
-    for c in ("verified", "falsified", "open"):
-      row[c], row[f"{c} s.e."] = (compare.mean_and_stderr([r[c] for r in group])
-                                  if group[0][c] is not None else (None, None))
-    out.append(row)
-  return out
+  return compare.seed_rows(rows, ids, ("verified", "falsified", "open"),
+                           group_by=("method", "epsilon"))
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
