@@ -150,7 +150,8 @@ def dual_from_fractions(layers: Sequence[Affine], bounds: Bounds, c: Array,
 def polish_dual(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[Array], *,
                 primal: Array, dual: Array, tol: float = DEFAULTS["tol"],
                 steps: int = DEFAULTS["polish_steps"], kink_tol: float = DEFAULTS["kink_tol"],
-                step_scale: float = DEFAULTS["polish_step"]) -> Array:
+                step_scale: float = DEFAULTS["polish_step"],
+                stop_on_sign: bool = False) -> Array:
   """A tighter dual bound at θ: max(dual, g(a)) over projected ascent on the fractions a.
 
   The units at a kink at θ (ambiguous, |ẑ| ≤ kink_tol (u − l)) get a free a ∈ [0, 1],
@@ -163,6 +164,7 @@ def polish_dual(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[
   Args:
     theta: the primal point (e.g. `solve`'s best θ); primal, dual: its value and the best
       dual bound so far (scalars).
+    stop_on_sign: also stop once the bound is > 0 (verified) or the primal < 0.
   """
   zs = [z for z, _, _ in _forward(layers, bounds, theta)[1]]
   kinks = [(jnp.abs(z) <= kink_tol * (hi - lo)) & (lo < 0) & (hi > 0)
@@ -183,7 +185,8 @@ def polish_dual(layers: Sequence[Affine], bounds: Bounds, c: Array, theta: list[
 
   def running(state):
     t, _, best, _ = state
-    return (t < steps) & (primal - best > tol) & any_kink
+    go = (t < steps) & (primal - best > tol) & any_kink
+    return go & (best <= 0) & (primal >= 0) if stop_on_sign else go
 
   start = (jnp.zeros((), jnp.int32), [(z > 0).astype(c.dtype) for z in zs], dual,
            jnp.asarray(2 * step_scale, c.dtype))
@@ -320,12 +323,10 @@ def solve_margin(layers: Sequence[Affine], bounds: Bounds, c: Array, *,
   out = solve(functools.partial(evaluate, layers, bounds, c), init_theta(bounds, theta_init),
               **solver_options)
   if polish_steps:
-    tol = solver_options.get("tol", DEFAULTS["tol"])
-    if solver_options.get("stop_on_sign"):   # sign known: nothing to polish for
-      tol = jnp.where((out["dual"] > 0) | (out["primal"] < 0), jnp.inf, tol)
     out["dual"] = polish_dual(layers, bounds, c, out["theta"], primal=out["primal"],
-                              dual=out["dual"], tol=tol, steps=polish_steps,
-                              kink_tol=kink_tol)
+                              dual=out["dual"], tol=solver_options.get("tol", DEFAULTS["tol"]),
+                              steps=polish_steps, kink_tol=kink_tol,
+                              stop_on_sign=solver_options.get("stop_on_sign", False))
     out["gap"] = out["primal"] - out["dual"]
   return out
 
