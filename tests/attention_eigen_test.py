@@ -119,12 +119,18 @@ def test_logits_from_the_projections_match_the_sown_attention_weights():
     np.testing.assert_allclose(jax.nn.softmax(got, -1), want, atol=1e-5)
 
 
+# Compiled: one XLA program per input shape, where op-by-op dispatch compiles every op of
+# the model on its own.
+_score_moments = jax.jit(ae.score_moments, static_argnums=0,
+                         static_argnames=("kind", "matrix_tokens"))
+
+
 def test_score_moments_stream_over_batches_and_cover_text_and_reuse_models():
   model, variables, x = _vit()
   apply_fn = functools.partial(model.apply, train=False)
-  whole = jax.tree.map(np.asarray, ae.score_moments(apply_fn, variables, x,
+  whole = jax.tree.map(np.asarray, _score_moments(apply_fn, variables, x,
                                                     matrix_tokens=5))
-  parts = [jax.tree.map(np.asarray, ae.score_moments(apply_fn, variables, x[s],
+  parts = [jax.tree.map(np.asarray, _score_moments(apply_fn, variables, x[s],
                                                      matrix_tokens=5))
            for s in (slice(0, 2), slice(2, 5))]
   merged = {p: ae.merge_moments(parts[0][p], parts[1][p]) for p in parts[0]}
@@ -132,7 +138,7 @@ def test_score_moments_stream_over_batches_and_cover_text_and_reuse_models():
   assert whole["matrices"]["m2"].shape == (2, 25, 25)
   for p in whole:
     np.testing.assert_allclose(merged[p]["m2"], whole[p]["m2"], rtol=1e-3, atol=1e-3)
-  probs = ae.score_moments(apply_fn, variables, x, kind="probs")
+  probs = _score_moments(apply_fn, variables, x, kind="probs")
   np.testing.assert_allclose(probs["rows"]["mean"].sum(-1), 1.0, atol=1e-5)
   reuse, rv, _ = _vit("reuse_vit", reuse_heads=1, reuse_layers=1)
   out = ae.attention_logits(functools.partial(reuse.apply, train=False), rv, x)
@@ -141,7 +147,7 @@ def test_score_moments_stream_over_batches_and_cover_text_and_reuse_models():
                    num_heads=2, mlp_dim=8)
   ids = jnp.asarray([[1, 4, 5, 2, 0, 0], [1, 3, 3, 3, 7, 2]])
   tv = text.init(jax.random.key(0), ids)
-  mom = ae.score_moments(functools.partial(text.apply, train=False), tv, ids, kind="probs")
+  mom = _score_moments(functools.partial(text.apply, train=False), tv, ids, kind="probs")
   assert mom["rows"]["mean"].shape == (2, 2, 6)
   assert float(mom["rows"]["count"]) == 4 + 6                   # real query rows only
   # Keys 4, 5 are padding in example 0 only: their mean probability is that of example 1.
@@ -176,19 +182,19 @@ def test_eigen_vit_with_all_keys_is_the_vit_and_with_a_pca_basis_runs_frozen():
   vit, variables, x = _vit()
   full, fv, _ = _vit("eigen_vit", keys_kept=17, basis_rank=4)
   params = {**fv["params"], **variables["params"]}
-  np.testing.assert_allclose(full.apply({"params": params}, x), vit.apply(variables, x),
-                             atol=1e-5)
+  vit_out = jax.jit(vit.apply)(variables, x)   # Compiled (see _score_moments).
+  np.testing.assert_allclose(jax.jit(full.apply)({"params": params}, x), vit_out, atol=1e-5)
   assert set(fv["params"]) - set(variables["params"]) == {"eigen_basis_1", "eigen_mean_1"}
   basis = np.asarray(ae.random_basis(jax.random.key(3), 17, 4, (2,)))
   keys = ((tuple(range(0, 17, 3)),) * 2,)
   part = full.clone(keys_kept=6, kept_keys=keys)
-  out = part.apply({"params": eigen_vit.with_basis(variables["params"], {1: basis},
-                                                   {1: np.zeros((2, 17))})}, x)
+  out = jax.jit(part.apply)({"params": eigen_vit.with_basis(variables["params"], {1: basis},
+                                                            {1: np.zeros((2, 17))})}, x)
   assert out.shape == (5, 3) and bool(jnp.isfinite(out).all())
-  assert not np.allclose(out, vit.apply(variables, x), atol=1e-4)
+  assert not np.allclose(out, vit_out, atol=1e-4)
   # Gradients reach the learned basis.
   model, mv, _ = _vit("eigen_vit", keys_kept=6, basis_rank=4)
-  grads = jax.grad(lambda p: model.apply({"params": p}, x).sum())(mv["params"])
+  grads = jax.jit(jax.grad(lambda p: model.apply({"params": p}, x).sum()))(mv["params"])
   assert float(jnp.abs(grads["eigen_basis_1"]).sum()) > 0
 
 

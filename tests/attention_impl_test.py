@@ -46,6 +46,12 @@ def _out_and_grads(model, variables, x, train=False):
   return model.apply(variables, x, train=train, rngs=rngs), jax.grad(loss)(variables)
 
 
+# Compiled: one XLA program per model and mode, where op-by-op dispatch compiles every op
+# on its own (most of the time of these tests). For the comparisons within a tolerance;
+# the bit-for-bit remat checks stay op by op (XLA may fuse a remat program differently).
+_jit_out_and_grads = jax.jit(_out_and_grads, static_argnames=("model", "train"))
+
+
 def _assert_close(a, b, tol):
   """Leaves of `a` within tol · max(1, max |leaf of b|) of `b` (float32 rounding)."""
   for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -63,8 +69,8 @@ def test_attention_impls_match_einsum_outputs_and_gradients(name, impl):
   assert jax.tree.structure(_init(model, x)) == jax.tree.structure(variables)
   # train=True runs the text models' attention dropout (through "folded").
   for train in (False, True):
-    out, grads = _out_and_grads(model, variables, x, train)
-    ref_out, ref_grads = _out_and_grads(ref, variables, x, train)
+    out, grads = _jit_out_and_grads(model, variables, x, train)
+    ref_out, ref_grads = _jit_out_and_grads(ref, variables, x, train)
     _assert_close(out, ref_out, 1e-5)
     _assert_close(grads, ref_grads, 1e-5)
 
@@ -123,8 +129,8 @@ def test_bfloat16_compute_is_close_to_float32_with_float32_params(name, impl):
   model, _ = _case(name, dtype="bfloat16", attention_impl=impl)
   variables = _init(model, x)
   assert {leaf.dtype for leaf in jax.tree.leaves(variables)} == {jnp.dtype(jnp.float32)}
-  out, grads = _out_and_grads(model, variables, x)
-  ref_out, _ = _out_and_grads(ref, variables, x)
+  out, grads = _jit_out_and_grads(model, variables, x)
+  ref_out, _ = _jit_out_and_grads(ref, variables, x)
   assert out.dtype == jnp.float32
   assert {g.dtype for g in jax.tree.leaves(grads)} == {jnp.dtype(jnp.float32)}
   scale = float(jnp.abs(ref_out).max())

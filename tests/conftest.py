@@ -6,6 +6,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 # A private data dir for the whole session (inherited by CLI subprocesses): embedded
 # datasets are prepared there once; nothing reads or writes ~/tensorflow_datasets.
 os.environ.setdefault("TFDS_DATA_DIR", tempfile.mkdtemp(prefix="xsens_tfds_"))
@@ -32,3 +34,68 @@ _CACHE_DIR = tempfile.mkdtemp(prefix="xsens_jax_cache_")
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.1)
+
+
+# ------------------------------------------------------------------------- module order
+# pytest.ini's `--dist loadscope` hands whole modules to the two workers in the order of
+# the collected items (xdist >= 3.7 would reorder them by test count, which puts the
+# one-test end-to-end modules last: turned off below). They are sorted here longest
+# first, so that the modules that start last are short ones and neither worker waits long
+# for the other at the end (LPT scheduling). Seconds per module (tests/NAME_test.py), summed
+# from `--durations=0` on 2 cores: (its fast-tier tests, its slow tests). A module not
+# listed counts 1 s per test; the numbers only order the modules, so rough ones suffice.
+MODULE_SECONDS = {
+    "robustness_study": (1, 92), "train": (1, 91), "sensitivity_vision": (5, 67),
+    "robustness_imagenet": (4, 64), "perturbations": (3, 64), "attention_impl": (50, 11),
+    "sensitivity": (6, 53), "multihost": (2, 51), "synthetic_sensitivity": (6, 44),
+    "models": (0, 44), "benign_overfitting": (9, 34), "preemption": (0, 42),
+    "colab_attention_structure": (0, 38), "sensitivity_language": (0, 36),
+    "text_models": (11, 22), "attention_eigen_study": (0, 31), "grokking": (1, 30),
+    "verification": (30, 0), "modify_memories_study": (0, 28), "input_pipeline": (3, 24),
+    "sharding": (0, 27), "colab_robustness": (0, 25), "distill": (3, 21),
+    "verification_study": (0, 24), "colab_reuse": (0, 23), "reuse_study": (0, 23),
+    "distillation_study": (0, 22), "fsdp": (0, 19), "similarity": (4, 15), "colab": (0, 17),
+    "label_shift_study": (0, 17), "attention_eigen": (16, 0), "bench_experiments": (0, 16),
+    "position_encoding_study": (0, 16), "position_encoding": (16, 0),
+    "accumulation": (14, 0), "adversarial": (7, 7), "colab_distillation": (0, 13),
+    "finetune_configs": (3, 10), "use_from_python": (0, 13), "cli": (12, 0),
+    "colab_benign_overfitting": (0, 12), "logging": (2, 10), "interventions": (2, 8),
+    "mixup": (10, 0), "colab_grokking": (0, 9), "faults": (5, 4),
+    "attention_similarity": (2, 6), "data": (3, 5), "evaluators": (4, 4),
+    "label_shift": (4, 4), "plots": (8, 0), "sensitivity_imagenet": (0, 8),
+    "codistill": (0, 7), "configs": (0, 7), "corruptions": (1, 6), "reuse": (3, 4),
+    "boolean": (3, 3), "objectives": (1, 5), "pretrained": (3, 3),
+    "modify_memories": (5, 0), "tensorboard": (5, 0), "validation": (3, 2),
+    "convnext": (4, 0), "spectral": (4, 0), "mesh_eval": (3, 0), "vit_spt_lsa": (3, 0),
+    "loop": (2, 0), "measures_api": (2, 0), "subgroups_churn": (2, 0), "losses": (1, 0),
+    "optim": (1, 0), "remote_paths": (1, 0), "batching": (0, 0),
+    "colab_modify_memories": (0, 0), "import_cycles": (0, 0), "notebook_format": (0, 0),
+    "text_data": (0, 0),
+}
+
+
+def pytest_configure(config):
+  if hasattr(config.option, "loadscopereorder"):
+    config.option.loadscopereorder = False
+
+
+def _module(item) -> str:
+  return os.path.basename(item.nodeid.split("::")[0]).removesuffix(".py").removesuffix("_test")
+
+
+@pytest.hookimpl(trylast=True)  # After `-m` / `-k` deselected items: only the ones that run.
+def pytest_collection_modifyitems(items):
+  count, slow = {}, {}
+  for item in items:
+    name = _module(item)
+    count[name] = count.get(name, 0) + 1
+    slow.setdefault(name, set()).add(item.get_closest_marker("slow") is not None)
+
+  def seconds(name):
+    if name not in MODULE_SECONDS:
+      return float(count[name])
+    fast_s, slow_s = MODULE_SECONDS[name]
+    return fast_s * (False in slow[name]) + slow_s * (True in slow[name])
+
+  cost = {name: seconds(name) for name in count}
+  items.sort(key=lambda item: -cost[_module(item)])  # Stable: a module's order is kept.

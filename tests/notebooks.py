@@ -1,6 +1,7 @@
 """Shared plumbing of the notebook tests: cleanliness checks and smoke-mode execution."""
 
 import os
+import shutil
 
 import nbformat
 import pytest
@@ -32,21 +33,45 @@ def committed_source(path: str) -> str:
   return "\n".join(c.source for c in nb.cells)
 
 
-def execute_smoke(path: str, timeout: int = 300):
+def execute_smoke(path: str, timeout: int = 300, keep_tmp: str | None = None):
   """Runs the notebook in a real kernel with XSENS_NOTEBOOK_SMOKE=1; returns it executed.
 
   The kernel is a subprocess: it inherits os.environ, including the session's private
   TFDS_DATA_DIR (tests/conftest.py). It runs on the CPU (on a GPU host the pytest process
   may hold the GPU memory) with fast compiles. A failing cell raises CellExecutionError.
+  `keep_tmp`: a directory: what the notebook makes in its TMPDIR (its workdirs, from
+  `tempfile.mkdtemp`) is copied there before the cell that removes them runs (a cell
+  calling `shutil.rmtree`), so that a test can read or resume them.
   """
   with pytest.MonkeyPatch.context() as mp:
     mp.setenv("XSENS_NOTEBOOK_SMOKE", "1")
     mp.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
     mp.setenv("JAX_PLATFORMS", "cpu")
+    hooks = {}
+    if keep_tmp is not None:
+      kernel_tmp = os.path.join(keep_tmp, ".kernel_tmp")
+      os.makedirs(kernel_tmp)
+      mp.setenv("TMPDIR", kernel_tmp)
+
+      def keep(cell, cell_index):
+        del cell_index
+        if "shutil.rmtree(" in cell.source:
+          for name in os.listdir(kernel_tmp):
+            if os.path.isdir(os.path.join(kernel_tmp, name)):
+              shutil.copytree(os.path.join(kernel_tmp, name), os.path.join(keep_tmp, name),
+                              dirs_exist_ok=True)
+      hooks["on_cell_execute"] = keep
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": REPO}}).execute()
+                   resources={"metadata": {"path": REPO}}, **hooks).execute()
   return nb
+
+
+def kept_dir(keep_tmp: str, prefix: str) -> str:
+  """The one directory `tempfile.mkdtemp(prefix=prefix)` made, as kept by execute_smoke."""
+  found = [n for n in os.listdir(keep_tmp) if n.startswith(prefix)]
+  assert len(found) == 1, (prefix, os.listdir(keep_tmp))
+  return os.path.join(keep_tmp, found[0])
 
 
 def outputs(nb, kind: str) -> list:

@@ -361,7 +361,7 @@ def _prepare_embedded(name: str, data_dir: str):
   process): process 0 prepares, all wait at a barrier (`sync_global_devices`), then a
   process that still finds no prepared copy (a data_dir on a disk its host does not share
   with process 0) prepares its own, under a lock file when data_dir is local so that the
-  processes of one host do not prepare it at once.
+  processes of one host (of this run or of others) do not prepare it at once.
   """
   def make():
     return builders.BUILDERS[name](data_dir=data_dir, file_format=_FILE_FORMAT)
@@ -375,9 +375,12 @@ def _prepare_embedded(name: str, data_dir: str):
     builder = make()  # Re-reads the dataset info process 0 wrote.
   if builder.is_prepared():
     return builder
-  if jax.process_count() == 1 or "://" in data_dir:
+  if "://" in data_dir:
     builder.download_and_prepare(file_format=_FILE_FORMAT)
     return builder
+  # A local data_dir may be shared by processes that are not one JAX run either (e.g. the
+  # test suite's workers): they too must not prepare it at once (TFDS then fails to
+  # rename its incomplete directory onto the one another process finished).
   import fcntl  # pylint: disable=g-import-not-at-top
   os.makedirs(data_dir, exist_ok=True)
   with open(os.path.join(data_dir, f".{name}.prepare.lock"), "w") as lock:
