@@ -64,10 +64,9 @@ def validate(config) -> None:
   _require(is_finite_number(ls.headline_tilt), "headline_tilt", "must be a finite number",
            ls.headline_tilt)
   oracle = config.get("runs", {}).get("oracle", {}).get("objective", {}).get("task", {})
-  if "tilt" in oracle and oracle["tilt"] != ls.headline_tilt:
-    _require(False, "headline_tilt", "must equal runs.oracle.objective.task.tilt "
-             f"({oracle['tilt']!r}, the prior the oracle trains for; set both)",
-             ls.headline_tilt)
+  _require(oracle.get("tilt", ls.headline_tilt) == ls.headline_tilt, "headline_tilt",
+           f"must equal runs.oracle.objective.task.tilt ({oracle.get('tilt')!r}, the prior "
+           "the oracle trains for; set both)", ls.headline_tilt)
 
 
 def shift_priors(p_train: np.ndarray, ls) -> tuple[list[str], np.ndarray]:
