@@ -3,6 +3,7 @@
   python experiments/bench_sensitivity.py                  # ~3 min idle
   python experiments/bench_sensitivity.py --quick          # ~25 s idle
   python experiments/bench_sensitivity.py --json=/tmp/bench_sensitivity.json
+  python experiments/bench_sensitivity.py --compare_torch=einsum,folded,xla_fused  # ~1 min
 
 Measures, and prints as markdown tables:
   * peak: the fp32 matmul peak, best jitted 2048x2048 @ 2048x2048 over the
@@ -169,11 +170,11 @@ class Timer:
 # ----------------------------------------------------------------------------
 
 
-def build_model(name: str, patch_size: int):
-  """(label, predict_fn(variables, images), variables)."""
+def build_model(name: str, patch_size: int, attention_impl: str = "einsum"):
+  """(label, predict_fn(variables, images), variables); `attention_impl` for the ViT."""
   if name == "vit":
     model = get_model("vit", NUM_CLASSES, IMAGE_SHAPE, patch_size=patch_size,
-                      **VIT_KW)
+                      attention_impl=attention_impl, **VIT_KW)
     label = f"ViT p{patch_size}"
   else:
     model = get_model("cnn", NUM_CLASSES, IMAGE_SHAPE)
@@ -473,6 +474,54 @@ def torch_section(cases, rounds: int, quick: bool) -> list[dict[str, Any]]:
           for k, v in res.items() if k.endswith("evals_per_s")]
 
 
+def torch_comparison(impls, rounds: int, batch: int = 64, patch: int = 4,
+                     num_draws: int = 1) -> dict[str, Any]:
+  """ViT p`patch`, B = `batch`: the estimator (forward batch B) per attention core against
+  the PyTorch patterns on the same token arrays. The JAX cores are timed before and after
+  PyTorch (best of both); GFLOP/s counts the `einsum` forward's FLOPs (same arithmetic)."""
+  import torch_baselines  # pylint: disable=import-outside-toplevel
+  timer = Timer()
+  timer.sample_peak(5)
+  t = (IMAGE_SHAPE[0] // patch) ** 2
+  images, key = images_for(batch), jax.random.key(2)
+  thunks = {}
+  for impl in impls:
+    _, apply, variables = build_model("vit", patch, attention_impl=impl)
+    if not thunks:
+      flops = forward_flops_per_example(apply, variables, batch) * batch * (t * num_draws + 1)
+    compiled = jax.jit(estimator_fn(apply, patch, num_draws, 1, None)).lower(
+        variables, images, key).compile()
+    thunks[impl] = lambda c=compiled, v=variables: c(v, images, key)
+  before = timer.best(thunks, rounds)
+  _, tok = tokens_lib.token_view(lambda v, x: x, images, patch)
+  res = torch_baselines.bench(np.asarray(tok), sigma=SIGMA, num_draws=num_draws,
+                              vit_kw=VIT_KW, num_classes=NUM_CLASSES, rounds=rounds,
+                              per_example_n=2)
+  after = timer.best(thunks, rounds)
+  evals = batch * t * num_draws
+  torch_rates = {k[:-len("_evals_per_s")]: v for k, v in res.items()
+                 if k.endswith("_evals_per_s")}
+  rows = []
+  for impl in impls:
+    sec = min(before[impl]["s"], after[impl]["s"])
+    rows.append(dict(attention_impl=impl, seconds=sec, evals_per_s=evals / sec,
+                     gflops=flops / sec / 1e9, pct_peak=100 * flops / sec / 1e9 /
+                     timer.peak_gflops, cpu_util=before[impl]["cpu"],
+                     vs_torch={k: evals / sec / v for k, v in torch_rates.items()}))
+  print(f"\n## ViT p{patch}, B = {batch}, R = {num_draws}: estimator (forward batch {batch}) "
+        f"per attention core vs PyTorch {res['torch_version']} ({res['torch_threads']} threads)")
+  print(f"peak {timer.peak_gflops:.1f} GFLOP/s; PyTorch evals/s: " + ", ".join(
+      f"{k} {v:,.0f}" for k, v in torch_rates.items()))
+  print("| attention | evals/s | GFLOP/s | % peak | " + " | ".join(
+      f"/ {k}" for k in torch_rates) + " |")
+  print("|---|---|---|---|" + "---|" * len(torch_rates))
+  for r in rows:
+    print(f"| {r['attention_impl']} | {r['evals_per_s']:,.0f} | {r['gflops']:.1f} | "
+          f"{r['pct_peak']:.0f}% | " + " | ".join(
+              f"{v:.2f}×" for v in r["vs_torch"].values()) + " |")
+  return dict(peak_gflops=timer.peak_gflops, torch=res, rows=rows)
+
+
 def _fmt_bytes(n: int) -> str:
   return f"{n / 2**20:,.1f} MiB"
 
@@ -502,8 +551,22 @@ def main(argv=None):
   parser.add_argument("--forward_batch", type=int, default=64,
                       help="target examples per forward call for the "
                            "'sensible' estimator config.")
+  parser.add_argument("--compare_torch", default=None,
+                      help="only the ViT p4 B=64 estimator per attention core (comma list "
+                           "of einsum, folded, xla_fused) against PyTorch (the `bench` "
+                           "extra), then exit.")
   args = parser.parse_args(argv)
   rounds = args.rounds or (2 if args.quick else 3)
+  if args.compare_torch:
+    info = machine_info()
+    print("## Machine\n" + "\n".join(f"  {k}: {v}" for k, v in info.items()), flush=True)
+    out = torch_comparison(args.compare_torch.split(","), rounds)
+    out["machine"], out["loadavg_end"] = info, os.getloadavg()
+    print(f"loadavg start {info['loadavg_start']}, end {out['loadavg_end']}")
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    return out
   fb = args.forward_batch
   t_start = time.perf_counter()
 

@@ -59,7 +59,9 @@ def parse(argv=None):
                  help="scipy linprog methods, each timed; the speed-up is against the "
                       "fastest of them on each property")
   p.add_argument("--train_steps", type=int, default=300)
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  args.lp_methods = args.lp_methods.split(",")
+  return args
 
 
 def train(args, widths):
@@ -85,7 +87,7 @@ def bench_width(res, args) -> dict:
   x = np.asarray(res.test.images[:args.examples]).reshape(args.examples, -1)
   y = np.asarray(res.test.labels[:args.examples])
   mats = [lp.dense_matrix(l) for l in layers]
-  methods = args.lp_methods.split(",")
+  methods = args.lp_methods
   rec = {k: [] for k in ("nc_s", "lp_s", "reached", "dual_err", "primal_err", "iters",
                          "unsound", *methods)}
   for xi, yi in zip(x, y):
@@ -135,7 +137,7 @@ def main(argv=None) -> dict:
   for w in widths:
     table[w] = bench_width(results[f"w{w}"], args)
     print(w, json.dumps(table[w]), flush=True)
-  methods = args.lp_methods.split(",")
+  methods = args.lp_methods
   header = ("| width | properties | nonconvex median / max s | HiGHS median s ("
             + ", ".join(methods) + "; fastest) | speed-up vs fastest "
             f"(medians; median ratio) | gap ≤ {args.gap:g} reached | iters median / max | "

@@ -24,13 +24,14 @@ Variants:
   notebook's; the script runs 5), test every 100 epochs, plot markers at 500, 3000, 9800.
 - `smoke`: seconds; what the tests run.
 - `epochs=N`, `seeds=S`, `modulus=p`, `lr=x` override those fields; `paper,seeds=5` is the
-  script's five seeds 42..46 (vmapped; estimated 5 × 42.6 ms per epoch on 2 quiet cores,
-  ≈ 71 min; not run, see docs/results.md).
+  script's five seeds 42..46 (vmapped; 338 ms/epoch for the five on 2 cores, 1 h 53 min
+  for 20,000 epochs; resumes from its last 500-epoch chunk; results in docs/results.md).
 - `init_npz=PATH` (`model.init_npz`): start from the official model's weights in an .npz
-  (its state_dict's keys; each array of the official shape, or [seeds, ...] one per seed):
-  the mapping and a PyTorch snippet that writes the official initial weights are in
-  xsens/models/grokking_transformer.py. (`--config.model.init_npz=` is refused: the
-  command line cannot set a field that is None in the file.)
+  (its state_dict's keys; each array of the official shape, or [seeds, ...] one per seed),
+  written by `python -m experiments.official_grokking_init --out=PATH` (PyTorch; seeds
+  42..46 stacked); the mapping is in xsens/models/grokking_transformer.py.
+  (`--config.model.init_npz=` is refused: the command line cannot set a field that is None
+  in the file.)
 
 Shows: results.md with, per seed, the epochs at which the model memorises (train acc ≥
 0.99), sensitivity peaks and falls (≤ 0.9 and ≤ 0.5 × peak of its rolling mean), test

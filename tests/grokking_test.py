@@ -466,6 +466,15 @@ def test_rolling_mean_and_events():
   assert ev["grokked"] is True and ev["sens_at_grok"] == pytest.approx(0.4 * 69 / 199)
   late = grokking.events(logs, window=1, grok_thresholds=(0.95, 0.5), fall_fraction=0.5)
   assert late["grok_epoch"] == 370 and late["lead_epochs"] == 70
+  # A post-grokking rise (AdamW's late loss spikes) is not the plateau's peak: the peak is
+  # searched up to the grokking epoch, the later maximum is reported apart.
+  spiked = dict(logs, sensitivity=np.concatenate([sens, np.full(100, 0.8)]),
+                test_accuracy=np.concatenate([test, np.full(100, np.nan)]),
+                train_accuracy=np.concatenate([logs["train_accuracy"], np.ones(100)]))
+  sp = grokking.events(spiked, window=1, grok_thresholds=(0.5,), fall_fraction=0.5)
+  assert 99 <= sp["sens_peak_epoch"] <= 199 and sp["lead_epochs"] == 30
+  assert sp["sens_post_grok_max"] == pytest.approx(0.8)
+  assert ev["sens_post_grok_max"] == pytest.approx(sens[330:].max())
 
 
 def test_summary_across_seeds_counts_and_mean_se():
@@ -654,3 +663,31 @@ def test_fewer_epochs_than_the_workdir_holds_is_refused(smoke):
   with pytest.raises(ConfigError, match=r"config.train.epochs: .*already holds"):
     studies.run(shorter, workdir)
   assert Workdir(workdir).latest_step() == config.train.epochs
+
+
+def test_official_init_script_writes_pytorchs_weights_that_our_model_reproduces(tmp_path):
+  """experiments/official_grokking_init (PyTorch, the `bench` extra): the file it writes
+  loads through `model.init_npz`, one seed per torch.manual_seed, and our forward from it
+  equals PyTorch's own nn.MultiheadAttention forward of the same module."""
+  torch = pytest.importorskip("torch")
+  from experiments import official_grokking_init as official  # pylint: disable=g-import-not-at-top
+  p, d, heads, m = 11, 16, 2, 32
+  state = official.official_init(["42", "43"], p, d, heads, m)
+  again = official.official_init(["42"], p, d, heads, m)
+  for k, v in state.items():
+    np.testing.assert_array_equal(v[0], again[k][0], err_msg=k)  # torch.manual_seed decides
+  assert np.abs(state["fc1.weight"][0] - state["fc1.weight"][1]).max() > 0
+  for k in ("pos_embed", "attention.in_proj_bias", "attention.out_proj.bias"):
+    np.testing.assert_array_equal(state[k], 0, err_msg=k)  # PyTorch's zero inits
+  path = _write_npz(tmp_path / "official.npz", state)
+  params = grokking.load_init_npz(_init_npz_config(path))
+  config = grok_config.get_config("smoke")
+  model = grokking.make_model(config)
+  ids = np.array([[0, 1, p], [7, 3, p], [10, 10, p], [5, 0, p]], np.int32)
+  torch.manual_seed(43)
+  module = official.official_model(p + 1, 3, d, heads, m)
+  with torch.no_grad():
+    want = module(torch.as_tensor(ids, dtype=torch.long)).numpy()
+  got = np.asarray(model.apply({"params": jax.tree.map(lambda x: x[1], params)}, ids))
+  assert np.abs(want).max() > 0.1
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -44,17 +44,13 @@ PyTorch's Linear stores its weight [out, in], flax's Dense its kernel [in, out])
 
 (nn.MultiheadAttention with kdim = vdim = d packs Q, K, V in in_proj_weight, in that order;
 head h uses features [h d/H, (h + 1) d/H) of each, as our reshape does.) `from_official`
-and `to_official` convert either way, with any leading axes (e.g. a seed axis) kept. To
-write the official code's initial weights for seeds 42..46 (PyTorch; `SimpleTransformer`
-copied out of `train_and_evaluate` in language/sens_addition.py, which calls
-`torch.manual_seed(seed)` and draws nothing else from torch before building the model):
+and `to_official` convert either way, with any leading axes (e.g. a seed axis) kept.
+`experiments/official_grokking_init.py` writes the official code's initial weights for
+seeds 42..46 (PyTorch: it rebuilds `SimpleTransformer` of language/sens_addition.py, whose
+`train_and_evaluate` calls `torch.manual_seed(seed)` and draws nothing else from torch
+before building the model, and stacks the seeds' state_dicts):
 
-  states = []
-  for seed in range(42, 47):
-    torch.manual_seed(seed)
-    model = SimpleTransformer(114, 3, 128, 4, 512)
-    states.append({k: v.detach().numpy() for k, v in model.state_dict().items()})
-  np.savez("official_init.npz", **{k: np.stack([s[k] for s in states]) for k in states[0]})
+  python -m experiments.official_grokking_init --out=official_init.npz
 """
 
 from __future__ import annotations

@@ -40,9 +40,14 @@ Events (per seed, on the logs; all reported in results.md):
     `lead_epochs`, `sens_at_grok` and `grokked` (it grokked within the run's epochs), the
     keys of the single-threshold reports before, so they stay comparable.
   * sensitivity peak: the epoch of the maximum of the trailing rolling mean (window
-    `report.window` = 50, as the notebook's plots) of the sensitivity, searched from
-    `window` epochs after memorisation on (this skips the transient while the training
-    set is still being fitted).
+    `report.window` = 50, as the notebook's plots) of the sensitivity on the plateau: from
+    `window` epochs after memorisation (this skips the transient while the training set
+    is still being fitted) up to the grokking epoch of the first threshold (to the end
+    if it did not grok). The paper's claim is about the plateau; after grokking, AdamW
+    with weight decay 1.0 has late loss spikes (the "slingshot" of Thilak et al., 2022)
+    during which the sensitivity rises again at 100 % test accuracy: at p = 113 from the
+    official initial weights, 4 of 5 seeds rose from < 1 % to 13-40 % after epoch 17,000.
+    That maximum is reported apart (`sens_post_grok_max`).
   * sensitivity falls: the first epoch after the peak at which the rolling mean is <=
     `report.fall_fraction` (0.5) x the peak; `sens_drop10_epoch` uses 0.9 (the start of
     the fall).
@@ -488,12 +493,16 @@ def events(logs: dict, *, window: int, grok_thresholds: Sequence[float],
   # The peak after memorisation: skip the transient of the first `window` epochs after it
   # (while the model is still fitting, its predictions are unstable anyway).
   start = min((memorised or 0) + window, len(sens) - 1)
-  peak = start + int(np.argmax(sens[start:]))
+  grok_first = _first(tested & (np.nan_to_num(test) >= grok_thresholds[0]))
+  stop = len(sens) if grok_first is None else max(grok_first + 1, start + 1)
+  peak = start + int(np.argmax(sens[start:stop]))
   after = sens[peak:]
   out = {"memorised_epoch": memorised,
          "sens_peak_epoch": peak, "sens_peak": float(sens[peak]),
          "sens_drop10_epoch": _first(after <= 0.9 * sens[peak], peak),
-         "sens_fall_epoch": _first(after <= fall_fraction * sens[peak], peak)}
+         "sens_fall_epoch": _first(after <= fall_fraction * sens[peak], peak),
+         "sens_post_grok_max": (float(sens[grok_first:].max())
+                                if grok_first is not None else None)}
   # Test accuracy starts rising: `rise` above its first value after memorisation.
   evals = np.nonzero(tested & (np.arange(len(test)) >= (memorised or 0)))[0]
   out["test_rise_epoch"] = (_first(test[evals] >= test[evals[0]] + rise)
@@ -567,6 +576,7 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
              False),
             ("sensitivity", "sensitivity (% of flipped predictions)", ["sensitivity"], False),
             ("weight L2 norm", "‖θ‖₂", ["weight_norm"], False)]
+  seeds = seeds_of(config)
   for ax, (title, ylabel, keys, logy) in zip(axes.ravel(), panels):
     styles = iter(plots.line_styles(num_seeds * len(keys)))
     for s in range(num_seeds):
@@ -579,7 +589,7 @@ def _figure(path: str, logs: dict, ev: list[dict], config) -> str:
           x, y = epochs, rolling_mean(y, w)
         if k == "sensitivity":
           y = 100 * y
-        ax.plot(x, y, label=f"{k} (seed {s})" if num_seeds > 1 else k,
+        ax.plot(x, y, label=f"{k} (seed {seeds[s]})" if num_seeds > 1 else k,
                 markevery=max(1, len(x) // 12), **{**next(styles), "linewidth": 1.1})
     for i, evs in enumerate(ev):
       if evs["grok_epoch"] is not None:
@@ -628,6 +638,8 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                                     "sens_fall_epoch", "test_rise_epoch", "grok_epoch",
                                     "lead_epochs", *more, "grokked")})
     row["sens_peak_%"] = 100 * evs["sens_peak"]
+    row["sens_post_grok_max_%"] = (100 * evs["sens_post_grok_max"]
+                                   if evs["sens_post_grok_max"] is not None else None)
     if final is not None:
       row["final_train_acc"] = float(final["train_accuracy"][s])
       row["final_test_acc"] = float(final["test_accuracy"][s])
@@ -656,8 +668,10 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       f"Events: grok_epoch = first test evaluation with accuracy ≥ {thresholds[0]:g}"
       + "".join(f" ({threshold_key('grok_epoch', t)}: ≥ {t:g})" for t in thresholds[1:])
       + f"; grokked = grok_epoch within the {out['epochs_done']} epochs; sensitivity falls "
-      f"= first epoch after the peak of its rolling mean (window {rcfg.window}) at ≤ "
-      f"{rcfg.fall_fraction} × peak; lead = grokked − falls.",
+      f"= first epoch after the peak of its rolling mean (window {rcfg.window}; the peak "
+      f"searched between memorisation and grok_epoch) at ≤ {rcfg.fall_fraction} × peak; "
+      f"lead = grokked − falls; sens_post_grok_max_% = the rolling mean's maximum from "
+      f"grok_epoch on (late AdamW loss spikes raise it at 100 % test accuracy).",
       f"Sensitivity fell before test accuracy jumped in {before} of {len(rows)} seed(s).",
       f"Training wall time {out['wall_s']:.1f} s for {out['epochs_done'] - out['resumed_from']} "
       f"new epochs × {len(rows)} seed(s) (+{out['compile_s']:.1f} s compile); "

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
+from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.measures import label_shift
 from xsens.report import plots, tables
@@ -88,14 +89,9 @@ def per_class_metrics(res, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
   fixed-size padded batches (`label_shift.per_class_sums`)."""
   x, y, k = res.test.inputs, res.test.labels, res.test.num_classes
   totals = None
-  for start in range(0, len(y), batch_size):
-    xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-    pad = batch_size - len(yb)
-    mask = np.concatenate([np.ones(len(yb), np.float32), np.zeros(pad, np.float32)])
-    xb = np.concatenate([xb, np.repeat(xb[:1], pad, 0)]) if pad else xb
-    yb = np.concatenate([yb, np.repeat(yb[:1], pad, 0)]) if pad else yb
-    sums = jax.device_get(label_shift.per_class_sums(res.apply_fn, res.variables, xb, yb,
-                                                     mask, num_classes=k))
+  for idx, mask in batching.padded_index_batches(len(y), batch_size):
+    sums = jax.device_get(label_shift.per_class_sums(res.apply_fn, res.variables, x[idx],
+                                                     y[idx], mask, num_classes=k))
     totals = sums if totals is None else {n: totals[n] + sums[n] for n in sums}
   count = np.maximum(totals["count"], 1.0)
   return totals["correct"] / count, totals["loss"] / count

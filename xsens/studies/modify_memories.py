@@ -55,6 +55,7 @@ from xsens.data import text
 from xsens.errors import ConfigError, is_finite_number, is_int, prefixed, require
 from xsens.models import mlm
 from xsens.report import plots, tables
+from xsens.studies import compare
 from xsens.train import constraints, loop, objectives
 from xsens.train import optim
 from xsens.train.sharding import abstract_with_shardings
@@ -529,12 +530,6 @@ def base_models(config, workdir: str, model, corp, data, log) -> dict:
   return out
 
 
-def mean_se(values) -> tuple[float, float]:
-  x = np.asarray(values, np.float64)
-  se = float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan")
-  return float(x.mean()), se
-
-
 def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
   """Every edit (base model x |S| x seed x method); one row per variant and seed."""
   e = config.edit
@@ -620,8 +615,9 @@ def summary_rows(raw: list) -> list:
   for (base, size, method, variant), rs in groups.items():
     row = {"base": base, "|S|": size, "method": method, "variant": variant, "seeds": len(rs)}
     for k in METRICS:
-      row[k], row[f"{k}_se"] = mean_se([r[k] for r in rs])
-    row["A_bar"], row["A_bar_se"] = mean_se([(r["A_M"] + r["A_FS"]) / 2 for r in rs])
+      row[k], row[f"{k}_se"] = compare.mean_and_stderr([r[k] for r in rs])
+    row["A_bar"], row["A_bar_se"] = compare.mean_and_stderr(
+        [(r["A_M"] + r["A_FS"]) / 2 for r in rs])
     row["‖θ−θ₀‖"] = float(np.mean([r["distance"] for r in rs]))
     rows.append(row)
   return rows
