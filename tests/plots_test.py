@@ -217,11 +217,12 @@ def test_language_grokking_synthetic_benign_figures(tmp_path, figures):
   config = ml_collections.ConfigDict({
       "report": {"window": 3, "grok_thresholds": [0.9], "fall_fraction": 0.5,
                  "markers": [10]},
-      "data": {"modulus": 7}, "train": {"test_every": 5}})
+      "data": {"modulus": 7}, "seed": 42, "train": {"test_every": 5, "num_seeds": 2}})
   grokking._figure(str(tmp_path / "grokking.png"), logs,
                    [{"grok_epoch": 12, "sens_fall_epoch": 15}] * 2, config)
   axes = figures["grokking.png"]
   _check_style(axes, integer_x=True)
+  assert "sensitivity (seed 43)" in axes[2]["labels"]
   assert axes[1]["chance"] == [pytest.approx(1 / 7)]
   steps = np.arange(0, 50, 10)
   synthetic_sensitivity._boolean_figure(str(tmp_path / "boolean_spectrum.png"), {
