@@ -474,6 +474,52 @@ def torch_section(cases, rounds: int, quick: bool) -> list[dict[str, Any]]:
           for k, v in res.items() if k.endswith("evals_per_s")]
 
 
+def matmul_ceiling(timer: Timer, batch: int, patch: int, rounds: int) -> list[dict[str, Any]]:
+  """GFLOP/s of the ViT forward's own matmul shapes, alone (forward batch `batch`).
+
+  Rows: the dense projections ([B·(T+1), width] · [width, n]) and attention's two batched
+  matmuls with heads folded ([B·H, T+1, Dh] · [B·H, Dh, T+1] and back); the share of
+  the forward's matmul FLOPs each carries, and its rate as % of the run's peak. The
+  FLOP-weighted time of these shapes alone bounds what the whole forward can reach.
+  """
+  t = (IMAGE_SHAPE[0] // patch) ** 2 + 1
+  w, h, m = VIT_KW["width"], VIT_KW["num_heads"], VIT_KW["mlp_dim"]
+  rows_, dh = batch * t, w // h
+  shapes = {  # name: (lhs shape, rhs shape, uses per layer)
+      "Q, K, V, out proj [B·T, w]·[w, w]": ((rows_, w), (w, w), 4),
+      "MLP in [B·T, w]·[w, mlp]": ((rows_, w), (w, m), 1),
+      "MLP out [B·T, mlp]·[mlp, w]": ((rows_, m), (m, w), 1),
+      "attention QKᵀ [B·H, T, Dh]·[B·H, Dh, T]": ((batch * h, t, dh), (batch * h, dh, t), 1),
+      "attention AV [B·H, T, T]·[B·H, T, Dh]": ((batch * h, t, t), (batch * h, t, dh), 1),
+  }
+  thunks, flops = {}, {}
+  for name, (ls, rs, uses) in shapes.items():
+    a = jax.random.normal(jax.random.key(0), ls, jnp.float32)
+    b = jax.random.normal(jax.random.key(1), rs, jnp.float32)
+    mm = jax.jit(jnp.matmul).lower(a, b).compile()
+    reps = 20
+    thunks[name] = lambda mm=mm, a=a, b=b, reps=reps: [mm(a, b) for _ in range(reps)][-1]
+    flops[name] = 2 * math.prod(ls) * rs[-1] * reps, uses
+  best = timer.best(thunks, rounds)
+  per_layer = sum(f / 20 * u for f, u in flops.values())
+  out, total_s = [], 0.0
+  for name, (fl, uses) in flops.items():
+    gf = fl / best[name]["s"] / 1e9
+    share = fl / 20 * uses / per_layer
+    total_s += share / gf
+    out.append(dict(shape=name, gflops=gf, pct_peak=100 * gf / timer.peak_gflops,
+                    flop_share=share))
+  out.append(dict(shape="FLOP-weighted, all of the above", gflops=1 / total_s,
+                  pct_peak=100 / total_s / timer.peak_gflops, flop_share=1.0))
+  print(f"\n## The ViT p{patch} forward's matmul shapes alone (forward batch {batch}; "
+        f"peak {timer.peak_gflops:.1f} GFLOP/s)")
+  print("| matmul | share of matmul FLOPs | GFLOP/s | % peak |\n|---|---|---|---|")
+  for r in out:
+    print(f"| {r['shape']} | {100 * r['flop_share']:.1f} % | {r['gflops']:.1f} | "
+          f"{r['pct_peak']:.0f} % |")
+  return out
+
+
 def torch_comparison(impls, rounds: int, batch: int = 64, patch: int = 4,
                      num_draws: int = 1) -> dict[str, Any]:
   """ViT p`patch`, B = `batch`: the estimator (forward batch B) per attention core against
@@ -519,7 +565,8 @@ def torch_comparison(impls, rounds: int, batch: int = 64, patch: int = 4,
     print(f"| {r['attention_impl']} | {r['evals_per_s']:,.0f} | {r['gflops']:.1f} | "
           f"{r['pct_peak']:.0f}% | " + " | ".join(
               f"{v:.2f}×" for v in r["vs_torch"].values()) + " |")
-  return dict(peak_gflops=timer.peak_gflops, torch=res, rows=rows)
+  ceiling = matmul_ceiling(timer, batch, patch, rounds)
+  return dict(peak_gflops=timer.peak_gflops, torch=res, rows=rows, matmul_ceiling=ceiling)
 
 
 def _fmt_bytes(n: int) -> str:
@@ -554,7 +601,7 @@ def main(argv=None):
   parser.add_argument("--compare_torch", default=None,
                       help="only the ViT p4 B=64 estimator per attention core (comma list "
                            "of einsum, folded, xla_fused) against PyTorch (the `bench` "
-                           "extra), then exit.")
+                           "extra), and the forward's matmul shapes alone, then exit.")
   args = parser.parse_args(argv)
   rounds = args.rounds or (2 if args.quick else 3)
   if args.compare_torch:

@@ -77,3 +77,21 @@ def test_verification_benchmark_runs_both_solvers_and_writes_its_table(tmp_path)
   assert row["max_primal_minus_lp"] < 1e-2          # the same relaxation, the same optimum
   for name in ("bench_verification.json", "bench_verification.md", "bench_verification.png"):
     assert os.path.getsize(tmp_path / name) > 0
+
+
+def test_sensitivity_matmul_ceiling_weights_the_vit_forward_shapes(capsys):
+  from experiments import bench_sensitivity  # pylint: disable=import-outside-toplevel
+  timer = bench_sensitivity.Timer()
+  timer.sample_peak()
+  rows = bench_sensitivity.matmul_ceiling(timer, batch=2, patch=7, rounds=1)
+  # Per token and layer (width 128, MLP 256, T = 16 + CLS): 4·128² projection MACs,
+  # 2·128·256 MLP MACs, 2·T·128 attention MACs.
+  per_token = 4 * 128**2 + 2 * 128 * 256 + 2 * 17 * 128
+  shares = [r["flop_share"] for r in rows[:-1]]
+  assert shares[0] == pytest.approx(4 * 128**2 / per_token)
+  assert shares[3] == pytest.approx(17 * 128 / per_token)
+  assert sum(shares) == pytest.approx(1.0)
+  weighted = 1 / sum(r["flop_share"] / r["gflops"] for r in rows[:-1])
+  assert rows[-1]["gflops"] == pytest.approx(weighted)
+  assert all(r["gflops"] > 0 for r in rows)
+  assert "FLOP-weighted" in capsys.readouterr().out
