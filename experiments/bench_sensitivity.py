@@ -44,16 +44,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
 import json
 import math
 import os
 import platform
 import re
-import shutil
 import sys
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -66,6 +62,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
+from experiments import hlo_profile
 from xsens.measures import sensitivity as sens
 from xsens.measures import tokens as tokens_lib
 from xsens.models import get_model
@@ -406,29 +403,15 @@ def profile_vit(patch: int, batch: int, calls: int) -> list[dict[str, Any]]:
   x = images_for(batch)
   compiled = jax.jit(apply).lower(variables, x).compile()
   kinds = {}
-  for line in compiled.as_text().splitlines():
-    m = re.match(r"\s*(?:ROOT )?%(\S+) = ", line)
-    if m:
-      op = re.search(r'op_name="([^"]+)"', line)
-      kinds[m.group(1)] = _vit_kind(op.group(1) if op else line)
-  compiled(variables, x).block_until_ready()
-  tmp = tempfile.mkdtemp(prefix="bench_sens_trace_")
-  try:
-    with jax.profiler.trace(tmp, create_perfetto_trace=True):
-      for _ in range(calls):
-        compiled(variables, x).block_until_ready()
-    files = glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"),
-                      recursive=True)
-    if not files:
-      return []
-    with gzip.open(files[0]) as f:
-      trace = json.load(f)
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
+  for name, line in hlo_profile.instructions(compiled).items():
+    op = re.search(r'op_name="([^"]+)"', line)
+    kinds[name] = _vit_kind(op.group(1) if op else line)
+  times = hlo_profile.instruction_times(compiled, lambda: compiled(variables, x), calls)
+  if not times:
+    return []
   us = collections.Counter()
-  for e in trace.get("traceEvents", []):
-    if e.get("ph") == "X" and e.get("name") in kinds:
-      us[kinds[e["name"]]] += e["dur"] / calls
+  for name, t in times.items():
+    us[kinds[name]] += t
   total = sum(us.values())
   flops = vit_matmul_flops(patch, batch)
   rows = []

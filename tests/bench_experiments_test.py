@@ -95,3 +95,20 @@ def test_sensitivity_matmul_ceiling_weights_the_vit_forward_shapes(capsys):
   assert rows[-1]["gflops"] == pytest.approx(weighted)
   assert all(r["gflops"] > 0 for r in rows)
   assert "FLOP-weighted" in capsys.readouterr().out
+
+
+def test_hlo_profile_times_the_instructions_of_a_compiled_program():
+  from experiments import hlo_profile  # pylint: disable=import-outside-toplevel
+  a = jnp.ones((3, 64, 32))
+  b = jnp.ones((3, 32, 16))
+  compiled = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(a, b).compile()
+  names = hlo_profile.instructions(compiled)
+  times = hlo_profile.instruction_times(compiled, lambda: compiled(a, b), calls=2)
+  if not times:
+    pytest.skip("the profiler wrote no trace on this backend")
+  assert set(times) <= set(names) and all(t >= 0 for t in times.values())
+  labels = [hlo_profile.describe(names[n]) for n in times]
+  assert any("f32[3,64,16]" in label for label in labels), labels
+  dot = ('%dot.1 = f32[3,64,16]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, '
+         'lhs_contracting_dims={2}, metadata={op_name="jit(f)/dot_general"}')
+  assert hlo_profile.describe(dot) == "dot f32[3,64,16]{2,1,0} lhs_contracting={2} jit(f)/dot_general"
