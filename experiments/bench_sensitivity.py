@@ -475,20 +475,20 @@ def matmul_ceiling(timer: Timer, batch: int, patch: int, rounds: int) -> list[di
       "attention QKᵀ [B·H, T, Dh]·[B·H, Dh, T]": ((batch * h, t, dh), (batch * h, dh, t), 1),
       "attention AV [B·H, T, T]·[B·H, T, Dh]": ((batch * h, t, t), (batch * h, t, dh), 1),
   }
+  reps = 20  # Calls per timed thunk: one matmul is well under a millisecond.
   thunks, flops = {}, {}
   for name, (ls, rs, uses) in shapes.items():
     a = jax.random.normal(jax.random.key(0), ls, jnp.float32)
     b = jax.random.normal(jax.random.key(1), rs, jnp.float32)
     mm = jax.jit(jnp.matmul).lower(a, b).compile()
-    reps = 20
-    thunks[name] = lambda mm=mm, a=a, b=b, reps=reps: [mm(a, b) for _ in range(reps)][-1]
-    flops[name] = 2 * math.prod(ls) * rs[-1] * reps, uses
+    thunks[name] = lambda mm=mm, a=a, b=b: [mm(a, b) for _ in range(reps)][-1]
+    flops[name] = 2 * math.prod(ls) * rs[-1], uses
   best = timer.best(thunks, rounds)
-  per_layer = sum(f / 20 * u for f, u in flops.values())
+  per_layer = sum(f * u for f, u in flops.values())
   out, total_s = [], 0.0
   for name, (fl, uses) in flops.items():
-    gf = fl / best[name]["s"] / 1e9
-    share = fl / 20 * uses / per_layer
+    gf = fl * reps / best[name]["s"] / 1e9
+    share = fl * uses / per_layer
     total_s += share / gf
     out.append(dict(shape=name, gflops=gf, pct_peak=100 * gf / timer.peak_gflops,
                     flop_share=share))
