@@ -5,10 +5,17 @@
 
 Measures, for one chunk of `--runs` ViT runs (the config's dims, N padded to max N) doing
 exactly `--steps` full-batch GD steps (no early stop):
-  * chunk: ONE jitted program, `vmap` over runs of a `lax.while_loop` over steps (the
-    study's `make_run_fn`, data draw and evaluation included);
-  * vmapped GD: the same GD loop alone on pre-drawn data (`vmap` of a `fori_loop`), the
-    rate compared with the sequential loops below;
+  * chunk: ONE jitted program over the runs of a `lax.while_loop` over steps (the study's
+    `make_run_fn`, data draw and evaluation included), in the study's groups
+    (`bo.chunk_program`, `sweep.vmap_size`: on CPU one run at a time) and, as
+    chunk_one_vmap, as one `vmap` over all runs;
+  * vmapped GD: the GD loop alone on pre-drawn data (`vmap` of a `fori_loop` over all
+    runs); grouped GD: the same loop in the study's groups (`lax.map`, batch_size =
+    vmap_size);
+  * sweep (`--sweep_runs`): the heat map's real work, `sweep_runs` grid points of mixed
+    (N, ‖μ‖) each trained by direct GD until train loss < ε or max_steps (the authors'
+    rule), in the study's groups and as one vmap, against the authors' PyTorch loop with
+    the same rule on `--sweep_torch_runs` of them; rates in whole runs per second;
   * sequential jitted: a Python loop over runs and steps calling a jitted GD step;
   * PyTorch (the authors' pattern, the real thing; needs `pip install -e ".[bench]"`): per
     run, nn.Linear W_Q, W_K, W_V (no bias) and a frozen w_O, torch.optim.SGD(lr=η),
@@ -73,15 +80,12 @@ def matmul_peak(n: int, repeats: int = 5) -> float:
   return 2 * n ** 3 / _best_time(lambda: f(a, b), repeats) / 1e9
 
 
-def torch_authors_loop(params, w_o, x, y, eta: float, steps: int, runs: int,
-                       repeats: int = 3):
-  """The authors' PyTorch step loop over `runs` runs; (run·steps/s of the best of
-  `repeats` passes, final W_V of run 0).
-
-  params/w_o/x/y: the vmapped JAX arrays ([runs, ...]); each run starts from its weights.
-  """
+def _torch_one_run(params, w_o, x, y, eta: float, i: int, max_steps: int, n=None,
+                   eps: float = 0.0):
+  """Run i of the authors' PyTorch loop: nn.Linear W_Q, W_K, W_V (no bias) and a frozen
+  w_O, SGD(lr=η), SoftMarginLoss on the first n samples, zero_grad / backward / step until
+  the loss before an update is < eps or max_steps updates. (final W_V, updates made)."""
   import torch  # pylint: disable=g-import-not-at-top
-  torch.set_num_threads(os.cpu_count())
 
   class OneLayerViT(torch.nn.Module):
     """Spec §2 in the authors' matrix form: mean_l softmax(Q Kᵀ)_l · X W_V w_O."""
@@ -102,28 +106,105 @@ def torch_authors_loop(params, w_o, x, y, eta: float, steps: int, runs: int,
       attn = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
       return self.o(attn @ self.v(x)).squeeze(-1).mean(-1)
 
-  np_params = {k: np.array(v) for k, v in params.items()}  # Writable copies for torch.
-  xs, ys, wos = np.array(x), np.array(y), np.array(w_o)
+  model = OneLayerViT(params["wq"][i], params["wk"][i], params["wv"][i], w_o[i])
+  opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=eta)
+  n = len(y[i]) if n is None else int(n)
+  xt, yt = torch.from_numpy(x[i][:n]), torch.from_numpy(y[i][:n].astype(np.float32))
   crit = torch.nn.SoftMarginLoss()
+  steps = 0
+  while steps < max_steps:
+    loss = crit(model(xt), yt)
+    if eps and loss.item() < eps:
+      break
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    steps += 1
+  return model.v.weight.detach().numpy().T.copy(), steps
 
-  def one_run(i: int, num_steps: int):
-    model = OneLayerViT(np_params["wq"][i], np_params["wk"][i], np_params["wv"][i], wos[i])
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=eta)
-    xt, yt = torch.from_numpy(xs[i]), torch.from_numpy(ys[i].astype(np.float32))
-    for _ in range(num_steps):
-      loss = crit(model(xt), yt)
-      opt.zero_grad()
-      loss.backward()
-      opt.step()
-    return model.v.weight.detach().numpy().T.copy()
 
-  one_run(0, min(steps, 10))  # Warm-up: thread pool, allocator, autograd.
+def _numpy_runs(params, w_o, x, y):
+  """Writable NumPy copies (torch.from_numpy needs them) of the vmapped JAX arrays."""
+  return ({k: np.array(v) for k, v in params.items()}, np.array(w_o), np.array(x),
+          np.array(y))
+
+
+def torch_authors_loop(params, w_o, x, y, eta: float, steps: int, runs: int,
+                       repeats: int = 3):
+  """The authors' PyTorch step loop over `runs` runs; (run·steps/s of the best of
+  `repeats` passes, final W_V of run 0).
+
+  params/w_o/x/y: the vmapped JAX arrays ([runs, ...]); each run starts from its weights.
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(os.cpu_count())
+  arrays = _numpy_runs(params, w_o, x, y)
+  _torch_one_run(*arrays, eta, 0, min(steps, 10))  # Warm-up: threads, allocator, autograd.
   best = float("inf")
   for _ in range(repeats):  # Best of `repeats` passes, as the JAX timings.
     t0 = time.perf_counter()
-    final_wv = [one_run(i, steps) for i in range(runs)][0]
+    final_wv = [_torch_one_run(*arrays, eta, i, steps)[0] for i in range(runs)][0]
     best = min(best, time.perf_counter() - t0)
   return runs * steps / best, final_wv
+
+
+def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) -> dict:
+  """The sweep's GD as the heat map runs it: `runs` grid points (N, ‖μ‖) drawn from the
+  config's grid, each trained until its train loss < ε or max_steps (spec: the authors'
+  heat-map rule), in the study's groups and as one vmap, against the authors' PyTorch loop
+  with the same stopping rule on the first `torch_runs` of them (same data and weights).
+  Rates in whole runs per second; the steps of the PyTorch runs are compared with JAX's."""
+  config = bo_config.get_config(variant or None)
+  dc, v, t = config.data, config.vit, config.train
+  eta, max_steps, eps = float(t.learning_rate), int(t.max_steps), float(t.loss_threshold)
+  n_grid, mu_grid, _ = bo.grid_points(config)
+  sel = np.random.default_rng(seed).choice(len(n_grid), runs, replace=False)
+  n_max, kw = int(max(config.sweep.n_values)), bo._data_kwargs(dc)  # pylint: disable=protected-access
+
+  def one_data(key, mu):
+    x, y, _ = sn.sample(key, n_max, mu_norm=mu, **kw)
+    params, w_o = vit.init(jax.random.fold_in(key, 1), int(dc.d), int(v.d_h), int(v.d_v),
+                           init_divisor=float(v.init_divisor))
+    return params, w_o, x, y
+
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(sel))
+  params, w_o, x, y = jax.jit(jax.vmap(one_data))(keys, jnp.asarray(mu_grid[sel]))
+  mask = (jnp.arange(n_max)[None] < jnp.asarray(n_grid[sel])[:, None]).astype(jnp.float32)
+  fit = lambda p, w, x, y, m: gd.fit(vit.apply, p, w, x, y, m, eta=eta,
+                                     max_steps=max_steps, eps=eps)[1]
+  group = bo.resolved_vmap_size(config)
+  seconds, steps = {}, None
+  for size in dict.fromkeys((group, 0)):
+    prog = (jax.jit(jax.vmap(fit)) if size == 0 else jax.jit(
+        lambda *a, size=size: jax.lax.map(lambda r: fit(*r), a, batch_size=size)))
+    prog = prog.lower(params, w_o, x, y, mask).compile()
+    steps = np.asarray(prog(params, w_o, x, y, mask))
+    seconds[size] = _best_time(lambda p=prog: p(params, w_o, x, y, mask), 3)
+  out = {"sweep_runs": runs, "sweep_vmap_size": group,
+         "sweep_mean_steps": float(steps.mean()), "sweep_max_steps": int(steps.max()),
+         "sweep_grouped_runs_per_s": runs / seconds[group],
+         "sweep_one_vmap_runs_per_s": runs / seconds[0]}
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return out
+  torch.set_num_threads(os.cpu_count())
+  arrays = _numpy_runs(params, w_o, x, y)
+  _torch_one_run(*arrays, eta, 0, 10)  # Warm-up.
+  best, torch_steps = float("inf"), []
+  for _ in range(3):
+    t0 = time.perf_counter()
+    torch_steps = [_torch_one_run(*arrays, eta, i, max_steps, n_grid[sel][i], eps)[1]
+                   for i in range(torch_runs)]
+    best = min(best, time.perf_counter() - t0)
+  torch_rate = torch_runs / best
+  return out | {
+      "sweep_torch_runs": torch_runs, "sweep_torch_runs_per_s": torch_rate,
+      "sweep_torch_mean_steps": float(np.mean(torch_steps)),
+      "sweep_torch_same_steps_frac": float(np.mean(np.asarray(torch_steps)
+                                                   == steps[:torch_runs])),
+      "sweep_grouped_speedup_vs_torch": out["sweep_grouped_runs_per_s"] / torch_rate,
+      "sweep_one_vmap_speedup_vs_torch": out["sweep_one_vmap_runs_per_s"] / torch_rate}
 
 
 def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int,
@@ -137,14 +218,18 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(runs))
   ns = jnp.full((runs,), n_max, jnp.int32)
   mus = jnp.full((runs,), mu, jnp.float32)
-  chunk = jax.jit(jax.vmap(run_fn))
-  t0 = time.perf_counter()
-  compiled = chunk.lower(keys, ns, mus).compile()
-  compile_s = time.perf_counter() - t0
-  jax.block_until_ready(compiled(keys, ns, mus))
-  vmapped_s = _best_time(lambda: compiled(keys, ns, mus), 3)
-  out = jax.device_get(compiled(keys, ns, mus))
-  assert np.all(out["steps"] == steps), out["steps"]
+  group = bo.resolved_vmap_size(config)  # The study's runs per vmapped group.
+  chunk_s = {}
+  for size in dict.fromkeys((group, 0)):  # The study's chunk, and one vmap over all runs.
+    t0 = time.perf_counter()
+    compiled = bo.chunk_program(run_fn, size).lower(keys, ns, mus).compile()
+    if size == group:
+      compile_s = time.perf_counter() - t0
+    jax.block_until_ready(compiled(keys, ns, mus))
+    chunk_s[size] = _best_time(lambda c=compiled: c(keys, ns, mus), 3)
+    out = jax.device_get(compiled(keys, ns, mus))
+    assert np.all(out["steps"] == steps), out["steps"]
+  vmapped_s = chunk_s[group]
 
   # FLOPs of one vmapped GD step (XLA cost analysis does not multiply loop trip counts).
   dc, v = config.data, config.vit
@@ -171,6 +256,13 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   jax.block_until_ready(gd_only(params, w_o, x, y, mask))
   gd_s = _best_time(lambda: gd_only(params, w_o, x, y, mask), 3)
   achieved = step_flops * steps / gd_s / 1e9
+  # The same loop in the study's groups (`sweep.vmap_size`): lax.map over groups of runs.
+  grouped_s = gd_s
+  if group:
+    grouped = jax.jit(lambda *a: jax.lax.map(lambda t: gd_loop(*t), a, batch_size=group))
+    grouped = grouped.lower(params, w_o, x, y, mask).compile()
+    jax.block_until_ready(grouped(params, w_o, x, y, mask))
+    grouped_s = _best_time(lambda: grouped(params, w_o, x, y, mask), 3)
   top = gd_loop_profile(gd_only, (params, w_o, x, y, mask), steps, profile) if profile else []
 
   # The exact reduced-state solver (stretch): same updates, O(T² d_h) per step.
@@ -226,9 +318,11 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
       "machine": platform.processor() or platform.machine(),
       "d": int(dc.d), "M": int(dc.num_tokens), "N": n_max, "d_h": int(v.d_h), "d_v": int(v.d_v),
       "num_test": int(dc.num_test), "runs": runs, "steps": steps,
-      "compile_s": compile_s, "vmapped_s": vmapped_s,
+      "compile_s": compile_s, "vmapped_s": vmapped_s, "vmap_size": group,
       "chunk_run_steps_per_s": runs * steps / vmapped_s,
+      "chunk_one_vmap_run_steps_per_s": runs * steps / chunk_s[0],
       "gd_only_s": gd_s, "vmapped_run_steps_per_s": rate,
+      "grouped_run_steps_per_s": runs * steps / grouped_s,
       "sequential_jit_run_steps_per_s": seq_jit_rate,
       "sequential_eager_run_steps_per_s": eager_rate,
       "torch_authors_loop_run_steps_per_s": torch_rate,
@@ -236,6 +330,7 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
       "torch_version": _torch_version(),
       "reduced_run_steps_per_s": runs * steps / red_s,
       "speedup_vs_torch": rate / torch_rate,
+      "grouped_speedup_vs_torch": runs * steps / grouped_s / torch_rate,
       "reduced_speedup_vs_torch": runs * steps / red_s / torch_rate,
       "chunk_speedup_vs_torch": runs * steps / vmapped_s / torch_rate,
       "speedup_vs_eager": rate / eager_rate, "speedup_vs_seq_jit": rate / seq_jit_rate,
@@ -274,12 +369,18 @@ def main() -> None:
   ap.add_argument("--eager_runs", type=int, default=2)
   ap.add_argument("--eager_steps", type=int, default=5)
   ap.add_argument("--torch_runs", type=int, default=4)
+  ap.add_argument("--sweep_runs", type=int, default=120,
+                  help="grid points for the early-stopping sweep comparison (0: skip)")
+  ap.add_argument("--sweep_torch_runs", type=int, default=120,
+                  help="of those, how many the PyTorch loop runs (the first ones)")
   ap.add_argument("--profile", type=int, default=0,
                   help="also print the N slowest HLO instructions of the vmapped GD loop")
   ap.add_argument("--json", default="")
   a = ap.parse_args()
   r = bench(a.variant, a.runs, a.steps, a.eager_runs, a.eager_steps, a.torch_runs,
             a.profile)
+  if a.sweep_runs:
+    r |= early_stop_sweep(a.variant, a.sweep_runs, min(a.sweep_runs, a.sweep_torch_runs))
   if r["profile"]:
     print("| ms per GD step (all runs) | share | HLO instruction |\n|---|---|---|")
     for row in r["profile"]:

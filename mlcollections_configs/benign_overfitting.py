@@ -109,7 +109,11 @@ def get_config(arg=None):
   s.n_values = tuple(range(2, 21, 2))
   s.mu_norms = (1.0, 4.0, 8.0, 16.0, 24.0, 32.0, 45.0, 64.0, 90.0, 128.0, 181.0, 256.0)
   s.trials = 10
-  s.chunk_size = 120
+  s.chunk_size = 120  # Runs per program call and per checkpoint.
+  # Runs vmapped together inside a chunk, the groups in sequence: None = auto (1 on CPU,
+  # where it makes the chunk 2-4x faster, docs/benchmarks.md; 0 on an accelerator), 0 = the
+  # whole chunk in one vmap (sweeps written before this field existed resume with 0).
+  s.vmap_size = ml_collections.FieldReference(None, field_type=int)
 
   r = config.report = ml_collections.ConfigDict()
   r.cutoff = 0.2

@@ -269,18 +269,58 @@ def test_interrupted_sweep_resumes_to_the_same_grid(tmp_path):
 
 @pytest.mark.slow
 def test_last_chunk_is_padded_to_the_chunk_size(tmp_path):
-  # 12 runs in chunks of 5: the last chunk computes 5 runs (same vmapped program), keeps 2.
+  # 12 runs in chunks of 5: the last chunk computes 5 runs (same program), keeps 2.
   config = tiny_config(trials=3, chunk_size=5)
   out = bo.run_sweep(config, str(tmp_path), "cnn", log=lambda s: None)
   assert out["complete"] and out["chunks_computed"] == 3
   files = Workdir(str(tmp_path / "sweep_cnn")).step_log_files()
   assert [f[:2] for f in files] == [(0, 5), (5, 10), (10, 12)]
   n, mu, _ = bo.grid_points(config)
-  run = jax.jit(jax.vmap(bo.make_run_fn(config, "cnn", 8)))
+  run = bo.chunk_program(bo.make_run_fn(config, "cnn", 8), bo.resolved_vmap_size(config))
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(config.seed), i))(
       jnp.array([10, 11, 11, 11, 11]))
   last = run(keys, jnp.asarray(n[[10, 11, 11, 11, 11]]), jnp.asarray(mu[[10, 11, 11, 11, 11]]))
   np.testing.assert_array_equal(out["test_loss"].ravel()[10:], np.asarray(last["test_loss"])[:2])
+
+
+def test_vmap_groups_change_only_float_rounding_and_old_sweeps_resume_with_zero(tmp_path):
+  """`sweep.vmap_size` groups of a chunk give each run its steps, stop and accuracies of the
+  whole-chunk vmap and its losses to float rounding; the size is fingerprinted, and a sweep
+  written before the field (one vmap per chunk) resumes with vmap_size=0."""
+  config = tiny_config(trials=3, chunk_size=6)
+  assert bo.resolved_vmap_size(config) == (1 if jax.default_backend() == "cpu" else 0)
+  n, mu, idx = bo.grid_points(config)
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(config.seed), i))(
+      jnp.asarray(idx[:6]))
+  run_fn = bo.make_run_fn(config, "vit", 8)
+  outs = {g: jax.device_get(bo.chunk_program(run_fn, g)(keys, jnp.asarray(n[:6]),
+                                                        jnp.asarray(mu[:6])))
+          for g in (0, 1, 4)}
+  assert 1 < outs[0]["steps"].max() and outs[0]["steps"].min() < outs[0]["steps"].max()
+  for g in (1, 4):
+    for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
+      np.testing.assert_array_equal(outs[g][k], outs[0][k], err_msg=k)
+    for k in ("train_loss", "test_loss"):
+      np.testing.assert_allclose(outs[g][k], outs[0][k], rtol=1e-4, atol=1e-6, err_msg=k)
+  # A sweep whose config.json predates the field: resumed with 0, refused (with the hint)
+  # under the auto default.
+  config.sweep.vmap_size = 0
+  bo.run_sweep(config, str(tmp_path), "vit", max_chunks=1, log=lambda s: None)
+  wd = Workdir(str(tmp_path / "sweep_vit"))
+  saved = wd.read_json("config.json")
+  del saved["grid"]["vmap_size"]
+  with open(wd.file("config.json"), "w") as f:
+    json.dump(saved, f)
+  config.sweep.vmap_size = None
+  with pytest.raises(ConfigError, match="sweep.vmap_size=0") as err:
+    bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
+  assert "\n" not in str(err.value)
+  config.sweep.vmap_size = 0
+  out = bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
+  assert out["complete"] and out["chunks_computed"] == 1
+  config.sweep.vmap_size = -1
+  with pytest.raises(ConfigError, match="sweep.vmap_size"):
+    bo.validate(config)
 
 
 def _write_old_format_sweep(path):

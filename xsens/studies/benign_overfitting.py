@@ -9,8 +9,9 @@ What it does:
   1. Sweep: for every (N, ‖μ‖, trial) of the grid, draw data (`xsens.data.signal_noise`),
      train the model by full-batch GD on the logistic loss until the train loss < ε or
      `max_steps`, and record test loss/accuracy at the stop, the step and `converged`.
-     All runs of a chunk are ONE jitted program `vmap`ped over runs (every run padded to
-     the largest N with a sample mask). The sweep runs through the one loop
+     All runs of a chunk are ONE jitted program (every run padded to the largest N with a
+     sample mask): `vmap` over groups of `sweep.vmap_size` runs, the groups in sequence
+     (`lax.map`; on CPU one run at a time, on an accelerator the whole chunk in one vmap). The sweep runs through the one loop
      (`xsens.train.loop`) with a run of the grid as its step: each chunk's results are
      array logs of its `Workdir` (`workdir/sweep_<model>/`) and each chunk is
      checkpointed, so an interrupted sweep resumes from the chunks on disk.
@@ -142,6 +143,10 @@ def validate(config) -> None:
   require(_positive_int(s.trials), "sweep.trials", f"must be a positive int, got {s.trials!r}")
   require(_positive_int(s.chunk_size), "sweep.chunk_size",
         f"must be a positive int, got {s.chunk_size!r}")
+  vs = s.get("vmap_size")
+  require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
+        "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
+        f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
   require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
   r = config.report
   require(_positive(r.cutoff), "report.cutoff", f"must be > 0, got {r.cutoff!r}")
@@ -336,6 +341,29 @@ def make_run_fn(config, model: str, n_max: int, pools=None):
   return run
 
 
+def resolved_vmap_size(config) -> int:
+  """Runs per vmapped group of a chunk: `sweep.vmap_size`, or for None 1 on CPU (XLA:CPU
+  runs a run's small GEMMs fastest alone, and a vmapped `while_loop` runs every run until
+  the group's slowest stops: 3-4x faster chunks, docs/benchmarks.md) and 0 (the whole
+  chunk in one vmap) on an accelerator."""
+  size = config.sweep.get("vmap_size")
+  if size is None:
+    return 1 if jax.default_backend() == "cpu" else 0
+  return int(size)
+
+
+def chunk_program(run_fn, vmap_size: int):
+  """Jitted chunk(keys [R], n [R], mu [R]) -> {field: [R]}: `run_fn` vmapped over groups of
+  `vmap_size` runs in sequence (`lax.map`), or over all R at once for `vmap_size` 0.
+
+  Each run's numbers do not depend on its group but for float rounding (the batched
+  matmuls' shapes change), so `vmap_size` is part of the sweep's fingerprint."""
+  if vmap_size == 0:
+    return jax.jit(jax.vmap(run_fn))
+  return jax.jit(lambda keys, n, mu: jax.lax.map(lambda a: run_fn(*a), (keys, n, mu),
+                                                  batch_size=vmap_size))
+
+
 # ------------------------------------------------------------------------------------------
 # The sweep: chunks of vmapped runs, saved and resumable.
 
@@ -354,7 +382,8 @@ def sweep_fingerprint(config, model: str) -> dict:
         "train": config.train.to_dict(),
         "grid": {"n_values": list(config.sweep.n_values),
                  "mu_norms": [float(m) for m in config.sweep.mu_norms],
-                 "trials": config.sweep.trials, "chunk_size": config.sweep.chunk_size}}
+                 "trials": config.sweep.trials, "chunk_size": config.sweep.chunk_size,
+                 "vmap_size": config.sweep.get("vmap_size")}}
   fp["model_config"] = (config.vit if model == "vit" else config.cnn).to_dict()
   return json.loads(json.dumps(fp, default=str))
 
@@ -381,7 +410,10 @@ def check_sweep(config, workdir: str, model: str, overwrite: bool = False) -> Wo
         "workdir", f"{path!r} holds a sweep in the old format ({LEGACY_INDEX_FILE} + "
         "chunk_*.npz); rerun with --overwrite to recompute it there, or choose another "
         "--workdir")
-  wd = Workdir(path, keep_checkpoints=_KEEP_CHECKPOINTS)
+  wd = Workdir(path, keep_checkpoints=_KEEP_CHECKPOINTS,
+               added_defaults={"grid.vmap_size": 0}, hints={"grid.vmap_size": (
+                   "a sweep written before sweep.vmap_size existed (one vmap per chunk) "
+                   "resumes with --config.sweep.vmap_size=0")})
   # Array logs without a checkpoint (a run stopped before its first save) count as a run.
   has_state = wd.latest_step() is not None or bool(wd.step_log_files())
   wd.check(sweep_fingerprint(config, model), overwrite=overwrite, has_state=has_state)
@@ -393,7 +425,7 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   """Runs (or resumes) the sweep of `model`; returns {field: [nN, nMu, trials]} + timing.
 
   Through the one loop (`xsens.train.loop`): a step is one run of the flattened grid
-  (`grid_points`), a chunk is `sweep.chunk_size` runs computed as ONE vmapped program (the
+  (`grid_points`), a chunk is `sweep.chunk_size` runs computed as ONE program (the
   last chunk padded to that size by repeating its last run), saved as the array logs of
   those steps and checkpointed (state: the number of runs done), so an interrupted sweep
   resumes at its last chunk. `max_chunks` stops after computing that many new chunks (to
@@ -409,7 +441,8 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   num_runs, size = len(n), int(config.sweep.chunk_size)
   num_chunks = -(-num_runs // size)
   n_max = int(max(config.sweep.n_values))
-  chunk_fn = jax.jit(jax.vmap(make_run_fn(config, model, n_max, pools)))
+  chunk_fn = chunk_program(make_run_fn(config, model, n_max, pools),
+                           resolved_vmap_size(config))
   base = jax.random.key(int(config.seed))
   repl = sharding.replicated(sharding.data_mesh())
   # From NumPy: `device_put` of a jax.Array onto a multi-process sharding builds a broken
