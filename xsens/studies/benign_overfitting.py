@@ -11,10 +11,11 @@ What it does:
      `max_steps`, and record test loss/accuracy at the stop, the step and `converged`.
      All runs of a chunk are ONE jitted program (every run padded to the largest N with a
      sample mask): `vmap` over groups of `sweep.vmap_size` runs, the groups in sequence
-     (`lax.map`; on CPU one run at a time, on an accelerator the whole chunk in one vmap). The sweep runs through the one loop
-     (`xsens.train.loop`) with a run of the grid as its step: each chunk's results are
-     array logs of its `Workdir` (`workdir/sweep_<model>/`) and each chunk is
-     checkpointed, so an interrupted sweep resumes from the chunks on disk.
+     (`lax.map`; on CPU one run at a time, on an accelerator the whole chunk in one vmap).
+     The sweep runs through the one loop (`xsens.train.loop`) with a run of the grid as
+     its step: each chunk's results are array logs of its `Workdir`
+     (`workdir/sweep_<model>/`) and each chunk is checkpointed, so an interrupted sweep
+     resumes from the chunks on disk.
   2. Boundary: for each N the SNR where the trial-mean test loss crosses `cutoff` (0.2)
      by interpolation in log SNR, then least squares log N = log c − k log SNR
      (theory, `theory_exponent`: k = 2 for the ViT, Jiang et al. Thm 4.1/4.2; k = q for
@@ -344,7 +345,7 @@ def make_run_fn(config, model: str, n_max: int, pools=None):
 def resolved_vmap_size(config) -> int:
   """Runs per vmapped group of a chunk: `sweep.vmap_size`, or for None 1 on CPU (XLA:CPU
   runs a run's small GEMMs fastest alone, and a vmapped `while_loop` runs every run until
-  the group's slowest stops: 3-4x faster chunks, docs/benchmarks.md) and 0 (the whole
+  the group's slowest stops: 2-4x faster chunks, docs/benchmarks.md) and 0 (the whole
   chunk in one vmap) on an accelerator."""
   size = config.sweep.get("vmap_size")
   if size is None:
