@@ -25,6 +25,9 @@ TEXT = dict(vocab_size=20, max_length=8, width=16, depth=2, num_heads=4, mlp_dim
 # Right-padded ids; the second row has pad only after its first token, the last none.
 IDS = jnp.array([[5, 7, 9, 2, 0, 0], [3, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6]], jnp.int32)
 FAST_IMPLS = ("folded", "xla_fused")   # "cudnn" needs a GPU.
+# The text models' variants compile the slowest (5-8 s each): in the full suite only, so the
+# fast tier stays under 3 minutes (it checks the vision models, which pass no mask).
+TEXT_SLOW = [pytest.param(n, marks=pytest.mark.slow) for n in ("roberta", "gpt2")]
 
 
 def _case(name, **fields):
@@ -61,7 +64,7 @@ def _assert_close(a, b, tol):
 
 
 @pytest.mark.parametrize("impl", FAST_IMPLS)
-@pytest.mark.parametrize("name", [*VISION, "roberta", "gpt2"])
+@pytest.mark.parametrize("name", [*VISION, *TEXT_SLOW])
 def test_attention_impls_match_einsum_outputs_and_gradients(name, impl):
   ref, x = _case(name)
   model, _ = _case(name, attention_impl=impl)
@@ -96,7 +99,8 @@ def test_cores_match_on_a_fully_masked_row():
     np.testing.assert_allclose(attention.attend(q, k, v, mask, impl=impl), ref, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["vit", "reuse_vit", "roberta", "gpt2"])
+@pytest.mark.parametrize("name", ["vit", pytest.param("reuse_vit", marks=pytest.mark.slow),
+                                  *TEXT_SLOW])
 def test_remat_changes_neither_params_nor_numbers(name):
   ref, x = _case(name)
   model, _ = _case(name, remat=True)
