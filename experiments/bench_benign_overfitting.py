@@ -34,6 +34,7 @@ Prints a markdown table (and --json=PATH writes the numbers).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -80,11 +81,9 @@ def matmul_peak(n: int, repeats: int = 5) -> float:
   return 2 * n ** 3 / _best_time(lambda: f(a, b), repeats) / 1e9
 
 
-def _torch_one_run(params, w_o, x, y, eta: float, i: int, max_steps: int, n=None,
-                   eps: float = 0.0):
-  """Run i of the authors' PyTorch loop: nn.Linear W_Q, W_K, W_V (no bias) and a frozen
-  w_O, SGD(lr=η), SoftMarginLoss on the first n samples, zero_grad / backward / step until
-  the loss before an update is < eps or max_steps updates. (final W_V, updates made)."""
+@functools.cache
+def _torch_vit_class():
+  """The authors' one-layer ViT as a torch.nn.Module (built once; torch is optional)."""
   import torch  # pylint: disable=g-import-not-at-top
 
   class OneLayerViT(torch.nn.Module):
@@ -106,7 +105,16 @@ def _torch_one_run(params, w_o, x, y, eta: float, i: int, max_steps: int, n=None
       attn = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
       return self.o(attn @ self.v(x)).squeeze(-1).mean(-1)
 
-  model = OneLayerViT(params["wq"][i], params["wk"][i], params["wv"][i], w_o[i])
+  return OneLayerViT
+
+
+def _torch_one_run(params, w_o, x, y, eta: float, i: int, max_steps: int, n=None,
+                   eps: float = 0.0):
+  """Run i of the authors' PyTorch loop: nn.Linear W_Q, W_K, W_V (no bias) and a frozen
+  w_O, SGD(lr=η), SoftMarginLoss on the first n samples, zero_grad / backward / step until
+  the loss before an update is < eps or max_steps updates. (final W_V, updates made)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  model = _torch_vit_class()(params["wq"][i], params["wk"][i], params["wv"][i], w_o[i])
   opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=eta)
   n = len(y[i]) if n is None else int(n)
   xt, yt = torch.from_numpy(x[i][:n]), torch.from_numpy(y[i][:n].astype(np.float32))
@@ -121,6 +129,21 @@ def _torch_one_run(params, w_o, x, y, eta: float, i: int, max_steps: int, n=None
     opt.step()
     steps += 1
   return model.v.weight.detach().numpy().T.copy(), steps
+
+
+def draw_runs(config, keys, mus, n_max: int):
+  """(params, w_o, x, y), each [R, ...]: run r's signal/noise data at ‖μ‖ = mus[r] (n_max
+  samples; fold 0 of keys[r]) and its ViT initialisation (fold 1), as the config sets."""
+  dc, v = config.data, config.vit
+  kw = bo._data_kwargs(dc)  # pylint: disable=protected-access
+
+  def one(key, mu):
+    x, y, _ = sn.sample(key, n_max, mu_norm=mu, **kw)
+    params, w_o = vit.init(jax.random.fold_in(key, 1), int(dc.d), int(v.d_h), int(v.d_v),
+                           init_divisor=float(v.init_divisor))
+    return params, w_o, x, y
+
+  return jax.jit(jax.vmap(one))(keys, mus)
 
 
 def _numpy_runs(params, w_o, x, y):
@@ -140,12 +163,10 @@ def torch_authors_loop(params, w_o, x, y, eta: float, steps: int, runs: int,
   torch.set_num_threads(os.cpu_count())
   arrays = _numpy_runs(params, w_o, x, y)
   _torch_one_run(*arrays, eta, 0, min(steps, 10))  # Warm-up: threads, allocator, autograd.
-  best = float("inf")
-  for _ in range(repeats):  # Best of `repeats` passes, as the JAX timings.
-    t0 = time.perf_counter()
-    final_wv = [_torch_one_run(*arrays, eta, i, steps)[0] for i in range(runs)][0]
-    best = min(best, time.perf_counter() - t0)
-  return runs * steps / best, final_wv
+  final_wv = []
+  best = _best_time(lambda: final_wv.insert(0, [  # Best of `repeats`, as the JAX timings.
+      _torch_one_run(*arrays, eta, i, steps)[0] for i in range(runs)][0]), repeats)
+  return runs * steps / best, final_wv[0]
 
 
 def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) -> dict:
@@ -155,29 +176,20 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
   with the same stopping rule on the first `torch_runs` of them (same data and weights).
   Rates in whole runs per second; the steps of the PyTorch runs are compared with JAX's."""
   config = bo_config.get_config(variant or None)
-  dc, v, t = config.data, config.vit, config.train
+  t = config.train
   eta, max_steps, eps = float(t.learning_rate), int(t.max_steps), float(t.loss_threshold)
   n_grid, mu_grid, _ = bo.grid_points(config)
   sel = np.random.default_rng(seed).choice(len(n_grid), runs, replace=False)
-  n_max, kw = int(max(config.sweep.n_values)), bo._data_kwargs(dc)  # pylint: disable=protected-access
-
-  def one_data(key, mu):
-    x, y, _ = sn.sample(key, n_max, mu_norm=mu, **kw)
-    params, w_o = vit.init(jax.random.fold_in(key, 1), int(dc.d), int(v.d_h), int(v.d_v),
-                           init_divisor=float(v.init_divisor))
-    return params, w_o, x, y
-
+  n_max = int(max(config.sweep.n_values))
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(sel))
-  params, w_o, x, y = jax.jit(jax.vmap(one_data))(keys, jnp.asarray(mu_grid[sel]))
+  params, w_o, x, y = draw_runs(config, keys, jnp.asarray(mu_grid[sel]), n_max)
   mask = (jnp.arange(n_max)[None] < jnp.asarray(n_grid[sel])[:, None]).astype(jnp.float32)
   fit = lambda p, w, x, y, m: gd.fit(vit.apply, p, w, x, y, m, eta=eta,
                                      max_steps=max_steps, eps=eps)[1]
   group = bo.resolved_vmap_size(config)
   seconds, steps = {}, None
   for size in dict.fromkeys((group, 0)):
-    prog = (jax.jit(jax.vmap(fit)) if size == 0 else jax.jit(
-        lambda *a, size=size: jax.lax.map(lambda r: fit(*r), a, batch_size=size)))
-    prog = prog.lower(params, w_o, x, y, mask).compile()
+    prog = bo.chunk_program(fit, size).lower(params, w_o, x, y, mask).compile()
     steps = np.asarray(prog(params, w_o, x, y, mask))
     seconds[size] = _best_time(lambda p=prog: p(params, w_o, x, y, mask), 3)
   out = {"sweep_runs": runs, "sweep_vmap_size": group,
@@ -191,12 +203,11 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
   torch.set_num_threads(os.cpu_count())
   arrays = _numpy_runs(params, w_o, x, y)
   _torch_one_run(*arrays, eta, 0, 10)  # Warm-up.
-  best, torch_steps = float("inf"), []
-  for _ in range(3):
-    t0 = time.perf_counter()
-    torch_steps = [_torch_one_run(*arrays, eta, i, max_steps, n_grid[sel][i], eps)[1]
-                   for i in range(torch_runs)]
-    best = min(best, time.perf_counter() - t0)
+  torch_steps = []
+  best = _best_time(lambda: torch_steps.insert(0, [
+      _torch_one_run(*arrays, eta, i, max_steps, n_grid[sel][i], eps)[1]
+      for i in range(torch_runs)]), 3)
+  torch_steps = torch_steps[0]
   torch_rate = torch_runs / best
   return out | {
       "sweep_torch_runs": torch_runs, "sweep_torch_runs_per_s": torch_rate,
@@ -233,15 +244,7 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
 
   # FLOPs of one vmapped GD step (XLA cost analysis does not multiply loop trip counts).
   dc, v = config.data, config.vit
-  kw = bo._data_kwargs(dc)  # pylint: disable=protected-access
-
-  def one_data(key):
-    x, y, _ = sn.sample(key, n_max, mu_norm=mu, **kw)
-    params, w_o = vit.init(jax.random.fold_in(key, 1), int(dc.d), int(v.d_h), int(v.d_v),
-                           init_divisor=float(v.init_divisor))
-    return params, w_o, x, y
-
-  params, w_o, x, y = jax.jit(jax.vmap(one_data))(keys)
+  params, w_o, x, y = draw_runs(config, keys, mus, n_max)
   mask = jnp.ones((runs, n_max))
   eta = float(config.train.learning_rate)
   step = jax.vmap(lambda p, w, x, y, m: gd.gd_step(vit.apply, p, w, x, y, m, eta))
@@ -259,8 +262,7 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   # The same loop in the study's groups (`sweep.vmap_size`): lax.map over groups of runs.
   grouped_s = gd_s
   if group:
-    grouped = jax.jit(lambda *a: jax.lax.map(lambda t: gd_loop(*t), a, batch_size=group))
-    grouped = grouped.lower(params, w_o, x, y, mask).compile()
+    grouped = bo.chunk_program(gd_loop, group).lower(params, w_o, x, y, mask).compile()
     jax.block_until_ready(grouped(params, w_o, x, y, mask))
     grouped_s = _best_time(lambda: grouped(params, w_o, x, y, mask), 3)
   top = gd_loop_profile(gd_only, (params, w_o, x, y, mask), steps, profile) if profile else []
@@ -345,8 +347,8 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
 def gd_loop_profile(compiled, args, steps: int, top: int) -> list[dict]:
   """The `top` HLO instructions of the vmapped GD loop by time: ms per GD step (all runs
   together), share of the loop's instruction time, and what each instruction is."""
-  times = hlo_profile.instruction_times(compiled, lambda: compiled(*args), calls=2)
   lines = hlo_profile.instructions(compiled)
+  times = hlo_profile.instruction_times(lines, lambda: compiled(*args), calls=2)
   total = sum(times.values()) or 1.0
   ranked = sorted(times.items(), key=lambda kv: -kv[1])[:top]
   return [dict(ms_per_step=us / steps / 1e3, share=us / total,

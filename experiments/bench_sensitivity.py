@@ -406,7 +406,7 @@ def profile_vit(patch: int, batch: int, calls: int) -> list[dict[str, Any]]:
   for name, line in hlo_profile.instructions(compiled).items():
     op = re.search(r'op_name="([^"]+)"', line)
     kinds[name] = _vit_kind(op.group(1) if op else line)
-  times = hlo_profile.instruction_times(compiled, lambda: compiled(variables, x), calls)
+  times = hlo_profile.instruction_times(kinds, lambda: compiled(variables, x), calls)
   if not times:
     return []
   us = collections.Counter()

@@ -354,15 +354,15 @@ def resolved_vmap_size(config) -> int:
 
 
 def chunk_program(run_fn, vmap_size: int):
-  """Jitted chunk(keys [R], n [R], mu [R]) -> {field: [R]}: `run_fn` vmapped over groups of
-  `vmap_size` runs in sequence (`lax.map`), or over all R at once for `vmap_size` 0.
+  """Jitted chunk(*args [R, ...]) -> outputs [R, ...] (the sweep's: keys, n, mu ->
+  {field: [R]}): `run_fn` vmapped over groups of `vmap_size` runs in sequence (`lax.map`),
+  or over all R at once for `vmap_size` 0.
 
   Each run's numbers do not depend on its group but for float rounding (the batched
   matmuls' shapes change), so `vmap_size` is part of the sweep's fingerprint."""
   if vmap_size == 0:
     return jax.jit(jax.vmap(run_fn))
-  return jax.jit(lambda keys, n, mu: jax.lax.map(lambda a: run_fn(*a), (keys, n, mu),
-                                                  batch_size=vmap_size))
+  return jax.jit(lambda *args: jax.lax.map(lambda a: run_fn(*a), args, batch_size=vmap_size))
 
 
 # ------------------------------------------------------------------------------------------
