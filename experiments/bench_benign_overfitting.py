@@ -192,10 +192,25 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
     prog = bo.chunk_program(fit, size).lower(params, w_o, x, y, mask).compile()
     steps = np.asarray(prog(params, w_o, x, y, mask))
     seconds[size] = _best_time(lambda p=prog: p(params, w_o, x, y, mask), 3)
+  # The study's chunks hold one N each (`sweep.pad_to` "chunk"): the same runs grouped by
+  # N, each group trained on its N samples (no padding), one program per N.
+  by_n = {}
+  for v in np.unique(n_grid[sel]):
+    rows = jnp.asarray(np.flatnonzero(n_grid[sel] == v))
+    args = (jax.tree.map(lambda a, r=rows: a[r], params), w_o[rows], x[rows, :v],
+            y[rows, :v], mask[rows, :v])
+    by_n[int(v)] = (bo.chunk_program(fit, group).lower(*args).compile(), args, rows)
+  per_n_steps = np.zeros_like(steps)
+  for prog, args, rows in by_n.values():
+    per_n_steps[np.asarray(rows)] = np.asarray(prog(*args))
+  per_n_s = _best_time(lambda: [jax.block_until_ready(prog(*args))
+                                for prog, args, _ in by_n.values()], 3)
   out = {"sweep_runs": runs, "sweep_vmap_size": group,
          "sweep_mean_steps": float(steps.mean()), "sweep_max_steps": int(steps.max()),
          "sweep_grouped_runs_per_s": runs / seconds[group],
-         "sweep_one_vmap_runs_per_s": runs / seconds[0]}
+         "sweep_one_vmap_runs_per_s": runs / seconds[0],
+         "sweep_per_n_runs_per_s": runs / per_n_s,
+         "sweep_per_n_same_steps_frac": float(np.mean(per_n_steps == steps))}
   try:
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -215,6 +230,7 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
       "sweep_torch_same_steps_frac": float(np.mean(np.asarray(torch_steps)
                                                    == steps[:torch_runs])),
       "sweep_grouped_speedup_vs_torch": out["sweep_grouped_runs_per_s"] / torch_rate,
+      "sweep_per_n_speedup_vs_torch": out["sweep_per_n_runs_per_s"] / torch_rate,
       "sweep_one_vmap_speedup_vs_torch": out["sweep_one_vmap_runs_per_s"] / torch_rate}
 
 

@@ -114,6 +114,10 @@ def get_config(arg=None):
   # where it makes the chunk 2-4x faster, docs/benchmarks.md; 0 on an accelerator), 0 = the
   # whole chunk in one vmap (sweeps written before this field existed resume with 0).
   s.vmap_size = ml_collections.FieldReference(None, field_type=int)
+  # The N a chunk's runs are padded to (one program per value): "grid" = the grid's largest
+  # (one program), "chunk" = the chunk's largest (a chunk of this grid holds one N: 1.8x
+  # less GD work, one compile per N; slower on CPU at these sizes, docs/benchmarks.md).
+  s.pad_to = "grid"
 
   r = config.report = ml_collections.ConfigDict()
   r.cutoff = 0.2

@@ -34,6 +34,9 @@ on ImageNet-1k (`SCALE_RUNS`); `:scale` trains the mnist5k ViT and ResNet-18 fro
 10 %, 30 % and 100 % of the training split (`data.num_train`; 6 runs, about 3x the default
 study's CPU time, without CKA / probes; `:scale,smoke` for tests) and reports the measures
 per training-set size.
+Seeds: `seeds=N` trains every run N times (training seeds shifted, same data; run ids
+`<run>_seed<i>`); results.md adds the mean ± s.e. over seeds and the data-scale section
+averages them, e.g. `:scale,seeds=3` (docs/results.md).
 Corruptions: the 15 of Hendrycks & Dietterich (2019), which include defocus blur; Gaussian
 blur is one of their 4 extra validation corruptions (not synthesised here; see
 `xsens.data.corrupted`).
@@ -159,13 +162,17 @@ def _scale_runs(runs: ml_collections.ConfigDict, total: int | None
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="mnist5k", smoke=False, imagenet=False, scale=False)
+  arg = parse_arg(arg, setup="mnist5k", smoke=False, imagenet=False, scale=False, seeds=1)
   if arg.imagenet or arg.setup == "imagenet":
+    if arg.seeds != 1:
+      raise ValueError("`seeds` sets training seeds; the imagenet set-up trains nothing "
+                       "(pretrained checkpoints)")
     return imagenet_config(arg.smoke, scale=arg.scale)
   if arg.scale and arg.setup != "mnist5k":
     raise ValueError("the from-scratch data-scale sweep (`scale`) is defined on mnist5k; "
                      "use `:scale` or `:imagenet,scale` (pretrained checkpoints)")
   config = common.multi_run_config("robustness", arg.setup, SETUPS)
+  config.num_seeds = arg.seeds  # Training seeds per run (xsens.studies.compare.run_ids).
   c = config.train
   config.robustness = rc = robustness_config()
   # Where the corrupted test images come from: `tfds_name` (pre-computed sets

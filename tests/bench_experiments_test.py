@@ -52,12 +52,14 @@ def test_authors_pytorch_loop_ends_at_the_jax_gd_weights():
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_early_stop_sweep_times_the_study_groups_and_one_vmap_on_mixed_grid_points():
+def test_early_stop_sweep_times_the_study_groups_one_vmap_and_per_n_on_mixed_grid_points():
   from experiments import bench_benign_overfitting as bench  # pylint: disable=import-outside-toplevel
   out = bench.early_stop_sweep("smoke", runs=4, torch_runs=3)
   assert out["sweep_runs"] == 4 and out["sweep_vmap_size"] in (0, 1)
   assert 1 <= out["sweep_max_steps"] <= 60 and out["sweep_mean_steps"] <= out["sweep_max_steps"]
   assert out["sweep_grouped_runs_per_s"] > 0 and out["sweep_one_vmap_runs_per_s"] > 0
+  # The runs grouped by N without padding stop where the padded ones stop.
+  assert out["sweep_per_n_runs_per_s"] > 0 and out["sweep_per_n_same_steps_frac"] == 1.0
   if "sweep_torch_runs_per_s" in out:  # The `bench` extra: the authors' loop, same rule.
     assert out["sweep_torch_runs"] == 3 and out["sweep_torch_same_steps_frac"] == 1.0
 

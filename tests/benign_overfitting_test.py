@@ -323,6 +323,65 @@ def test_vmap_groups_change_only_float_rounding_and_old_sweeps_resume_with_zero(
     bo.validate(config)
 
 
+@pytest.mark.parametrize("model", ["vit", "cnn"])
+def test_chunk_padding_changes_only_float_rounding(model):
+  """A run of N = 2 padded to 2 (its chunk's largest N; for the ViT at d = 32 > 2·4 tokens
+  that also picks the reduced solver) or to the grid's 8 draws the same data and gives the
+  same steps, stop and accuracies, and its losses to float rounding."""
+  config = tiny_config(pad_to="chunk")
+  n, mu, idx = bo.grid_points(config)
+  sel = np.flatnonzero(n == 2)
+  assert bo.chunk_padding(config, n[sel]) == 2 and bo.chunk_padding(config, n) == 8
+  config.sweep.pad_to = "grid"
+  assert bo.chunk_padding(config, n[sel]) == 8
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(config.seed), i))(
+      jnp.asarray(idx[sel]))
+  outs = {p: jax.device_get(jax.jit(jax.vmap(bo.make_run_fn(config, model, 8, n_pad=p)))(
+      keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel]))) for p in (2, 8)}
+  assert outs[2]["steps"].max() > 1
+  for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
+    np.testing.assert_array_equal(outs[2][k], outs[8][k], err_msg=k)
+  for k in ("train_loss", "test_loss"):
+    np.testing.assert_allclose(outs[2][k], outs[8][k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_pad_to_is_fingerprinted_and_old_sweeps_resume_under_the_default(tmp_path):
+  """`sweep.pad_to` is fingerprinted: a sweep written before the field (every chunk
+  padded to the grid's largest N) resumes under the default "grid", and is refused under
+  "chunk" with a one-line hint; a value not allowed is a ConfigError."""
+  config = tiny_config()
+  assert config.sweep.pad_to == "grid"
+  bo.run_sweep(config, str(tmp_path), "vit", max_chunks=1, log=lambda s: None)
+  wd = Workdir(str(tmp_path / "sweep_vit"))
+  saved = wd.read_json("config.json")
+  del saved["grid"]["pad_to"]
+  with open(wd.file("config.json"), "w") as f:
+    json.dump(saved, f)
+  config.sweep.pad_to = "chunk"
+  with pytest.raises(ConfigError, match="sweep.pad_to=grid") as err:
+    bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
+  assert "\n" not in str(err.value)
+  config.sweep.pad_to = "grid"
+  out = bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
+  assert out["complete"] and out["chunks_computed"] == 1
+  config.sweep.pad_to = "largest"
+  with pytest.raises(ConfigError, match="sweep.pad_to"):
+    bo.validate(config)
+
+
+def test_chunk_padding_sweep_equals_grid_padding(tmp_path):
+  """The whole (smoke) sweep with `pad_to` "chunk" (one program per N) gives the grid
+  padding's steps and accuracies, and its losses to float rounding."""
+  outs = {}
+  for pad in ("grid", "chunk"):
+    outs[pad] = bo.run_sweep(tiny_config(pad_to=pad), str(tmp_path / pad), "vit",
+                             log=lambda s: None)
+  for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
+    np.testing.assert_array_equal(outs["chunk"][k], outs["grid"][k], err_msg=k)
+  for k in ("train_loss", "test_loss"):
+    np.testing.assert_allclose(outs["chunk"][k], outs["grid"][k], rtol=1e-4, atol=1e-6)
+
+
 def _write_old_format_sweep(path):
   os.makedirs(path)
   with open(os.path.join(path, "index.json"), "w") as f:

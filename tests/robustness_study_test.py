@@ -201,3 +201,39 @@ def test_official_corruption_list():
   assert corruptions.NAMES == corrupted.BENCHMARK
   assert "defocus_blur" in corrupted.BENCHMARK and "gaussian_blur" in corrupted.EXTRA
   assert tuple(rob_cfg.get_config().robustness.corruptions.names) == corrupted.BENCHMARK
+
+
+def test_data_scale_section_averages_training_seeds():
+  """Two seeds of each (model, size): the section reports their mean and standard error
+  per size, names the run (not the seed id) and counts the seeds."""
+  ids = {"vit_10pct": ("vit_10pct", 0), "vit_10pct_seed1": ("vit_10pct", 1),
+         "vit_100pct": ("vit_100pct", 0), "vit_100pct_seed1": ("vit_100pct", 1),
+         "cnn": ("cnn", 0)}
+  sizes = {"vit_10pct": 40, "vit_10pct_seed1": 40, "vit_100pct": 400,
+           "vit_100pct_seed1": 400, "cnn": 400}
+  pgd = {"vit_10pct": 0.1, "vit_10pct_seed1": 0.3, "vit_100pct": 0.5,
+         "vit_100pct_seed1": 0.5, "cnn": 0.9}
+  results = {r: types.SimpleNamespace(summary={"model": "cnn" if r == "cnn" else "vit"})
+             for r in ids}
+  rows = [{"run": r, "train_examples": sizes[r], "test_accuracy": 2 * pgd[r], "mCA": pgd[r],
+           "PGD@0.05": pgd[r]} for r in ids]
+  scale = robustness.data_scale_section(results, rows, ids)
+  assert set(scale) == {"vit"}  # The cnn has one size only.
+  vit = scale["vit"]
+  assert vit["runs"] == ["vit_10pct", "vit_100pct"]
+  assert vit["train_examples"] == [40, 400] and vit["seeds"] == [2, 2]
+  np.testing.assert_allclose(vit["PGD"], [0.2, 0.5])
+  np.testing.assert_allclose(vit["PGD s.e."], [0.1, 0.0], atol=1e-12)  # std/√2 of ±0.1.
+  np.testing.assert_allclose(vit["test_accuracy"], [0.4, 1.0])
+  assert "FGSM" not in vit  # Not measured: left out, not invented.
+  note = robustness._scale_note(scale)  # pylint: disable=protected-access
+  assert "n=40: clean 0.400 ± 0.200 / mCA 0.200 ± 0.100 / PGD 0.200 ± 0.100" in note
+  assert "mean ± s.e. over 2 seeds" in note
+
+
+def test_seeds_variant_and_imagenet_refusal():
+  config = rob_cfg.get_config("scale,seeds=3")
+  assert config.num_seeds == 3 and len(config.runs) == 6
+  assert rob_cfg.get_config(None).num_seeds == 1
+  with pytest.raises(ValueError, match="trains nothing"):
+    rob_cfg.get_config("imagenet,seeds=2")

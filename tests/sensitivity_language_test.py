@@ -257,7 +257,7 @@ def test_token_type_masks_and_seed_aggregation():
   rows = [{"run": "a", "S_token": 0.1}, {"run": "a_seed1", "S_token": 0.3}]
   from xsens.studies import compare  # pylint: disable=g-import-not-at-top
   summary = compare.seed_rows(rows, ids_map, ["S_token"])
-  md = sl.seed_summary_markdown(summary, ["S_token"])
+  md = compare.seed_summary_markdown(summary, ["S_token"])
   assert "| a | 2 | 0.2 ± 0.1 |" in md
 
 

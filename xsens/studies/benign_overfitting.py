@@ -9,8 +9,8 @@ What it does:
   1. Sweep: for every (N, ‖μ‖, trial) of the grid, draw data (`xsens.data.signal_noise`),
      train the model by full-batch GD on the logistic loss until the train loss < ε or
      `max_steps`, and record test loss/accuracy at the stop, the step and `converged`.
-     All runs of a chunk are ONE jitted program (every run padded to the largest N with a
-     sample mask): `vmap` over groups of `sweep.vmap_size` runs, the groups in sequence
+     All runs of a chunk are ONE jitted program (every run padded to the grid's largest N,
+     or with `sweep.pad_to` "chunk" the chunk's, with a sample mask): `vmap` over groups of `sweep.vmap_size` runs, the groups in sequence
      (`lax.map`; on CPU one run at a time, on an accelerator the whole chunk in one vmap).
      The sweep runs through the one loop (`xsens.train.loop`) with a run of the grid as
      its step: each chunk's results are array logs of its `Workdir`
@@ -69,6 +69,7 @@ from xsens.train.workdir import Workdir
 MODELS = ("vit", "cnn")
 DATA_KINDS = ("synthetic", "mnist")
 SOLVERS = ("auto", "direct", "reduced")
+PAD_TO = ("chunk", "grid")  # sweep.pad_to: a chunk's runs padded to its / the grid's max N.
 RESULT_FIELDS = ("test_loss", "test_accuracy", "train_loss", "train_accuracy", "steps",
                  "converged")
 # The pre-loop sweep format (refused with a message to rerun with --overwrite).
@@ -148,6 +149,8 @@ def validate(config) -> None:
   require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
         "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
         f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
+  require(s.get("pad_to", "grid") in PAD_TO, "sweep.pad_to",
+        f"got {s.get('pad_to')!r}; allowed: {', '.join(PAD_TO)}")
   require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
   r = config.report
   require(_positive(r.cutoff), "report.cutoff", f"must be > 0, got {r.cutoff!r}")
@@ -300,8 +303,14 @@ def uses_reduced_solver(config, n_max: int) -> bool:
   return solver == "reduced" or (solver == "auto" and int(config.data.d) > tokens)
 
 
-def make_run_fn(config, model: str, n_max: int, pools=None):
-  """run(key, n, mu_norm) -> {field: scalar} for one grid point (pure; vmap it)."""
+def make_run_fn(config, model: str, n_max: int, pools=None, n_pad: int | None = None):
+  """run(key, n, mu_norm) -> {field: scalar} for one grid point (pure; vmap it).
+
+  The training set is drawn with `n_max` samples (the grid's largest N: a run's data do not
+  depend on the program it runs in) and trained on its first `n_pad` (default `n_max`;
+  any n ≤ n_pad, the rest masked). The masked samples add exact zeros, so `n_pad` changes
+  a run's numbers by float rounding only, and the work per step by n_pad / n_max.
+  """
   init_fn, apply_fn = model_fns(config, model)
   kw = _data_kwargs(config.data)
   n_test = int(config.data.num_test)
@@ -309,7 +318,8 @@ def make_run_fn(config, model: str, n_max: int, pools=None):
   eta, max_steps, eps = float(t.learning_rate), int(t.max_steps), float(t.loss_threshold)
   label_flip = float(config.data.label_flip)
   lr_scale = cnn_lr_scale(config) if model == "cnn" else None
-  reduced = model == "vit" and uses_reduced_solver(config, n_max)
+  n_pad = n_max if n_pad is None else int(n_pad)
+  reduced = model == "vit" and uses_reduced_solver(config, n_pad)
 
   def run(key, n, mu_norm):
     k_data, k_init = jax.random.fold_in(key, 0), jax.random.fold_in(key, 1)
@@ -323,7 +333,8 @@ def make_run_fn(config, model: str, n_max: int, pools=None):
     x, y, _ = sn.sample(k_train, n_max, mu_norm=mu_norm, label_flip=label_flip,
                         signal_tokens=sig_train, **kw)
     xt, yt, _ = sn.sample(k_test, n_test, mu_norm=mu_norm, signal_tokens=sig_test, **kw)
-    mask = (jnp.arange(n_max) < n).astype(jnp.float32)
+    x, y = x[:n_pad], y[:n_pad]
+    mask = (jnp.arange(n_pad) < n).astype(jnp.float32)
     params, frozen = init_fn(k_init)
     run_eta = eta if lr_scale is None else lr_scale(mu_norm)
     if reduced:
@@ -351,6 +362,17 @@ def resolved_vmap_size(config) -> int:
   if size is None:
     return 1 if jax.default_backend() == "cpu" else 0
   return int(size)
+
+
+def chunk_padding(config, chunk_n) -> int:
+  """The N that a chunk's runs are padded to: the grid's largest for `sweep.pad_to` "grid"
+  (the default: one program for every chunk), the chunk's largest for "chunk" (a chunk of
+  the default grids holds one N: no padding, 1.8x less GD work on average over N = 2..20,
+  but one compiled program per N; on CPU the default study's ~2.5 s compile per program
+  outweighs its ~0.5 s chunks, docs/benchmarks.md)."""
+  if config.sweep.get("pad_to", "grid") == "grid":
+    return int(max(config.sweep.n_values))
+  return int(np.max(chunk_n))
 
 
 def chunk_program(run_fn, vmap_size: int):
@@ -384,7 +406,8 @@ def sweep_fingerprint(config, model: str) -> dict:
         "grid": {"n_values": list(config.sweep.n_values),
                  "mu_norms": [float(m) for m in config.sweep.mu_norms],
                  "trials": config.sweep.trials, "chunk_size": config.sweep.chunk_size,
-                 "vmap_size": config.sweep.get("vmap_size")}}
+                 "vmap_size": config.sweep.get("vmap_size"),
+                 "pad_to": config.sweep.get("pad_to", "grid")}}
   fp["model_config"] = (config.vit if model == "vit" else config.cnn).to_dict()
   return json.loads(json.dumps(fp, default=str))
 
@@ -412,9 +435,13 @@ def check_sweep(config, workdir: str, model: str, overwrite: bool = False) -> Wo
         "chunk_*.npz); rerun with --overwrite to recompute it there, or choose another "
         "--workdir")
   wd = Workdir(path, keep_checkpoints=_KEEP_CHECKPOINTS,
-               added_defaults={"grid.vmap_size": 0}, hints={"grid.vmap_size": (
-                   "a sweep written before sweep.vmap_size existed (one vmap per chunk) "
-                   "resumes with --config.sweep.vmap_size=0")})
+               added_defaults={"grid.vmap_size": 0, "grid.pad_to": "grid"}, hints={
+                   "grid.vmap_size": ("a sweep written before sweep.vmap_size existed (one "
+                                      "vmap per chunk) resumes with "
+                                      "--config.sweep.vmap_size=0"),
+                   "grid.pad_to": ("a sweep written before sweep.pad_to existed (every "
+                                   "chunk padded to the grid's largest N) resumes with "
+                                   "--config.sweep.pad_to=grid (the default)")})
   # Array logs without a checkpoint (a run stopped before its first save) count as a run.
   has_state = wd.latest_step() is not None or bool(wd.step_log_files())
   wd.check(sweep_fingerprint(config, model), overwrite=overwrite, has_state=has_state)
@@ -442,8 +469,12 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   num_runs, size = len(n), int(config.sweep.chunk_size)
   num_chunks = -(-num_runs // size)
   n_max = int(max(config.sweep.n_values))
-  chunk_fn = chunk_program(make_run_fn(config, model, n_max, pools),
-                           resolved_vmap_size(config))
+  vmap_size = resolved_vmap_size(config)
+
+  @functools.cache
+  def chunk_fn(n_pad: int):  # One program per padded N (`sweep.pad_to`).
+    return chunk_program(make_run_fn(config, model, n_max, pools, n_pad), vmap_size)
+
   base = jax.random.key(int(config.seed))
   repl = sharding.replicated(sharding.data_mesh())
   # From NumPy: `device_put` of a jax.Array onto a multi-process sharding builds a broken
@@ -456,7 +487,8 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
     valid = sel < start + length
     sel = np.minimum(sel, num_runs - 1)  # Pad the last chunk by repeating its last run.
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(idx[sel]))
-    out = jax.device_get(chunk_fn(keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])))
+    n_pad = chunk_padding(config, n[sel])
+    out = jax.device_get(chunk_fn(n_pad)(keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])))
     return as_state(start + length), None, {k: np.asarray(v)[valid] for k, v in out.items()}
 
   computed = 0

@@ -104,6 +104,20 @@ def seed_rows(rows: list[dict], ids: dict[str, tuple[str, int]], columns,
   return out
 
 
+def seed_summary_markdown(summary: list[dict], columns, per_seed_note: str = "") -> str:
+  """The table of `seed_rows`: one row per run, each column "mean ± s.e." over its seeds;
+  `per_seed_note` follows "one row per seed is above" (e.g. what that row's ± is over)."""
+  def cell(row, c):
+    mean, se = row[c], row[f"{c} s.e."]
+    return tables.format_value(mean) + ("" if not np.isfinite(se) else
+                                        f" ± {tables.format_value(se, 2)}")
+  table = [{"run": r["run"], "seeds": r["seeds"], **{c: cell(r, c) for c in columns}}
+           for r in summary]
+  return (f"Mean ± standard error over the training seeds (one row per seed is above"
+          f"{per_seed_note}):\n\n" + tables.markdown_table(table, ["run", "seeds", *columns])
+          + "\n")
+
+
 def check_run_workdirs(workdir: str, experiments: dict[str, trainer.Experiment],
                        overwrite: bool = False) -> dict[str, Workdir]:
   """Each run's `Workdir`, checked against its config (ConfigError; nothing written).

@@ -331,18 +331,27 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     with common.timed(timings, "representations"):
       reps = representation_section(results, rc)
   rows = _rows(results, rc, corr, advs, perts)
-  scale = data_scale_section(results, rows)
+  ids = compare.run_ids(config)
+  scale = data_scale_section(results, rows, ids)
   num_classes = next(iter(results.values())).train.num_classes
   plot_files = _plots(workdir, rc, corr, advs, perts, reps, num_classes=num_classes)
   if scale:
     plot_files.append(_scale_plot(workdir, scale, num_classes))
+  seed_summary, seed_table = None, ""
+  if compare.num_seeds(config) > 1:
+    columns = [c for c in rows[0] if c not in ("run", "params", "train_examples")]
+    seed_summary = compare.seed_rows(rows, ids, columns)
+    seed_table = compare.seed_summary_markdown(
+        seed_summary, columns, f"; every seed's mCE is relative to run `{rc.baseline_run}`")
   md = tables.write_results(
       workdir, f"Robustness on {config.train.data.name}", rows,
-      notes=_notes(rc, advs, perts, corr, config.train.data, scale),
+      notes=seed_table + _notes(rc, advs, perts, corr, config.train.data, scale),
       plots=plot_files, extra={**_extra(corr, advs, perts, reps), "timings_s": timings,
-                               "corruption_source": corr["source"], "data_scale": scale})
+                               "corruption_source": corr["source"], "data_scale": scale,
+                               "seed_summary": seed_summary})
   return {"rows": rows, "markdown": md, "corruptions": corr, "adversarial": advs,
-          "perturbations": perts, "representations": reps, "data_scale": scale}
+          "perturbations": perts, "representations": reps, "data_scale": scale,
+          "seed_summary": seed_summary}
 
 
 # -------------------------------------------------------------------------- data scale
@@ -350,28 +359,38 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
 SCALE_MEASURES = ("test_accuracy", "mCA", "rel_mCE", "FGSM", "PGD", "worst_removal_acc")
 
 
-def data_scale_section(results, rows) -> dict:
+def data_scale_section(results, rows, ids=None) -> dict:
   """The measures per training-set size, for each model kind trained on several sizes.
 
   Runs are grouped by model name (e.g. vit, resnet18); a group counts only if its runs
   have different numbers of training examples (`data.num_train`, e.g. the
-  `robustness.py:scale` sweep). Returns {model: {"runs": [...], "train_examples": [...],
-  <measure>: [...]}} sorted by size ({} when no group qualifies); FGSM / PGD at the main ε.
+  `robustness.py:scale` sweep). The training seeds of a run (`ids`, from
+  `compare.run_ids`; None: every run id is its own run) are averaged. Returns
+  {model: {"runs": [...], "train_examples": [...], "seeds": [...], <measure>: [mean ...],
+  "<measure> s.e.": [standard error over seeds (NaN for one seed) ...]}} sorted by size
+  ({} when no group qualifies); FGSM / PGD at the main ε.
   """
   by_row = {r["run"]: r for r in rows}
-  groups: dict[str, list[tuple[int, str]]] = {}
-  for name, res in results.items():
-    groups.setdefault(res.summary["model"], []).append((by_row[name]["train_examples"], name))
+  ids = ids or {name: (name, 0) for name in results}
+  groups: dict[str, dict[int, list[str]]] = {}
+  for run_id, res in results.items():
+    size = by_row[run_id]["train_examples"]
+    groups.setdefault(res.summary["model"], {}).setdefault(size, []).append(run_id)
   out = {}
-  for model, members in groups.items():
-    if len({n for n, _ in members}) < 2:
+  for model, by_size in groups.items():
+    if len(by_size) < 2:
       continue
-    members.sort()
-    entry = {"runs": [r for _, r in members], "train_examples": [n for n, _ in members]}
+    sizes = sorted(by_size)
+    first = by_row[by_size[sizes[0]][0]]
+    entry = {"runs": [ids[by_size[n][0]][0] for n in sizes], "train_examples": sizes,
+             "seeds": [len(by_size[n]) for n in sizes]}
     for m in SCALE_MEASURES:
-      col = next((k for k in by_row[members[0][1]] if k == m or k.startswith(f"{m}@")), None)
-      if col is not None:  # (worst_removal_acc: absent when perturbations are skipped)
-        entry[m] = [by_row[r][col] for _, r in members]
+      col = next((k for k in first if k == m or k.startswith(f"{m}@")), None)
+      if col is None:  # (worst_removal_acc: absent when perturbations are skipped)
+        continue
+      stats = [compare.mean_and_stderr([by_row[r][col] for r in by_size[n]]) for n in sizes]
+      entry[m] = [mean for mean, _ in stats]
+      entry[f"{m} s.e."] = [se for _, se in stats]
     out[model] = entry
   return out
 
@@ -380,12 +399,20 @@ def _scale_plot(workdir, scale, num_classes=None) -> str:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, 3, figsize=(12.5, 3.4))
   styles = plots.line_styles(len(scale))
+  sizes = sorted({n for e in scale.values() for n in e["train_examples"]})
   for ax, (measure, title) in zip(axes, (("test_accuracy", "clean test accuracy"),
                                          ("mCA", "mean corruption accuracy"),
                                          ("PGD", "PGD accuracy (main ε)"))):
     for (model, entry), style in zip(scale.items(), styles):
-      ax.plot(entry["train_examples"], entry[measure], label=model, **style)
+      se = entry.get(f"{measure} s.e.")
+      seeds = max(entry.get("seeds") or [1])
+      ax.errorbar(entry["train_examples"], entry[measure],
+                  yerr=None if se is None or not np.isfinite(se).any() else np.nan_to_num(se),
+                  capsize=3, label=model + (f" ({seeds} seeds, ± s.e.)" if seeds > 1 else ""),
+                  **style)
     ax.set_xscale("log")
+    ax.set_xticks(sizes, [f"{n:,}" for n in sizes])  # The sizes trained, not powers of 10.
+    ax.minorticks_off()
     plots.chance_line(ax, num_classes)
     plots.styled_axes(ax, title, "training examples (log scale)", plots.ACCURACY)
   plots.legend_outside(axes[-1])
@@ -499,11 +526,17 @@ def _source_note(corr, rc, data_config) -> str:
 def _scale_note(scale) -> str:
   if not scale:
     return ""
+  def cell(e, m, i):
+    se = e[f"{m} s.e."][i]
+    return f"{e[m][i]:.3f}" + (f" ± {se:.3f}" if np.isfinite(se) else "")
   parts = []
   for model, e in scale.items():
-    cells = ", ".join(f"n={n}: clean {a:.3f} / mCA {c:.3f} / PGD {p:.3f}" for n, a, c, p in
-                      zip(e["train_examples"], e["test_accuracy"], e["mCA"], e["PGD"]))
-    parts.append(f"{model} ({cells})")
+    cells = ", ".join(
+        f"n={n}: clean {cell(e, 'test_accuracy', i)} / mCA {cell(e, 'mCA', i)} / PGD "
+        f"{cell(e, 'PGD', i)}" for i, n in enumerate(e["train_examples"]))
+    seeds = max(e["seeds"])
+    parts.append(f"{model} ({cells}" + (f"; mean ± s.e. over {seeds} seeds" if seeds > 1
+                                        else "") + ")")
   return " Data scale (runs grouped by model, training examples n): " + "; ".join(parts) + "."
 
 

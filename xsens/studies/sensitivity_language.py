@@ -336,7 +336,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                               results[names[0]].train.num_classes),
                 _plot_positions(workdir, seed_curves(measured, ids), sc)]
   n = min(sc.num_examples, min(len(e.train) for e in experiments.values()))
-  seed_table = seed_summary_markdown(seed_summary, SEED_COLUMNS) if seeds > 1 else ""
+  seed_table = (compare.seed_summary_markdown(seed_summary, SEED_COLUMNS, "; its ± is over "
+                                                "sentences") if seeds > 1 else "")
   md = tables.write_results(
       workdir, f"Token-wise sensitivity of language models on {config.train.data.name}",
       rows, columns=COLUMNS,
@@ -348,19 +349,6 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
              "sensitivity": sc.to_dict()})
   return {"rows": rows, "markdown": md, "measured": measured, "history": hist,
           "seed_summary": seed_summary}
-
-
-def seed_summary_markdown(summary: list[dict], columns) -> str:
-  """The table of `compare.seed_rows`: one row per run, each column "mean ± s.e."."""
-  def cell(row, c):
-    mean, se = row[c], row[f"{c} s.e."]
-    return tables.format_value(mean) + ("" if not np.isfinite(se) else
-                                        f" ± {tables.format_value(se, 2)}")
-  table = [{"run": r["run"], "seeds": r["seeds"], **{c: cell(r, c) for c in columns}}
-           for r in summary]
-  return ("Mean ± standard error over the training seeds (one row per seed is above; its "
-          "± is over sentences):\n\n" + tables.markdown_table(table, ["run", "seeds",
-                                                                 *columns]) + "\n")
 
 
 def _groups(values: dict, ids: dict) -> dict[str, list]:

@@ -410,7 +410,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     means = [c for c in columns[2:] if not c.startswith("s.e.") and c not in
              ("wall_s", "measure_s")]
     extra["seed_summary"] = compare.seed_rows(rows, ids, means)
-    seed_table = seed_summary_markdown(extra["seed_summary"], means)
+    seed_table = compare.seed_summary_markdown(extra["seed_summary"], means,
+                                               "; its ± is over examples")
   notes = _notes(config, rows if not multi_seed else extra["seed_summary"], main,
                  min(sc.num_examples, len(probe[next(iter(probe))].train)), extra)
   md = tables.write_results(
@@ -443,19 +444,6 @@ def seed_means(measured: dict, ids: dict) -> dict:
         agg[part] = {k: over([m[part][k] for m in ms]) for k in ms[0][part]}
     out[name] = agg
   return out
-
-
-def seed_summary_markdown(seed_rows: list[dict], columns) -> str:
-  """The table of `compare.seed_rows`: one row per model, each column "mean ± s.e."."""
-  def cell(row, c):
-    mean, se = row[c], row[f"{c} s.e."]
-    return tables.format_value(mean) + ("" if math.isnan(se) else
-                                        f" ± {tables.format_value(se, 2)}")
-  table = [{"run": r["run"], "seeds": r["seeds"], **{c: cell(r, c) for c in columns}}
-           for r in seed_rows]
-  return ("Mean ± standard error over the training seeds (the per-seed rows are above; "
-          "their ± is over examples):\n\n" +
-          tables.markdown_table(table, ["run", "seeds", *columns]) + "\n")
 
 
 def _sharpness_link(measured, names, main_sigma) -> dict:
