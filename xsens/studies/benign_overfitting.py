@@ -10,8 +10,9 @@ What it does:
      train the model by full-batch GD on the logistic loss until the train loss < ε or
      `max_steps`, and record test loss/accuracy at the stop, the step and `converged`.
      All runs of a chunk are ONE jitted program (every run padded to the grid's largest N,
-     or with `sweep.pad_to` "chunk" the chunk's, with a sample mask): `vmap` over groups of `sweep.vmap_size` runs, the groups in sequence
-     (`lax.map`; on CPU one run at a time, on an accelerator the whole chunk in one vmap).
+     or with `sweep.pad_to` "chunk" the chunk's, with a sample mask): `vmap` over groups
+     of `sweep.vmap_size` runs, the groups in sequence (`lax.map`; on CPU one run at a
+     time, on an accelerator the whole chunk in one vmap).
      The sweep runs through the one loop (`xsens.train.loop`) with a run of the grid as
      its step: each chunk's results are array logs of its `Workdir`
      (`workdir/sweep_<model>/`) and each chunk is checkpointed, so an interrupted sweep
