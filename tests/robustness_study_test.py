@@ -63,26 +63,36 @@ def test_robustness_report(robustness_run):
 
 @pytest.mark.slow
 def test_data_scale_sweep_smoke(robustness_run, tmp_path):
-  """`:scale,smoke`: the ViT and the ResNet from scratch on 10 / 30 / 100 % of the (smoke)
-  training split, the measures reported per training-set size. Runs after `robustness_run`
+  """`:scale,smoke` with two training seeds: the ResNet from scratch on 10 and 100 % of the
+  (smoke) training split, the measures reported per training-set size as seed means; the
+  ViT at one size is measured but not a data-scale group. Runs after `robustness_run`
   (same models and shapes: its compiled programs are cached)."""
-  config = rob_cfg.get_config("scale,smoke")
+  config = rob_cfg.get_config("scale,smoke,seeds=2")
   assert {r for r in config.runs if r.endswith("_30pct")} == {"vit_30pct", "resnet18_30pct"}
-  for run in ("vit_30pct", "resnet18_30pct"):   # Two sizes suffice here (test time).
+  for run in ("vit_30pct", "resnet18_30pct", "vit_10pct"):   # Test time.
     del config.runs[run]
   out = studies.run(config, str(tmp_path))
   sizes = [round(f * rob_cfg.SMOKE_TRAIN) for f in rob_cfg.SCALE_FRACTIONS if f != 0.3]
   rows = {r["run"]: r for r in out["rows"]}
-  assert set(rows) == {f"{m}_{p}pct" for m in ("vit", "resnet18") for p in (10, 100)}
-  assert [rows[f"vit_{p}pct"]["train_examples"] for p in (10, 100)] == sizes
+  assert set(rows) == {f"{r}{s}" for r in ("resnet18_10pct", "resnet18_100pct", "vit_100pct")
+                       for s in ("", "_seed1")}
+  assert [rows[f"resnet18_{p}pct"]["train_examples"] for p in (10, 100)] == sizes
   scale = out["data_scale"]
-  assert set(scale) == {"vit", "resnet18"}
-  for model, entry in scale.items():
-    assert entry["train_examples"] == sizes
-    assert entry["runs"] == [f"{model}_{p}pct" for p in (10, 100)]
-    assert entry["PGD"] == [rows[r]["PGD@0.05"] for r in entry["runs"]]
-    assert entry["mCA"] == [rows[r]["mCA"] for r in entry["runs"]]
+  assert set(scale) == {"resnet18"}  # The ViT was trained on one size only.
+  entry = scale["resnet18"]
+  assert entry["train_examples"] == sizes and entry["seeds"] == [2, 2]
+  assert entry["runs"] == ["resnet18_10pct", "resnet18_100pct"]
+  for i, p in enumerate((10, 100)):
+    pair = [rows[f"resnet18_{p}pct{s}"]["PGD@0.05"] for s in ("", "_seed1")]
+    assert entry["PGD"][i] == pytest.approx(np.mean(pair))
+    assert entry["PGD s.e."][i] == pytest.approx(abs(pair[0] - pair[1]) / 2)
   assert rows["resnet18_100pct"]["mCE"] == pytest.approx(1.0)
+  summary = {r["run"]: r for r in out["seed_summary"]}
+  assert set(summary) == {"resnet18_10pct", "resnet18_100pct", "vit_100pct"}
+  assert summary["vit_100pct"]["seeds"] == 2
+  assert summary["vit_100pct"]["mCA"] == pytest.approx(
+      np.mean([rows[f"vit_100pct{s}"]["mCA"] for s in ("", "_seed1")]))
+  assert "Mean ± standard error over the training seeds" in out["markdown"]
   assert "Data scale (runs grouped by model" in out["markdown"]
   assert os.path.getsize(tmp_path / "data_scale.png") > 1000
   assert out["perturbations"] is None and "cka" not in json.loads(
