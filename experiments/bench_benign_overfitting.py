@@ -72,6 +72,13 @@ def _best_time(fn, repeats: int) -> float:
   return best
 
 
+def _compiled_and_timed(program, *args, repeats: int = 3):
+  """(compiled program, its first output (the warm-up), best time of `repeats` calls)."""
+  compiled = program.lower(*args).compile()
+  first = jax.block_until_ready(compiled(*args))
+  return compiled, first, _best_time(lambda: compiled(*args), repeats)
+
+
 def matmul_peak(n: int, repeats: int = 5) -> float:
   """Best fp32 GFLOP/s of an n×n @ n×n jnp.dot (jitted)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
@@ -189,9 +196,9 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
   group = bo.resolved_vmap_size(config)
   seconds, steps = {}, None
   for size in dict.fromkeys((group, 0)):
-    prog = bo.chunk_program(fit, size).lower(params, w_o, x, y, mask).compile()
-    steps = np.asarray(prog(params, w_o, x, y, mask))
-    seconds[size] = _best_time(lambda p=prog: p(params, w_o, x, y, mask), 3)
+    _, steps, seconds[size] = _compiled_and_timed(bo.chunk_program(fit, size), params, w_o,
+                                                  x, y, mask)
+    steps = np.asarray(steps)
   # The study's chunks hold one N each (`sweep.pad_to` "chunk"): the same runs grouped by
   # N, each group trained on its N samples (no padding), one program per N.
   by_n = {}
@@ -252,10 +259,9 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
     compiled = bo.chunk_program(run_fn, size).lower(keys, ns, mus).compile()
     if size == group:
       compile_s = time.perf_counter() - t0
-    jax.block_until_ready(compiled(keys, ns, mus))
-    chunk_s[size] = _best_time(lambda c=compiled: c(keys, ns, mus), 3)
-    out = jax.device_get(compiled(keys, ns, mus))
+    out = jax.device_get(compiled(keys, ns, mus))  # (Also the warm-up.)
     assert np.all(out["steps"] == steps), out["steps"]
+    chunk_s[size] = _best_time(lambda c=compiled: c(keys, ns, mus), 3)
   vmapped_s = chunk_s[group]
 
   # FLOPs of one vmapped GD step (XLA cost analysis does not multiply loop trip counts).
@@ -271,24 +277,19 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
     body = lambda _, p: gd.gd_step(vit.apply, p, w, x, y, m, eta)[1]
     return jax.lax.fori_loop(0, steps, body, p)
 
-  gd_only = jax.jit(jax.vmap(gd_loop)).lower(params, w_o, x, y, mask).compile()
-  jax.block_until_ready(gd_only(params, w_o, x, y, mask))
-  gd_s = _best_time(lambda: gd_only(params, w_o, x, y, mask), 3)
+  args = (params, w_o, x, y, mask)
+  gd_only, gd_final, gd_s = _compiled_and_timed(jax.jit(jax.vmap(gd_loop)), *args)
   achieved = step_flops * steps / gd_s / 1e9
   # The same loop in the study's groups (`sweep.vmap_size`): lax.map over groups of runs.
   grouped_s = gd_s
   if group:
-    grouped = bo.chunk_program(gd_loop, group).lower(params, w_o, x, y, mask).compile()
-    jax.block_until_ready(grouped(params, w_o, x, y, mask))
-    grouped_s = _best_time(lambda: grouped(params, w_o, x, y, mask), 3)
-  top = gd_loop_profile(gd_only, (params, w_o, x, y, mask), steps, profile) if profile else []
+    _, _, grouped_s = _compiled_and_timed(bo.chunk_program(gd_loop, group), *args)
+  top = gd_loop_profile(gd_only, args, steps, profile) if profile else []
 
   # The exact reduced-state solver (stretch): same updates, O(T² d_h) per step.
   red = jax.jit(jax.vmap(lambda p, w, x, y, m: reduced_vit_gd.fit(
       p, w, x, y, m, eta=eta, max_steps=steps, eps=1e-30)))
-  red_c = red.lower(params, w_o, x, y, mask).compile()
-  jax.block_until_ready(red_c(params, w_o, x, y, mask))
-  red_s = _best_time(lambda: red_c(params, w_o, x, y, mask), 3)
+  _, _, red_s = _compiled_and_timed(red, *args)
 
   # Sequential, jitted step: loop over runs and steps in Python.
   one_step = jax.jit(lambda p, w, x, y, m: gd.gd_step(vit.apply, p, w, x, y, m, eta))
@@ -325,7 +326,7 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   else:
     torch_rate, wv_torch = torch_authors_loop(params, w_o, x, y, eta, steps,
                                               min(runs, torch_runs))
-    wv_jax = np.asarray(gd_only(params, w_o, x, y, mask)["wv"][0])
+    wv_jax = np.asarray(gd_final["wv"][0])
     torch_rel_err = float(np.linalg.norm(wv_torch - wv_jax) / np.linalg.norm(wv_jax))
 
   peak = matmul_peak(2048 if jax.default_backend() == "cpu" else 8192)

@@ -283,6 +283,26 @@ def test_last_chunk_is_padded_to_the_chunk_size(tmp_path):
   np.testing.assert_array_equal(out["test_loss"].ravel()[10:], np.asarray(last["test_loss"])[:2])
 
 
+def assert_same_runs_to_rounding(got, want):
+  """Two sweeps' (or chunks') results: equal steps, stops and accuracies, losses equal to
+  float rounding."""
+  for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  for k in ("train_loss", "test_loss"):
+    np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def write_sweep_before_field(config, tmp_path, field: str) -> None:
+  """One chunk of the ViT sweep, its config.json then rewritten without `grid.<field>`,
+  as a sweep written before that field existed."""
+  bo.run_sweep(config, str(tmp_path), "vit", max_chunks=1, log=lambda s: None)
+  wd = Workdir(str(tmp_path / "sweep_vit"))
+  saved = wd.read_json("config.json")
+  del saved["grid"][field]
+  with open(wd.file("config.json"), "w") as f:
+    json.dump(saved, f)
+
+
 def test_vmap_groups_change_only_float_rounding_and_old_sweeps_resume_with_zero(tmp_path):
   """`sweep.vmap_size` groups of a chunk give each run its steps, stop and accuracies of the
   whole-chunk vmap and its losses to float rounding; the size is fingerprinted, and a sweep
@@ -298,19 +318,11 @@ def test_vmap_groups_change_only_float_rounding_and_old_sweeps_resume_with_zero(
           for g in (0, 1, 4)}
   assert 1 < outs[0]["steps"].max() and outs[0]["steps"].min() < outs[0]["steps"].max()
   for g in (1, 4):
-    for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
-      np.testing.assert_array_equal(outs[g][k], outs[0][k], err_msg=k)
-    for k in ("train_loss", "test_loss"):
-      np.testing.assert_allclose(outs[g][k], outs[0][k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert_same_runs_to_rounding(outs[g], outs[0])
   # A sweep whose config.json predates the field: resumed with 0, refused (with the hint)
   # under the auto default.
   config.sweep.vmap_size = 0
-  bo.run_sweep(config, str(tmp_path), "vit", max_chunks=1, log=lambda s: None)
-  wd = Workdir(str(tmp_path / "sweep_vit"))
-  saved = wd.read_json("config.json")
-  del saved["grid"]["vmap_size"]
-  with open(wd.file("config.json"), "w") as f:
-    json.dump(saved, f)
+  write_sweep_before_field(config, tmp_path, "vmap_size")
   config.sweep.vmap_size = None
   with pytest.raises(ConfigError, match="sweep.vmap_size=0") as err:
     bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
@@ -339,10 +351,7 @@ def test_chunk_padding_changes_only_float_rounding(model):
   outs = {p: jax.device_get(jax.jit(jax.vmap(bo.make_run_fn(config, model, 8, n_pad=p)))(
       keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel]))) for p in (2, 8)}
   assert outs[2]["steps"].max() > 1
-  for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
-    np.testing.assert_array_equal(outs[2][k], outs[8][k], err_msg=k)
-  for k in ("train_loss", "test_loss"):
-    np.testing.assert_allclose(outs[2][k], outs[8][k], rtol=1e-4, atol=1e-6, err_msg=k)
+  assert_same_runs_to_rounding(outs[2], outs[8])
 
 
 def test_pad_to_is_fingerprinted_and_old_sweeps_resume_under_the_default(tmp_path):
@@ -351,12 +360,7 @@ def test_pad_to_is_fingerprinted_and_old_sweeps_resume_under_the_default(tmp_pat
   "chunk" with a one-line hint; a value not allowed is a ConfigError."""
   config = tiny_config()
   assert config.sweep.pad_to == "grid"
-  bo.run_sweep(config, str(tmp_path), "vit", max_chunks=1, log=lambda s: None)
-  wd = Workdir(str(tmp_path / "sweep_vit"))
-  saved = wd.read_json("config.json")
-  del saved["grid"]["pad_to"]
-  with open(wd.file("config.json"), "w") as f:
-    json.dump(saved, f)
+  write_sweep_before_field(config, tmp_path, "pad_to")
   config.sweep.pad_to = "chunk"
   with pytest.raises(ConfigError, match="sweep.pad_to=grid") as err:
     bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
@@ -376,10 +380,7 @@ def test_chunk_padding_sweep_equals_grid_padding(tmp_path):
   for pad in ("grid", "chunk"):
     outs[pad] = bo.run_sweep(tiny_config(pad_to=pad), str(tmp_path / pad), "vit",
                              log=lambda s: None)
-  for k in ("steps", "converged", "train_accuracy", "test_accuracy"):
-    np.testing.assert_array_equal(outs["chunk"][k], outs["grid"][k], err_msg=k)
-  for k in ("train_loss", "test_loss"):
-    np.testing.assert_allclose(outs["chunk"][k], outs["grid"][k], rtol=1e-4, atol=1e-6)
+  assert_same_runs_to_rounding(outs["chunk"], outs["grid"])
 
 
 def _write_old_format_sweep(path):
