@@ -54,6 +54,7 @@ from xsens.models import one_layer_vit as vit  # pylint: disable=g-import-not-at
 from xsens.studies import benign_overfitting as bo  # pylint: disable=g-import-not-at-top
 from xsens.train import full_batch_gd as gd  # pylint: disable=g-import-not-at-top
 from xsens.train import reduced_vit_gd  # pylint: disable=g-import-not-at-top
+from xsens.train import streams  # pylint: disable=g-import-not-at-top
 
 
 def _flops(compiled) -> float:
@@ -176,6 +177,38 @@ def torch_authors_loop(params, w_o, x, y, eta: float, steps: int, runs: int,
   return runs * steps / best, final_wv[0]
 
 
+def _torch_worker(arrays, eta, runs, max_steps, ns, eps, barrier, queue):
+  """One process of `torch_processes`: its runs of the authors' loop, one torch thread,
+  timed from a barrier shared with the other processes; puts (seconds, steps)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  torch.set_num_threads(1)
+  _torch_one_run(*arrays, eta, runs[0], min(max_steps, 10))  # Warm-up.
+  barrier.wait()
+  t0 = time.perf_counter()
+  steps = [_torch_one_run(*arrays, eta, i, max_steps, None if ns is None else ns[i], eps)[1]
+           for i in runs]
+  queue.put((time.perf_counter() - t0, steps))
+
+
+def torch_processes(arrays, eta: float, max_steps: int, runs: int, procs: int, ns=None,
+                    eps: float = 0.0) -> float:
+  """Wall seconds of the authors' PyTorch loop on runs 0..runs-1 split over `procs`
+  processes of one torch thread each, started together (a yardstick: what the authors'
+  loop reaches on every core, one process per core; not their script)."""
+  import multiprocessing  # pylint: disable=g-import-not-at-top
+  ctx = multiprocessing.get_context("spawn")
+  barrier, queue = ctx.Barrier(procs), ctx.Queue()
+  workers = [ctx.Process(target=_torch_worker, args=(
+      arrays, eta, list(range(p, runs, procs)), max_steps, ns, eps, barrier, queue))
+             for p in range(procs)]
+  for w in workers:
+    w.start()
+  seconds = [queue.get()[0] for _ in workers]
+  for w in workers:
+    w.join()
+  return max(seconds)
+
+
 def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) -> dict:
   """The sweep's GD as the heat map runs it: `runs` grid points (N, ‖μ‖) drawn from the
   config's grid, each trained until its train loss < ε or max_steps (spec: the authors'
@@ -212,7 +245,28 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
     per_n_steps[np.asarray(rows)] = np.asarray(prog(*args))
   per_n_s = _best_time(lambda: [jax.block_until_ready(prog(*args))
                                 for prog, args, _ in by_n.values()], 3)
-  out = {"sweep_runs": runs, "sweep_vmap_size": group,
+  # The same in the study's concurrent streams (`sweep.streams`): each program's runs cut
+  # into pieces of whole groups, run at once (one host thread each).
+  # (The padding to whole pieces is done before timing: the study pads NumPy indices.)
+  num_streams = streams.resolve(config.sweep.get("streams"))
+
+  def pieces_of(args):
+    piece, pieces = bo.stream_pieces(len(args[-1]), group, num_streams)
+    fill = np.minimum(np.arange(piece * pieces), len(args[-1]) - 1)
+    return jax.tree.map(lambda a: a[fill], args), piece, pieces
+
+  grouped = bo.chunk_program(fit, group)  # Jitted: compiles each pieces' shape once.
+  whole = pieces_of((params, w_o, x, y, mask))
+  streams_steps = bo.run_pieces(grouped, *whole)[:runs]  # (Also the warm-up.)
+  streams_s = _best_time(lambda: bo.run_pieces(grouped, *whole), 3)
+  per_n = [pieces_of(args) for _, args, _ in by_n.values()]
+  for split in per_n:
+    bo.run_pieces(grouped, *split)
+  per_n_streams_s = _best_time(lambda: [bo.run_pieces(grouped, *split) for split in per_n], 3)
+  out = {"sweep_runs": runs, "sweep_vmap_size": group, "sweep_streams": num_streams,
+         "sweep_streams_same_steps_frac": float(np.mean(streams_steps == steps)),
+         "sweep_streams_runs_per_s": runs / streams_s,
+         "sweep_per_n_streams_runs_per_s": runs / per_n_streams_s,
          "sweep_mean_steps": float(steps.mean()), "sweep_max_steps": int(steps.max()),
          "sweep_grouped_runs_per_s": runs / seconds[group],
          "sweep_one_vmap_runs_per_s": runs / seconds[0],
@@ -231,7 +285,18 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
       for i in range(torch_runs)]), 3)
   torch_steps = torch_steps[0]
   torch_rate = torch_runs / best
+  procs = streams.available_cores()
+  procs_rate = torch_runs / min(torch_processes(arrays, eta, max_steps, torch_runs, procs,
+                                                n_grid[sel], eps) for _ in range(2))
   return out | {
+      "sweep_torch_processes": procs, "sweep_torch_processes_runs_per_s": procs_rate,
+      "sweep_streams_speedup_vs_torch": out["sweep_streams_runs_per_s"] / torch_rate,
+      "sweep_per_n_streams_speedup_vs_torch": (out["sweep_per_n_streams_runs_per_s"]
+                                               / torch_rate),
+      "sweep_streams_speedup_vs_torch_processes": (out["sweep_streams_runs_per_s"]
+                                                   / procs_rate),
+      "sweep_per_n_streams_speedup_vs_torch_processes": (
+          out["sweep_per_n_streams_runs_per_s"] / procs_rate),
       "sweep_torch_runs": torch_runs, "sweep_torch_runs_per_s": torch_rate,
       "sweep_torch_mean_steps": float(np.mean(torch_steps)),
       "sweep_torch_same_steps_frac": float(np.mean(np.asarray(torch_steps)
@@ -281,9 +346,17 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   gd_only, gd_final, gd_s = _compiled_and_timed(jax.jit(jax.vmap(gd_loop)), *args)
   achieved = step_flops * steps / gd_s / 1e9
   # The same loop in the study's groups (`sweep.vmap_size`): lax.map over groups of runs.
-  grouped_s = gd_s
+  grouped_s = streams_s = gd_s
+  num_streams = streams.resolve(config.sweep.get("streams"))
   if group:
-    _, _, grouped_s = _compiled_and_timed(bo.chunk_program(gd_loop, group), *args)
+    grouped_prog = bo.chunk_program(gd_loop, group)
+    _, _, grouped_s = _compiled_and_timed(grouped_prog, *args)
+    # The same in the study's concurrent streams (`sweep.streams`, `bo.run_pieces`).
+    piece, pieces = bo.stream_pieces(runs, group, num_streams)
+    fill = np.minimum(np.arange(piece * pieces), runs - 1)
+    padded = jax.tree.map(lambda a: a[fill], args)
+    bo.run_pieces(grouped_prog, padded, piece, pieces)  # Compiles the pieces' shape.
+    streams_s = _best_time(lambda: bo.run_pieces(grouped_prog, padded, piece, pieces), 3)
   top = gd_loop_profile(gd_only, args, steps, profile) if profile else []
 
   # The exact reduced-state solver (stretch): same updates, O(T² d_h) per step.
@@ -317,7 +390,8 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
     eager_rate = eager_runs * eager_steps / (time.perf_counter() - t0)
 
   # The authors' PyTorch loop on the same data and initial weights (optional extra).
-  torch_rate, torch_rel_err = float("nan"), float("nan")
+  torch_rate = torch_procs_rate = torch_rel_err = float("nan")
+  procs = 0
   try:
     import torch  # pylint: disable=g-import-not-at-top,unused-import
   except ImportError:
@@ -326,6 +400,10 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   else:
     torch_rate, wv_torch = torch_authors_loop(params, w_o, x, y, eta, steps,
                                               min(runs, torch_runs))
+    procs = streams.available_cores()
+    torch_procs_rate = min(runs, torch_runs) * steps / min(
+        torch_processes(_numpy_runs(params, w_o, x, y), eta, steps, min(runs, torch_runs),
+                        procs) for _ in range(2))
     wv_jax = np.asarray(gd_final["wv"][0])
     torch_rel_err = float(np.linalg.norm(wv_torch - wv_jax) / np.linalg.norm(wv_jax))
 
@@ -342,6 +420,10 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
       "chunk_one_vmap_run_steps_per_s": runs * steps / chunk_s[0],
       "gd_only_s": gd_s, "vmapped_run_steps_per_s": rate,
       "grouped_run_steps_per_s": runs * steps / grouped_s,
+      "streams": num_streams, "streams_run_steps_per_s": runs * steps / streams_s,
+      "torch_processes": procs, "torch_processes_run_steps_per_s": torch_procs_rate,
+      "streams_speedup_vs_torch": runs * steps / streams_s / torch_rate,
+      "streams_speedup_vs_torch_processes": runs * steps / streams_s / torch_procs_rate,
       "sequential_jit_run_steps_per_s": seq_jit_rate,
       "sequential_eager_run_steps_per_s": eager_rate,
       "torch_authors_loop_run_steps_per_s": torch_rate,

@@ -4,6 +4,7 @@
   python experiments/bench_sensitivity.py --quick          # ~25 s idle
   python experiments/bench_sensitivity.py --json=/tmp/bench_sensitivity.json
   python experiments/bench_sensitivity.py --compare_torch=einsum,folded,xla_fused  # ~1 min
+  python experiments/bench_sensitivity.py --compare_streams=folded                 # ~1 min
 
 Measures, and prints as markdown tables:
   * peak: the fp32 matmul peak, best jitted 2048x2048 @ 2048x2048 over the
@@ -503,6 +504,26 @@ def matmul_ceiling(timer: Timer, batch: int, patch: int, rounds: int) -> list[di
   return out
 
 
+def _vs_torch_row(seconds: float, evals: int, flops: float, peak: float,
+                  torch_rates: dict[str, float]) -> dict[str, Any]:
+  """Rates of a JAX timing and its ratio to each PyTorch rate (evals/s)."""
+  return dict(seconds=seconds, evals_per_s=evals / seconds, gflops=flops / seconds / 1e9,
+              pct_peak=100 * flops / seconds / 1e9 / peak,
+              vs_torch={k: evals / seconds / v for k, v in torch_rates.items()})
+
+
+def _print_vs_torch(label: str, rows: dict[str, dict], peak: float,
+                    torch_rates: dict[str, float]) -> None:
+  print(f"peak {peak:.1f} GFLOP/s; PyTorch evals/s: " + ", ".join(
+      f"{k} {v:,.0f}" for k, v in torch_rates.items()))
+  print(f"| {label} | evals/s | GFLOP/s | % peak | " + " | ".join(
+      f"/ {k}" for k in torch_rates) + " |")
+  print("|---|---|---|---|" + "---|" * len(torch_rates))
+  for name, r in rows.items():
+    print(f"| {name} | {r['evals_per_s']:,.0f} | {r['gflops']:.1f} | {r['pct_peak']:.0f}% | "
+          + " | ".join(f"{v:.2f}×" for v in r["vs_torch"].values()) + " |")
+
+
 def torch_comparison(impls, rounds: int, batch: int = 64, patch: int = 4,
                      num_draws: int = 1) -> dict[str, Any]:
   """ViT p`patch`, B = `batch`: the estimator (forward batch B) per attention core against
@@ -530,26 +551,58 @@ def torch_comparison(impls, rounds: int, batch: int = 64, patch: int = 4,
   evals = batch * t * num_draws
   torch_rates = {k[:-len("_evals_per_s")]: v for k, v in res.items()
                  if k.endswith("_evals_per_s")}
-  rows = []
-  for impl in impls:
-    sec = min(before[impl]["s"], after[impl]["s"])
-    rows.append(dict(attention_impl=impl, seconds=sec, evals_per_s=evals / sec,
-                     gflops=flops / sec / 1e9, pct_peak=100 * flops / sec / 1e9 /
-                     timer.peak_gflops, cpu_util=before[impl]["cpu"],
-                     vs_torch={k: evals / sec / v for k, v in torch_rates.items()}))
+  rows = {impl: _vs_torch_row(min(before[impl]["s"], after[impl]["s"]), evals, flops,
+                             timer.peak_gflops, torch_rates) | dict(
+                                 attention_impl=impl, cpu_util=before[impl]["cpu"])
+          for impl in impls}
   print(f"\n## ViT p{patch}, B = {batch}, R = {num_draws}: estimator (forward batch {batch}) "
         f"per attention core vs PyTorch {res['torch_version']} ({res['torch_threads']} threads)")
-  print(f"peak {timer.peak_gflops:.1f} GFLOP/s; PyTorch evals/s: " + ", ".join(
-      f"{k} {v:,.0f}" for k, v in torch_rates.items()))
-  print("| attention | evals/s | GFLOP/s | % peak | " + " | ".join(
-      f"/ {k}" for k in torch_rates) + " |")
-  print("|---|---|---|---|" + "---|" * len(torch_rates))
-  for r in rows:
-    print(f"| {r['attention_impl']} | {r['evals_per_s']:,.0f} | {r['gflops']:.1f} | "
-          f"{r['pct_peak']:.0f}% | " + " | ".join(
-              f"{v:.2f}×" for v in r["vs_torch"].values()) + " |")
+  _print_vs_torch("attention", rows, timer.peak_gflops, torch_rates)
+  rows = list(rows.values())
   ceiling = matmul_ceiling(timer, batch, patch, rounds)
   return dict(peak_gflops=timer.peak_gflops, torch=res, rows=rows, matmul_ceiling=ceiling)
+
+
+def streams_comparison(impl: str, rounds: int, batch: int = 64, patch: int = 4,
+                       num_streams: int | None = None) -> dict[str, Any]:
+  """ViT p`patch` (attention core `impl`), R = 1, on S batches of `batch` images, S =
+  `num_streams` (default: one per core, `xsens.train.streams.resolve`): the estimator one
+  batch after another and S batches at once (one host thread each, as
+  `sensitivity_vision` measures with `sensitivity.streams`), against PyTorch's batched
+  pattern one batch after another and in S threads (`torch_baselines.bench_streams`), on
+  the same token arrays; JAX timed before and after PyTorch, best of both."""
+  import torch_baselines  # pylint: disable=import-outside-toplevel
+  from xsens.train import streams  # pylint: disable=import-outside-toplevel
+  num_streams = streams.resolve(num_streams)
+  timer = Timer()
+  timer.sample_peak(5)
+  t = (IMAGE_SHAPE[0] // patch) ** 2
+  _, apply, variables = build_model("vit", patch, attention_impl=impl)
+  flops = forward_flops_per_example(apply, variables, batch) * batch * (t + 1) * num_streams
+  batches = [images_for(batch, seed=i) for i in range(num_streams)]
+  key = jax.random.key(2)
+  compiled = jax.jit(estimator_fn(apply, patch, 1, 1, None)).lower(
+      variables, batches[0], key).compile()
+  call = lambda x: jax.device_get(compiled(variables, x, key))
+  thunks = {"one_by_one": lambda: [call(x) for x in batches],
+            "streams": lambda: streams.ordered_map(call, batches, num_streams)}
+  before = timer.best(thunks, rounds)
+  tokens = np.stack([np.asarray(tokens_lib.token_view(lambda v, x: x, x, patch)[1])
+                     for x in batches])
+  res = torch_baselines.bench_streams(tokens, sigma=SIGMA, vit_kw=VIT_KW,
+                                      num_classes=NUM_CLASSES, rounds=rounds)
+  after = timer.best(thunks, rounds)
+  evals = num_streams * batch * t
+  torch_rates = {k[:-len("_evals_per_s")]: v for k, v in res.items()
+                 if k.endswith("_evals_per_s")}
+  rows = {name: _vs_torch_row(min(before[name]["s"], after[name]["s"]), evals, flops,
+                             timer.peak_gflops, torch_rates) for name in thunks}
+  print(f"\n## ViT p{patch} ({impl}), {num_streams} batches of B = {batch}, R = 1: the "
+        f"estimator one batch after another and in {num_streams} streams vs PyTorch "
+        f"{res['torch_version']}")
+  _print_vs_torch("xsens", rows, timer.peak_gflops, torch_rates)
+  return dict(peak_gflops=timer.peak_gflops, streams=num_streams, attention_impl=impl,
+              torch=res, rows=rows)
 
 
 def _fmt_bytes(n: int) -> str:
@@ -585,12 +638,17 @@ def main(argv=None):
                       help="only the ViT p4 B=64 estimator per attention core (comma list "
                            "of einsum, folded, xla_fused) against PyTorch (the `bench` "
                            "extra), and the forward's matmul shapes alone, then exit.")
+  parser.add_argument("--compare_streams", default=None,
+                      help="only the ViT p4 estimator (this attention core) on one batch "
+                           "of B = 64 per core, one after another and in concurrent "
+                           "streams, against PyTorch the same two ways, then exit.")
   args = parser.parse_args(argv)
   rounds = args.rounds or (2 if args.quick else 3)
-  if args.compare_torch:
+  if args.compare_torch or args.compare_streams:
     info = machine_info()
     print("## Machine\n" + "\n".join(f"  {k}: {v}" for k, v in info.items()), flush=True)
-    out = torch_comparison(args.compare_torch.split(","), rounds)
+    out = (torch_comparison(args.compare_torch.split(","), rounds) if args.compare_torch
+           else streams_comparison(args.compare_streams, rounds))
     out["machine"], out["loadavg_end"] = info, os.getloadavg()
     print(f"loadavg start {info['loadavg_start']}, end {out['loadavg_end']}")
     if args.json:

@@ -15,6 +15,7 @@ Each returns the flip rate per token [T]. The weights are PyTorch's own initiali
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -111,4 +112,36 @@ def bench(tokens_np: np.ndarray, *, sigma: float, num_draws: int, vit_kw: dict,
     out["compile_s"] = time.perf_counter() - t0
     s = best_time(lambda: batched(compiled, tokens, sigma, num_draws), rounds)
     out["batched_compiled_evals_per_s"] = b * t * num_draws / s
+  return out
+
+
+def bench_streams(batches_np: np.ndarray, *, sigma: float, vit_kw: dict, num_classes: int,
+                  rounds: int) -> dict:
+  """The batched pattern (eager and `torch.compile`, R = 1) over S batches of tokens
+  ([S, B, T, D]): one batch after another with every core's thread (the pattern as
+  written), and S Python threads of one torch thread each, one batch per thread (what
+  the pattern reaches with one stream per batch, as the JAX side is timed). evals/s."""
+  threads = set_threads()
+  torch.manual_seed(0)
+  s, b, t, d = batches_np.shape
+  model = TokenViT(d, t, num_classes=num_classes, **vit_kw).eval()
+  batches = [torch.from_numpy(np.array(x, np.float32)) for x in batches_np]
+  out = {"torch_version": torch.__version__, "torch_threads": threads, "batches": s}
+  for name, m in (("eager", model), ("compiled", torch.compile(model, dynamic=False))):
+    batched(m, batches[0], sigma, 1)  # Warm-up (compiles: every batch has shape B).
+    one_by_one = best_time(lambda m=m: [batched(m, x, sigma, 1) for x in batches], rounds)
+    torch.set_num_threads(1)
+
+    def in_threads(m=m):
+      workers = [threading.Thread(target=batched, args=(m, x, sigma, 1)) for x in batches]
+      for w in workers:
+        w.start()
+      for w in workers:
+        w.join()
+
+    in_threads()
+    concurrent = best_time(in_threads, rounds)
+    torch.set_num_threads(threads)
+    out[f"{name}_evals_per_s"] = s * b * t / one_by_one
+    out[f"{name}_threads_evals_per_s"] = s * b * t / concurrent
   return out

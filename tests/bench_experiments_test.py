@@ -60,8 +60,12 @@ def test_early_stop_sweep_times_the_study_groups_one_vmap_and_per_n_on_mixed_gri
   assert out["sweep_grouped_runs_per_s"] > 0 and out["sweep_one_vmap_runs_per_s"] > 0
   # The runs grouped by N without padding stop where the padded ones stop.
   assert out["sweep_per_n_runs_per_s"] > 0 and out["sweep_per_n_same_steps_frac"] == 1.0
+  # In the study's concurrent streams (pieces of whole groups): the same stops.
+  assert out["sweep_streams"] >= 1 and out["sweep_streams_same_steps_frac"] == 1.0
+  assert out["sweep_streams_runs_per_s"] > 0 and out["sweep_per_n_streams_runs_per_s"] > 0
   if "sweep_torch_runs_per_s" in out:  # The `bench` extra: the authors' loop, same rule.
     assert out["sweep_torch_runs"] == 3 and out["sweep_torch_same_steps_frac"] == 1.0
+    assert out["sweep_torch_processes_runs_per_s"] > 0
 
 
 def test_pytorch_sensitivity_patterns_count_flips():
@@ -77,6 +81,16 @@ def test_pytorch_sensitivity_patterns_count_flips():
     np.testing.assert_array_equal(fn(0.0), np.zeros(5))  # No noise: nothing flips.
     loud = fn(1e4)
     assert loud.shape == (5,) and loud.max() > 0 and loud.max() <= 1
+
+
+def test_pytorch_batched_pattern_in_threads_times_both_ways():
+  pytest.importorskip("torch")
+  from experiments import torch_baselines  # pylint: disable=import-outside-toplevel
+  tokens = np.random.default_rng(0).standard_normal((2, 3, 5, 4)).astype(np.float32)
+  out = torch_baselines.bench_streams(tokens, sigma=1.0, num_classes=3, rounds=1, vit_kw=dict(
+      width=16, depth=1, num_heads=2, mlp_dim=32))
+  assert out["batches"] == 2 and all(out[f"{k}_evals_per_s"] > 0 for k in (
+      "eager", "eager_threads", "compiled", "compiled_threads"))
 
 
 @pytest.mark.slow

@@ -383,6 +383,31 @@ def test_chunk_padding_sweep_equals_grid_padding(tmp_path):
   assert_same_runs_to_rounding(outs["chunk"], outs["grid"])
 
 
+def test_stream_pieces_hold_whole_groups():
+  assert bo.stream_pieces(120, 1, 2) == (60, 2)
+  assert bo.stream_pieces(120, 1, 1) == (120, 1)
+  assert bo.stream_pieces(120, 0, 4) == (120, 1)  # One vmap over the chunk: one piece.
+  assert bo.stream_pieces(10, 4, 2) == (8, 2)  # Groups 4 + 4 | 2 (padded to 4).
+  assert bo.stream_pieces(5, 1, 3) == (2, 3)
+  assert bo.stream_pieces(3, 2, 8) == (2, 2)
+
+
+@pytest.mark.parametrize("vmap_size,streams", [(1, 2), (1, 3), (2, 2)])
+def test_streams_give_bit_identical_sweeps(tmp_path, vmap_size, streams):
+  """A chunk split over concurrent streams (the last piece padded) gives every run the
+  numbers of the one-stream sweep, bit for bit; the field is not fingerprinted."""
+  config = tiny_config(trials=3, chunk_size=6, vmap_size=vmap_size, streams=1)
+  want = bo.run_sweep(config, str(tmp_path), "vit", max_chunks=1, log=lambda s: None)
+  config.sweep.streams = streams
+  got = bo.run_sweep(config, str(tmp_path), "vit", log=lambda s: None)
+  assert got["complete"] and got["chunks_computed"] == 1
+  config.sweep.streams = 1
+  whole = bo.run_sweep(config, str(tmp_path / "one"), "vit", log=lambda s: None)
+  for k in bo.RESULT_FIELDS:
+    np.testing.assert_array_equal(got[k], whole[k], err_msg=k)
+  np.testing.assert_array_equal(got["test_loss"].ravel()[:6], want["test_loss"].ravel()[:6])
+
+
 def _write_old_format_sweep(path):
   os.makedirs(path)
   with open(os.path.join(path, "index.json"), "w") as f:
@@ -413,7 +438,8 @@ def test_old_format_sweep_is_refused_with_one_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize("field,value", [
     ("sweep.n_values", [3, 4]), ("sweep.mu_norms", [0.0]), ("data.num_tokens", 1),
     ("data.layout", "diagonal"), ("vit.init", "xavier"), ("train.learning_rate", -0.1),
-    ("models", ["mlp"]), ("cnn.q", 0.5), ("data.kind", "cifar"), ("train.solver", "newton")])
+    ("models", ["mlp"]), ("cnn.q", 0.5), ("data.kind", "cifar"), ("train.solver", "newton"),
+    ("sweep.streams", 0)])
 def test_bad_config_fields_raise_before_compile(tmp_path, monkeypatch, field, value):
   config = bo_config.get_config("smoke")
   parent, _, leaf = field.rpartition(".")

@@ -236,6 +236,23 @@ def test_measure_global_keys_and_zero_noise():
   assert out[3.0] == pytest.approx((pe.mean(), pe.std(ddof=1) / np.sqrt(10)), rel=1e-6)
 
 
+def test_streams_measure_the_same_numbers():
+  """Batches measured at once (`sensitivity.streams`) give the one-stream numbers exactly,
+  and the per-patch map over all examples; a bad value is refused with its flag."""
+  res, sc = _fake_result(), _small_sc()
+  key, mesh = jax.random.key(11), sharding.data_mesh()
+  sc.streams = 1
+  want = sv.measure_model(res, sc, key, mesh), sv.measure_global(res, sc, key, mesh)
+  sc.streams = 3  # 10 examples in batches of 4: three batches at once.
+  got = sv.measure_model(res, sc, key, mesh), sv.measure_global(res, sc, key, mesh)
+  assert got[0]["sigmas"] == want[0]["sigmas"] and got[1] == want[1]
+  np.testing.assert_array_equal(got[0]["per_patch_map"], want[0]["per_patch_map"])
+  assert got[0]["per_patch_map"].shape == (2, 2) and 0 < want[0]["sigmas"][3.0][0] < 1
+  sc.streams = 0
+  with pytest.raises(ConfigError, match="config.sensitivity.streams: must be None"):
+    sv.validate_sensitivity_config(sc, (4, 4, 1))
+
+
 def test_bad_run_model_names_the_run(tmp_path):
   config = sv_cfg.get_config("smoke")
   config.runs.vit.model.patch_size = 5

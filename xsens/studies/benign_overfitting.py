@@ -12,7 +12,9 @@ What it does:
      All runs of a chunk are ONE jitted program (every run padded to the grid's largest N,
      or with `sweep.pad_to` "chunk" the chunk's, with a sample mask): `vmap` over groups
      of `sweep.vmap_size` runs, the groups in sequence (`lax.map`; on CPU one run at a
-     time, on an accelerator the whole chunk in one vmap).
+     time, on an accelerator the whole chunk in one vmap). On CPU the chunk's groups are
+     split over `sweep.streams` pieces that run at once, one host thread each (default:
+     one per core; `xsens.train.streams`), with bit-identical results.
      The sweep runs through the one loop (`xsens.train.loop`) with a run of the grid as
      its step: each chunk's results are array logs of its `Workdir`
      (`workdir/sweep_<model>/`) and each chunk is checkpointed, so an interrupted sweep
@@ -65,6 +67,7 @@ from xsens.train import full_batch_gd as gd
 from xsens.train import loop
 from xsens.train import reduced_vit_gd
 from xsens.train import sharding
+from xsens.train import streams as streams_lib
 from xsens.train.workdir import Workdir
 
 MODELS = ("vit", "cnn")
@@ -150,6 +153,10 @@ def validate(config) -> None:
   require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
         "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
         f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
+  st = s.get("streams")
+  require(st is None or _positive_int(st), "sweep.streams",
+        f"must be None (auto: one per core on a CPU, 1 on an accelerator) or a positive "
+        f"int, got {st!r}")
   require(s.get("pad_to", "grid") in PAD_TO, "sweep.pad_to",
         f"got {s.get('pad_to')!r}; allowed: {', '.join(PAD_TO)}")
   require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
@@ -388,6 +395,29 @@ def chunk_program(run_fn, vmap_size: int):
   return jax.jit(lambda *args: jax.lax.map(lambda a: run_fn(*a), args, batch_size=vmap_size))
 
 
+def stream_pieces(size: int, vmap_size: int, streams: int) -> tuple[int, int]:
+  """(runs per piece, pieces): a chunk of `size` runs split into at most `streams` equal
+  pieces of whole groups of `vmap_size` runs (one piece for `vmap_size` 0 or one stream),
+  so that every group holds the runs it holds in the unsplit chunk; the last piece is
+  padded by repeating the chunk's last run."""
+  if vmap_size == 0 or streams <= 1:
+    return size, 1
+  groups = -(-size // vmap_size)
+  piece = -(-groups // min(streams, groups)) * vmap_size
+  return piece, -(-size // piece)
+
+
+def run_pieces(program, args, piece: int, num_pieces: int):
+  """`program` (a `chunk_program`) on `args` ([piece·num_pieces, ...] each) cut into
+  `num_pieces` pieces that run at once, one host thread each (`xsens.train.streams`); its
+  outputs as NumPy [piece·num_pieces, ...]. Every run's numbers are those of one call on
+  all of `args` when the pieces hold whole groups (`stream_pieces`)."""
+  parts = streams_lib.ordered_map(
+      lambda i: jax.device_get(program(*jax.tree.map(
+          lambda a: a[i * piece:(i + 1) * piece], args))), range(num_pieces), num_pieces)
+  return jax.tree.map(lambda *p: np.concatenate(p), *parts)
+
+
 # ------------------------------------------------------------------------------------------
 # The sweep: chunks of vmapped runs, saved and resumable.
 
@@ -471,6 +501,8 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   num_chunks = -(-num_runs // size)
   n_max = int(max(config.sweep.n_values))
   vmap_size = resolved_vmap_size(config)
+  piece, num_pieces = stream_pieces(size, vmap_size,
+                                    streams_lib.resolve(config.sweep.get("streams")))
 
   @functools.cache
   def chunk_fn(n_pad: int):  # One program per padded N (`sweep.pad_to`).
@@ -484,13 +516,15 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
 
   def advance(state, start, length):
     del state
-    sel = np.arange(start, start + size)  # Always `size` runs: the same vmapped program.
+    # Always piece × pieces (≥ `size`) runs: the same program for every chunk; the last
+    # chunk, and the last piece, are padded by repeating their last run.
+    sel = np.arange(start, start + piece * num_pieces)
     valid = sel < start + length
-    sel = np.minimum(sel, num_runs - 1)  # Pad the last chunk by repeating its last run.
+    sel = np.minimum(sel, min(start + size, num_runs) - 1)
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(idx[sel]))
-    n_pad = chunk_padding(config, n[sel])
-    out = jax.device_get(chunk_fn(n_pad)(keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])))
-    return as_state(start + length), None, {k: np.asarray(v)[valid] for k, v in out.items()}
+    out = run_pieces(chunk_fn(chunk_padding(config, n[sel])),
+                     (keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])), piece, num_pieces)
+    return as_state(start + length), None, {k: v[valid] for k, v in out.items()}
 
   computed = 0
 

@@ -39,6 +39,7 @@ from xsens.report import plots, tables
 from xsens.report.progress import progress
 from xsens.studies import compare
 from xsens.train import sharding
+from xsens.train import streams as streams_lib
 
 
 def validate_sensitivity_config(sc, image_shape) -> None:
@@ -61,6 +62,10 @@ def validate_sensitivity_config(sc, image_shape) -> None:
   if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
     raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
                       f"{sc.chunk_size!r}")
+  streams = sc.get("streams")
+  if streams is not None and not (is_int(streams) and streams > 0):
+    raise ConfigError("sensitivity.streams", f"must be None (auto: one per core on a CPU) "
+                      f"or an int > 0, got {streams!r}")
   noise_scale = sc.get("noise_scale", "absolute")
   if noise_scale not in sens.NOISE_SCALES:
     raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
@@ -183,33 +188,36 @@ def measure_model(result, sc, key, mesh, scale: float = 1.0) -> dict:
   (sample std of per-example means / √N), which includes the Monte-Carlo noise.
   """
   images = result.train.images[:sc.num_examples]
-  bs = _round_up(sc.batch_size, mesh.size)
+  over_batches = functools.partial(_map_batches, images, sc, mesh)
   out = {"sigmas": {}, "per_patch_map": None, "scattered": None}
   for s_idx, sigma in enumerate(progress(sc.sigmas, desc="σ sweep", unit="σ")):
-    per_example, maps = [], []
-    for i, x, m, valid in _batches(images, bs, mesh):
-      k = jax.random.fold_in(jax.random.fold_in(key, s_idx), i)
-      pe, pm = _patch_batch(result.variables, x, m, k, jnp.float32(sigma * scale),
-                            model=result.model,
-                            patch_size=sc.patch_size, num_draws=sc.num_draws,
-                            chunk_size=sc.chunk_size)
-      per_example.append(np.asarray(pe)[valid])
-      maps.append(np.asarray(pm)[valid])
-    pe = np.concatenate(per_example)
+    pe, pm = over_batches(lambda i, x, m, s_idx=s_idx, sigma=sigma: _patch_batch(
+        result.variables, x, m, jax.random.fold_in(jax.random.fold_in(key, s_idx), i),
+        jnp.float32(sigma * scale), model=result.model, patch_size=sc.patch_size,
+        num_draws=sc.num_draws, chunk_size=sc.chunk_size))
     out["sigmas"][float(sigma)] = (float(pe.mean()), _stderr(pe))
     if sigma == sc.main_sigma:
-      out["per_patch_map"] = np.concatenate(maps).mean(axis=0)
+      out["per_patch_map"] = pm.mean(axis=0)
   if sc.scattered.enabled:
-    per_example = []
-    for i, x, m, valid in _batches(images, bs, mesh):
-      k = jax.random.fold_in(jax.random.fold_in(key, len(sc.sigmas)), i)
-      pe = _scattered_batch(result.variables, x, m, k, jnp.float32(sc.scattered.sigma * scale),
-                            model=result.model, num_draws=sc.scattered.num_draws,
-                            num_pixels=sc.scattered.num_pixels)
-      per_example.append(np.asarray(pe)[valid])
-    pe = np.concatenate(per_example)
+    pe = over_batches(lambda i, x, m: _scattered_batch(
+        result.variables, x, m, jax.random.fold_in(jax.random.fold_in(key, len(sc.sigmas)), i),
+        jnp.float32(sc.scattered.sigma * scale), model=result.model,
+        num_draws=sc.scattered.num_draws, num_pixels=sc.scattered.num_pixels))
     out["scattered"] = (float(pe.mean()), _stderr(pe))
   return out
+
+
+def _map_batches(images: np.ndarray, sc, mesh, batch_fn):
+  """`batch_fn(batch number, images, mask)` -> per-example outputs ([bs, ...] each), over
+  the padded batches of `images` (`sensitivity.batch_size`, rounded up to the mesh), up
+  to `sensitivity.streams` batches at once (`xsens.train.streams`; the results do not
+  depend on it); the outputs concatenated over the real examples, on the host."""
+  bs = _round_up(sc.batch_size, mesh.size)
+  outs = streams_lib.ordered_map(
+      lambda b: (jax.device_get(batch_fn(*b[:3])), b[3]), _batches(images, bs, mesh),
+      streams_lib.resolve(sc.get("streams")))
+  return jax.tree.map(lambda *a: np.concatenate(a),
+                      *[jax.tree.map(lambda v, ok=ok: np.asarray(v)[ok], o) for o, ok in outs])
 
 
 def _stderr(per_example: np.ndarray) -> float:
@@ -227,19 +235,13 @@ def measure_global(result, sc, key, mesh, scale: float = 1.0) -> dict:
   token-wise numbers do not change. Returns {σ: (mean, stderr over examples)}.
   """
   images = result.train.images[:sc.num_examples]
-  bs = _round_up(sc.batch_size, mesh.size)
   key = jax.random.fold_in(key, len(sc.sigmas) + 1)
   out = {}
   for s_idx, sigma in enumerate(progress(sc.sigmas, desc="global σ sweep", unit="σ")):
-    per_example = []
-    for i, x, m, valid in _batches(images, bs, mesh):
-      k = jax.random.fold_in(jax.random.fold_in(key, s_idx), i)
-      pe = _global_batch(result.variables, x, m, k, jnp.float32(sigma * scale),
-                         model=result.model,
-                         patch_size=sc.patch_size, num_draws=sc.global_noise.num_draws,
-                         chunk_size=sc.chunk_size)
-      per_example.append(np.asarray(pe)[valid])
-    pe = np.concatenate(per_example)
+    pe = _map_batches(images, sc, mesh, lambda i, x, m, s_idx=s_idx, sigma=sigma: _global_batch(
+        result.variables, x, m, jax.random.fold_in(jax.random.fold_in(key, s_idx), i),
+        jnp.float32(sigma * scale), model=result.model, patch_size=sc.patch_size,
+        num_draws=sc.global_noise.num_draws, chunk_size=sc.chunk_size))
     out[float(sigma)] = (float(pe.mean()), _stderr(pe))
   return out
 

@@ -55,6 +55,7 @@ from xsens.errors import ConfigError, check_kind_block
 from xsens.measures import churn as churn_lib
 from xsens.measures import similarity, subgroups
 from xsens.train import sharding
+from xsens.train import streams as streams_lib
 
 _COMMON = ("split", "every", "limit")
 _FIELDS = {"classification": _COMMON,
@@ -90,11 +91,19 @@ def stream_batches(stream, mesh: jax.sharding.Mesh, limit: int | None = None
     yield sharding.global_batch({k: b[k] for k in ("image", "label", "mask")}, mesh)
 
 
-def accumulate(batch_fn: Callable[[Any, dict], dict], variables, batch_iter) -> dict:
-  """Sums the dicts `batch_fn(variables, batch)` over batches on device; host float64."""
+def accumulate(batch_fn: Callable[[Any, dict], dict], variables, batch_iter,
+               streams: int | None = None) -> dict:
+  """Sums the dicts `batch_fn(variables, batch)` over batches, in order, on device; host
+  float64. Up to `streams` batches run at once (`xsens.train.streams`; None: one per core
+  on a single CPU device, else 1); the sums do not depend on it."""
+  streams = streams_lib.resolve(streams)
+  if streams == 1:  # Asynchronous dispatch: the next batch is placed while one runs.
+    outs = (batch_fn(variables, batch) for batch in batch_iter)
+  else:
+    outs = streams_lib.ordered_map(
+        lambda batch: jax.block_until_ready(batch_fn(variables, batch)), batch_iter, streams)
   totals = None
-  for batch in batch_iter:
-    out = batch_fn(variables, batch)
+  for out in outs:
     totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
   return {k: np.asarray(v, np.float64) for k, v in jax.device_get(totals).items()}
 
