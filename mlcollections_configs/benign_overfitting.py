@@ -119,8 +119,8 @@ def get_config(arg=None):
   # less GD work, one compile per N; slower on CPU at these sizes, docs/benchmarks.md).
   s.pad_to = "grid"
   # Concurrent streams a chunk's groups are split over (host threads; xsens.train.streams):
-  # None = auto (one per core on a single CPU device: 1.7-2x faster sweeps on 2 cores,
-  # docs/benchmarks.md; 1 on an accelerator). Results are bit-identical for any value.
+  # None = auto (one per core on a single CPU device: the default study 1.3x faster on 2
+  # cores, docs/benchmarks.md; 1 on an accelerator). Results are bit-identical for any value.
   s.streams = ml_collections.FieldReference(None, field_type=int)
 
   r = config.report = ml_collections.ConfigDict()

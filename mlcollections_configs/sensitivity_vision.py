@@ -134,7 +134,8 @@ def get_config(arg=None):
   sc.batch_size = 128
   sc.chunk_size = ml_collections.FieldReference(16, field_type=int)
   # Batches measured at once (host threads, xsens.train.streams): None = auto (one per
-  # core on a single CPU device, 1.5-1.7x faster on 2 cores; 1 otherwise). Same numbers.
+  # core on a single CPU device: the ViT measured 1.5x faster on 2 cores; 1 otherwise).
+  # Same numbers for any value.
   sc.streams = ml_collections.FieldReference(None, field_type=int)
   # "absolute": σ in pixels (the paper's); "token_rms": σ in units of the RMS pixel of the
   # measured examples, i.e. σ is the noise-to-signal ratio (xsens.measures.sensitivity).

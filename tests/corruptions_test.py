@@ -284,6 +284,21 @@ def test_corruption_accuracy_bookkeeping():
     common.corruption_accuracy(label_fn, images, labels, normalize="half", names=("rain",))
 
 
+def test_corruption_accuracy_in_streams_equals_one_stream():
+  """Sets corrupted and predicted at once (one host thread each) give the same accuracies."""
+  rng = np.random.default_rng(1)
+  images = rng.uniform(-1, 1, (40, 8, 8, 1)).astype(np.float32)
+  labels = rng.integers(0, 3, 40)
+  w = jnp.asarray(rng.normal(size=(64, 3)).astype(np.float32))
+  label_fn = jax.jit(lambda x: jnp.argmax(x.reshape(len(x), -1) @ w, -1))
+  got = {s: common.corruption_accuracy(label_fn, images, labels, normalize="half",
+                                       severities=(2, 4), batch_size=16, streams=s)
+         for s in (1, 3)}
+  assert got[3] == got[1] and list(got[3]) == list(got[1])
+  assert len(got[1]) == 2 * len(C.NAMES)
+  assert len(set(got[1].values())) > 3  # The corruptions change the predictions.
+
+
 DETERMINISTIC_JAX = ("defocus_blur", "zoom_blur", "brightness", "contrast", "pixelate")
 
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers import run_cli
 from xsens.train import streams
 
 
@@ -66,3 +67,21 @@ def test_resolve(monkeypatch):
 def test_environment_sets_the_default_not_an_explicit_count(monkeypatch):
   monkeypatch.setenv(streams.ENV_VAR, "3")
   assert streams.resolve(None) == 3 and streams.resolve(1) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_bad_environment_value_is_one_line(monkeypatch, value):
+  monkeypatch.setenv(streams.ENV_VAR, value)
+  with pytest.raises(ValueError, match="XSENS_STREAMS=.*must be a positive int") as err:
+    streams.resolve(None)
+  assert "\n" not in str(err.value)
+
+
+def test_cli_refuses_a_bad_environment_value_with_exit_code_2(tmp_path):
+  proc = run_cli("--config=mlcollections_configs/train.py:smoke",
+                 f"--workdir={tmp_path / 'wd'}", env_extra={streams.ENV_VAR: "0"})
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.strip().splitlines() == [
+      "xsens: error: XSENS_STREAMS='0': must be a positive int (concurrent streams per "
+      "process) or unset (one per core on a CPU)"]
+  assert not (tmp_path / "wd").exists()

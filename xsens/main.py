@@ -133,6 +133,7 @@ def main(argv) -> None:
   from xsens import paths, studies  # pylint: disable=g-import-not-at-top
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from xsens.train import sharding  # pylint: disable=g-import-not-at-top
+  from xsens.train import streams  # pylint: disable=g-import-not-at-top
   from xsens.train.loop import Preempted, TrainingDivergedError  # pylint: disable=g-import-not-at-top
 
   config = _CONFIG.value
@@ -140,6 +141,10 @@ def main(argv) -> None:
   configure_logging(flags.FLAGS["verbosity"].present)
   for signum in (signal.SIGTERM, signal.SIGINT):  # Outside the loop (which saves first).
     signal.signal(signum, _stop_on_signal)
+  try:
+    streams.from_environment()  # A bad XSENS_STREAMS: one line, before anything runs.
+  except ValueError as e:
+    _fail(str(e))
   try:
     # Multi-host (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or
     # XSENS_DISTRIBUTED=1): before anything touches a device (the lock asks the process index).

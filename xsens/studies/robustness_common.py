@@ -36,6 +36,7 @@ from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
 from xsens.report.progress import progress
 from xsens.train import sharding
+from xsens.train import streams as streams_lib
 
 # Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
 PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
@@ -153,8 +154,13 @@ def corruption_accuracy(label_fn, images: np.ndarray, labels: np.ndarray, *,
                         normalize: str, stats=None,
                         names: Sequence[str] = corruptions.NAMES,
                         severities: Sequence[int] = corruptions.SEVERITIES, seed: int = 0,
-                        batch_size: int = 256) -> dict[tuple[str, int], float]:
+                        batch_size: int = 256, streams: int | None = None
+                        ) -> dict[tuple[str, int], float]:
   """Top-1 accuracy on every (corruption, severity) of a split, NumPy corruptions on the host.
+
+  Up to `streams` (corruption, severity) sets are corrupted and predicted at once, one host
+  thread each (`xsens.train.streams`; None: one per core on a CPU); each set's corruption
+  has its own seed, so the accuracies do not depend on it.
 
   Args:
     label_fn: `inputs [B, H, W, C] (model space) -> labels [B]`, e.g. `bind(apply_fn,
@@ -167,6 +173,7 @@ def corruption_accuracy(label_fn, images: np.ndarray, labels: np.ndarray, *,
     severities: subset of 1..5.
     seed: corruption seed (see `corruption_eval.corrupt_normalized`).
     batch_size: prediction batch size.
+    streams: sets at once (see above).
 
   Returns:
     {(name, severity): accuracy in [0, 1]}.
@@ -177,13 +184,16 @@ def corruption_accuracy(label_fn, images: np.ndarray, labels: np.ndarray, *,
   if len(labels) != len(images) or len(labels) == 0:
     raise ValueError(f"need as many labels as images (> 0), got {len(labels)} and "
                      f"{len(images)}")
-  out = {}
-  for name, severity in progress([(n, s) for n in names for s in severities],
-                                 desc="corruptions", unit="set"):
-    x = corruption_eval.corrupt_normalized(images, name, severity, normalize=normalize,
+  sets = [(n, s) for n in names for s in severities]
+
+  def one(name_severity):
+    x = corruption_eval.corrupt_normalized(images, *name_severity, normalize=normalize,
                                            stats=stats, seed=seed)
-    out[(name, severity)] = accuracy(label_fn, x, labels, batch_size)
-  return out
+    return accuracy(label_fn, x, labels, batch_size)
+
+  accs = streams_lib.ordered_map(one, progress(sets, desc="corruptions", unit="set"),
+                                 streams_lib.resolve(streams))
+  return dict(zip(sets, accs))
 
 
 # ------------------------------------------------------------------ model perturbations

@@ -4,8 +4,8 @@ XLA:CPU runs a program's small operations (elementwise fusions, reductions, soft
 tiny batched matmuls of per-example attention) on one core; only its large GEMMs use the
 intra-op thread pool. So one call at a time leaves the other cores idle for much of a call,
 and two independent calls issued from two threads run at once: on the 2-core machine of
-docs/benchmarks.md, 1.7-2.0x the runs per second of the benign-overfitting sweep and
-1.5-1.7x the evaluations per second of the sensitivity estimator. Dispatching the calls
+docs/benchmarks.md, 1.6-2.0x the runs per second of the benign-overfitting sweep and
+1.2-1.5x the evaluations per second of the ViT's sensitivity estimator. Dispatching the calls
 asynchronously from one thread does not do this (they queue on the device's one stream).
 
 `ordered_map` keeps the items' order, and each call is the same program on the same
@@ -40,15 +40,27 @@ def available_cores() -> int:
 ENV_VAR = "XSENS_STREAMS"
 
 
+def from_environment() -> int | None:
+  """XSENS_STREAMS as an int, None when unset or empty; a one-line ValueError unless it is
+  a positive int (the CLI checks it before anything runs)."""
+  value = os.environ.get(ENV_VAR, "")
+  if not value:
+    return None
+  if not (value.isdigit() and int(value) > 0):
+    raise ValueError(f"{ENV_VAR}={value!r}: must be a positive int (concurrent streams per "
+                     "process) or unset (one per core on a CPU)")
+  return int(value)
+
+
 def resolve(streams: int | None) -> int:
-  """`streams`, or for None: the environment variable XSENS_STREAMS when set (e.g. 1 where
-  several processes share the cores, as the test suite's workers do), else
-  `available_cores()` when the program runs on a single CPU device in a single process,
-  else 1."""
+  """`streams`, or for None: XSENS_STREAMS when set (e.g. 1 where several jobs share the
+  machine's cores), else `available_cores()` when the program runs on a single CPU device
+  in a single process, else 1."""
   if streams is not None:
     return int(streams)
-  if os.environ.get(ENV_VAR):
-    return int(os.environ[ENV_VAR])
+  env = from_environment()
+  if env is not None:
+    return env
   single_cpu = (jax.default_backend() == "cpu" and jax.device_count() == 1
                 and jax.process_count() == 1)
   return available_cores() if single_cpu else 1
