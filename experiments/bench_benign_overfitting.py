@@ -16,12 +16,17 @@ exactly `--steps` full-batch GD steps (no early stop):
     (N, ‖μ‖) each trained by direct GD until train loss < ε or max_steps (the authors'
     rule), in the study's groups and as one vmap, against the authors' PyTorch loop with
     the same rule on `--sweep_torch_runs` of them; rates in whole runs per second;
+  * streams: the grouped GD loop and the sweep's programs with their runs cut into
+    `sweep.streams` pieces of whole groups that run at once, one host thread each
+    (`bo.run_pieces`, as the study runs its chunks; default one per core on a CPU);
   * sequential jitted: a Python loop over runs and steps calling a jitted GD step;
   * PyTorch (the authors' pattern, the real thing; needs `pip install -e ".[bench]"`): per
     run, nn.Linear W_Q, W_K, W_V (no bias) and a frozen w_O, torch.optim.SGD(lr=η),
     SoftMarginLoss, a Python loop of zero_grad / backward / step on the full batch —
     `--torch_runs` runs from the same initial weights and data as the JAX runs, checked to
     end at the same weights (relative error printed), torch.set_num_threads(os.cpu_count());
+    and, as a yardstick for the same parallelism as the streams, the same loop split over
+    one process per core (1 torch thread each, started together; `torch_processes`);
   * sequential op-by-op JAX: a Python loop over runs and steps with un-jitted JAX ops,
     timed on a few runs/steps (not the authors' code: a dispatch-bound reference);
   * reduced: `xsens.train.reduced_vit_gd.fit` (exact, state in the span of the tokens);
