@@ -256,8 +256,7 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
   num_streams = streams.resolve(config.sweep.get("streams"))
 
   def pieces_of(args):
-    piece, pieces = bo.stream_pieces(len(args[-1]), group, num_streams)
-    fill = np.minimum(np.arange(piece * pieces), len(args[-1]) - 1)
+    fill, piece, pieces = bo.piece_indices(len(args[-1]), group, num_streams)
     return jax.tree.map(lambda a: a[fill], args), piece, pieces
 
   grouped = bo.chunk_program(fit, group)  # Jitted: compiles each pieces' shape once.
@@ -357,8 +356,7 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
     grouped_prog = bo.chunk_program(gd_loop, group)
     _, _, grouped_s = _compiled_and_timed(grouped_prog, *args)
     # The same in the study's concurrent streams (`sweep.streams`, `bo.run_pieces`).
-    piece, pieces = bo.stream_pieces(runs, group, num_streams)
-    fill = np.minimum(np.arange(piece * pieces), runs - 1)
+    fill, piece, pieces = bo.piece_indices(runs, group, num_streams)
     padded = jax.tree.map(lambda a: a[fill], args)
     bo.run_pieces(grouped_prog, padded, piece, pieces)  # Compiles the pieces' shape.
     streams_s = _best_time(lambda: bo.run_pieces(grouped_prog, padded, piece, pieces), 3)

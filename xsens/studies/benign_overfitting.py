@@ -407,6 +407,13 @@ def stream_pieces(size: int, vmap_size: int, streams: int) -> tuple[int, int]:
   return piece, -(-size // piece)
 
 
+def piece_indices(size: int, vmap_size: int, streams: int):
+  """(indices [piece·pieces] into a chunk of `size` runs, the last repeated as padding,
+  piece, pieces): the `stream_pieces` layout as the rows to take."""
+  piece, pieces = stream_pieces(size, vmap_size, streams)
+  return np.minimum(np.arange(piece * pieces), size - 1), piece, pieces
+
+
 def run_pieces(program, args, piece: int, num_pieces: int):
   """`program` (a `chunk_program`) on `args` ([piece·num_pieces, ...] each) cut into
   `num_pieces` pieces that run at once, one host thread each (`xsens.train.streams`); its
@@ -501,8 +508,8 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   num_chunks = -(-num_runs // size)
   n_max = int(max(config.sweep.n_values))
   vmap_size = resolved_vmap_size(config)
-  piece, num_pieces = stream_pieces(size, vmap_size,
-                                    streams_lib.resolve(config.sweep.get("streams")))
+  fill, piece, num_pieces = piece_indices(size, vmap_size,
+                                          streams_lib.resolve(config.sweep.get("streams")))
 
   @functools.cache
   def chunk_fn(n_pad: int):  # One program per padded N (`sweep.pad_to`).
@@ -518,9 +525,9 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
     del state
     # Always piece × pieces (≥ `size`) runs: the same program for every chunk; the last
     # chunk, and the last piece, are padded by repeating their last run.
-    sel = np.arange(start, start + piece * num_pieces)
-    valid = sel < start + length
-    sel = np.minimum(sel, min(start + size, num_runs) - 1)
+    sel = start + fill
+    valid = np.arange(start, start + piece * num_pieces) < start + length
+    sel = np.minimum(sel, num_runs - 1)
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(idx[sel]))
     out = run_pieces(chunk_fn(chunk_padding(config, n[sel])),
                      (keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])), piece, num_pieces)
