@@ -105,6 +105,7 @@ def test_accum_steps_default_is_one_and_divisible_batches_validate():
   trainer.validate_config(smoke_train("mlp", accum_steps=4, batch_size=32), num_devices=8)
 
 
+@pytest.mark.slow
 def test_trainer_with_accum_steps_matches_one_pass(tmp_path):
   """The config field reaches the step: an MLP (no dropout / BatchNorm), SGD, two steps."""
   overrides = {"total_steps": 2, "eval_every": 0, "checkpoint_every": 0,
@@ -118,6 +119,7 @@ def test_trainer_with_accum_steps_matches_one_pass(tmp_path):
   assert abs(one.summary["test_loss"] - four.summary["test_loss"]) < 1e-4
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_state_and_a_finite_float32_loss():
   """A tiny ViT with model.dtype=bfloat16: params, grads and optimizer state stay float32,
   the loss is float32, finite and close to the float32 model's (accumulation with
@@ -144,6 +146,7 @@ def test_bfloat16_compute_keeps_float32_state_and_a_finite_float32_loss():
   assert abs(out["bfloat16", 1] - out["float32", 1]) < 0.05, out
 
 
+@pytest.mark.slow
 def test_trainer_runs_a_bfloat16_vit(tmp_path):
   result = trainer.train_and_evaluate(
       smoke_train("vit", total_steps=3, eval_every=0, checkpoint_every=0, accum_steps=2,

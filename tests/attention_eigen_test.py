@@ -125,6 +125,7 @@ _score_moments = jax.jit(ae.score_moments, static_argnums=0,
                          static_argnames=("kind", "matrix_tokens"))
 
 
+@pytest.mark.slow
 def test_score_moments_stream_over_batches_and_cover_text_and_reuse_models():
   model, variables, x = _vit()
   apply_fn = functools.partial(model.apply, train=False)
@@ -178,6 +179,7 @@ def test_partial_reconstruction_is_exact_with_all_keys():
   assert float(part["tv"].min()) > 0
 
 
+@pytest.mark.slow
 def test_eigen_vit_with_all_keys_is_the_vit_and_with_a_pca_basis_runs_frozen():
   vit, variables, x = _vit()
   full, fv, _ = _vit("eigen_vit", keys_kept=17, basis_rank=4)

@@ -63,6 +63,7 @@ def _assert_close(a, b, tol):
                                atol=tol * max(1., float(np.abs(v).max(initial=0.))))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", FAST_IMPLS)
 @pytest.mark.parametrize("name", [*VISION, *TEXT_SLOW])
 def test_attention_impls_match_einsum_outputs_and_gradients(name, impl):
@@ -99,8 +100,8 @@ def test_cores_match_on_a_fully_masked_row():
     np.testing.assert_allclose(attention.attend(q, k, v, mask, impl=impl), ref, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["vit", pytest.param("reuse_vit", marks=pytest.mark.slow),
-                                  *TEXT_SLOW])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["vit", "reuse_vit", *TEXT_SLOW])
 def test_remat_changes_neither_params_nor_numbers(name):
   ref, x = _case(name)
   model, _ = _case(name, remat=True)
@@ -126,6 +127,7 @@ def test_remat_keeps_the_sown_attention_weights():
   _assert_close(state, ref_state, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["einsum", "xla_fused"])
 @pytest.mark.parametrize("name", ["vit", "reuse_vit", "roberta", "gpt2"])
 def test_bfloat16_compute_is_close_to_float32_with_float32_params(name, impl):

@@ -30,6 +30,7 @@ def test_convergence_time_runs_the_study_per_eta_eps_and_fits(tmp_path):
   assert again == fit
 
 
+@pytest.mark.slow
 def test_authors_pytorch_loop_ends_at_the_jax_gd_weights():
   torch = pytest.importorskip("torch")
   del torch
@@ -52,6 +53,7 @@ def test_authors_pytorch_loop_ends_at_the_jax_gd_weights():
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_early_stop_sweep_times_the_study_groups_one_vmap_and_per_n_on_mixed_grid_points():
   from experiments import bench_benign_overfitting as bench  # pylint: disable=import-outside-toplevel
   out = bench.early_stop_sweep("smoke", runs=4, torch_runs=3)
@@ -83,6 +85,7 @@ def test_pytorch_sensitivity_patterns_count_flips():
     assert loud.shape == (5,) and loud.max() > 0 and loud.max() <= 1
 
 
+@pytest.mark.slow
 def test_pytorch_batched_pattern_in_threads_times_both_ways():
   pytest.importorskip("torch")
   from experiments import torch_baselines  # pylint: disable=import-outside-toplevel

@@ -303,6 +303,7 @@ def write_sweep_before_field(config, tmp_path, field: str) -> None:
     json.dump(saved, f)
 
 
+@pytest.mark.slow
 def test_vmap_groups_change_only_float_rounding_and_old_sweeps_resume_with_zero(tmp_path):
   """`sweep.vmap_size` groups of a chunk give each run its steps, stop and accuracies of the
   whole-chunk vmap and its losses to float rounding; the size is fingerprinted, and a sweep
@@ -392,6 +393,7 @@ def test_stream_pieces_hold_whole_groups():
   assert bo.stream_pieces(3, 2, 8) == (2, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vmap_size,streams", [(1, 2), (1, 3), (2, 2)])
 def test_streams_give_bit_identical_sweeps(tmp_path, vmap_size, streams):
   """A chunk split over concurrent streams (the last piece padded) gives every run the

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.helpers import REPO
 
 _SCRIPT = textwrap.dedent("""
@@ -46,6 +48,7 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_batched_evaluation_is_split_over_eight_devices():
   proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=REPO, capture_output=True,
                         text=True, timeout=300)

@@ -95,6 +95,7 @@ def test_trainer_runs_with_mixup_on_in_memory_data(tmp_path):
   assert result.summary["steps"] == 2 and np.isfinite(result.summary["train_loss"])
 
 
+@pytest.mark.slow
 def test_trainer_runs_with_mixup_on_streamed_data(tmp_path):
   config = smoke_stream_config(tmp_path, total_steps=2, eval_every=0, checkpoint_every=0)
   config.mixup.alpha = 0.2

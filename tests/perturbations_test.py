@@ -138,6 +138,7 @@ def test_skip_nothing_is_the_normal_forward_and_tree_is_unchanged():
   np.testing.assert_array_equal(train(model.clone(skip=())), train(model))
 
 
+@pytest.mark.slow
 def test_attention_plus_mlp_equals_block():
   model, variables = _vit()
   x = _images()

@@ -200,6 +200,7 @@ def test_churn_reuse_sensitivity_figures(tmp_path, figures):
   _check_style(figures["sensitivity_bar.png"])
 
 
+@pytest.mark.slow
 def test_language_grokking_synthetic_benign_figures(tmp_path, figures):
   hist = {n: {k: np.linspace(0.1, 0.2, 4) for k in (
       "token_pooled", "global", "clean_accuracy", "token_signal_pooled",

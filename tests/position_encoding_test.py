@@ -70,6 +70,7 @@ class PositionModesTest(parameterized.TestCase):
     assert float(jnp.abs(hp - h[:, perm]).max()) > 1e-2
 
   @parameterized.parameters("shaw", "diet_abs", "diet_rel")   # A [B, H, L, L] bias each.
+  @pytest.mark.slow
   def test_attention_impls_agree(self, mode):
     outs = []
     for impl in ("einsum", "folded", "xla_fused"):
@@ -209,6 +210,7 @@ class LogitRankTest(parameterized.TestCase):
     assert out["rank"].shape == (1, 4, 4)
     assert low <= int(out["rank"][:, :3].min()) and int(out["max_rank"][0]) <= high
 
+  @pytest.mark.slow
   def test_token_mask_caps_the_rank(self):
     m, v = _variables("diet_rel")
     out = logit_rank.attention_logit_rank(functools.partial(m.apply, train=False), v, IDS,

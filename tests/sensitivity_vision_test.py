@@ -217,6 +217,7 @@ def test_measure_sharpness_pools_batches_per_draw():
   assert out["sharpness_l1"][0] > 0
 
 
+@pytest.mark.slow
 def test_measure_global_keys_and_zero_noise():
   """σ = 0 flips nothing; batch i at σ index s uses the key fold_in(fold_in(fold_in(key,
   len(σ) + 1), s), i) (a stream apart from the token-wise keys) on the padded batch."""

@@ -249,6 +249,7 @@ def test_noise_placement_before_the_embedding_norm(initialised, run):
     assert not np.allclose(raw, after)
 
 
+@pytest.mark.slow
 def test_official_frozen_lstm_trains_only_the_lstm_layers():
   model = get_model("lstm", K, (12,), official_frozen=True, **SMALL["lstm"])
   ids = _ids([5, 12], 12)

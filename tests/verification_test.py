@@ -61,6 +61,7 @@ def test_conv_layers_match_the_flax_model_and_transpose_is_the_adjoint():
                              rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ibp", "triangle"])
 def test_bounds_hold_for_random_points_of_the_ball(method):
   model, variables = _conv_net()
@@ -107,6 +108,7 @@ def test_gradient_of_the_reformulation_matches_autodiff(small):
     np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["pgd", "fista"])
 def test_every_iterate_brackets_the_lp_and_the_gap_shrinks(small, method):
   layers, x, label, bounds, lp_opt = small
@@ -193,6 +195,7 @@ def test_isotonic_regression_is_exact_against_pava():
   assert float(out["dual"]) <= 0.5 * np.sum((ref - y) ** 2) + 1e-9
 
 
+@pytest.mark.slow
 def test_verified_accuracy_classifies_every_property():
   model = MLP(num_classes=3, hidden_dims=(8, 8))
   variables = model.init(jax.random.key(0), jnp.zeros((1, 4, 4, 1)))
