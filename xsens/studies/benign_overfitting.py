@@ -153,10 +153,7 @@ def validate(config) -> None:
   require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
         "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
         f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
-  st = s.get("streams")
-  require(st is None or _positive_int(st), "sweep.streams",
-        f"must be None (auto: one per core on a CPU, 1 on an accelerator) or a positive "
-        f"int, got {st!r}")
+  streams_lib.check_field("sweep.streams", s.get("streams"))
   require(s.get("pad_to", "grid") in PAD_TO, "sweep.pad_to",
         f"got {s.get('pad_to')!r}; allowed: {', '.join(PAD_TO)}")
   require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
@@ -525,9 +522,8 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
     del state
     # Always piece × pieces (≥ `size`) runs: the same program for every chunk; the last
     # chunk, and the last piece, are padded by repeating their last run.
-    sel = start + fill
-    valid = np.arange(start, start + piece * num_pieces) < start + length
-    sel = np.minimum(sel, num_runs - 1)
+    sel = np.minimum(start + fill, num_runs - 1)
+    valid = np.arange(len(fill)) < length
     keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(idx[sel]))
     out = run_pieces(chunk_fn(chunk_padding(config, n[sel])),
                      (keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])), piece, num_pieces)

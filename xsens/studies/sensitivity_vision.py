@@ -62,10 +62,7 @@ def validate_sensitivity_config(sc, image_shape) -> None:
   if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
     raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
                       f"{sc.chunk_size!r}")
-  streams = sc.get("streams")
-  if streams is not None and not (is_int(streams) and streams > 0):
-    raise ConfigError("sensitivity.streams", f"must be None (auto: one per core on a CPU) "
-                      f"or an int > 0, got {streams!r}")
+  streams_lib.check_field("sensitivity.streams", sc.get("streams"))
   noise_scale = sc.get("noise_scale", "absolute")
   if noise_scale not in sens.NOISE_SCALES:
     raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
