@@ -2,6 +2,7 @@
 config field can be overridden through the real flag parser."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -213,11 +214,14 @@ def test_config_error_from_the_study_names_the_flag(monkeypatch, capsys, field, 
   monkeypatch.setattr(main, "_CONFIG", holders[0])
   monkeypatch.setattr(main, "_WORKDIR", holders[1])
   monkeypatch.setattr(main, "_OVERWRITE", holders[2])
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   with pytest.raises(SystemExit) as e:
     main.main(["xsens"])
   assert e.value.code == 2
   assert capsys.readouterr().err == line + "\n"
   assert not os.path.exists("/nonexistent/wd")
+  # main() puts the caller's signal handlers back.
+  assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 @pytest.mark.parametrize("kind", ["regular_file", "not_creatable"])

@@ -129,6 +129,23 @@ def configure_logging(verbosity_given: bool) -> None:
 
 def main(argv) -> None:
   del argv
+  config = _CONFIG.value
+  workdir = _WORKDIR.value or os.path.join("workdirs", str(config.get("study", "run")))
+  configure_logging(flags.FLAGS["verbosity"].present)
+  # Outside the loop (which saves first); the caller's handlers are back on return, so
+  # calling main() from Python (tests, experiments/main.py) leaves no handler behind.
+  previous = {signum: signal.signal(signum, _stop_on_signal)
+              for signum in (signal.SIGTERM, signal.SIGINT)}
+  try:
+    _run_study(config, workdir)
+  finally:
+    for signum, handler in previous.items():
+      signal.signal(signum, handler)
+
+
+def _run_study(config, workdir: str) -> None:
+  """Runs the study of `config` in `workdir` and prints its report; every expected failure
+  is one line on stderr and an exit code (2: bad input, 1: diverged, 128 + signal)."""
   # Imported here so `--help` stays fast and flags are parsed before JAX starts.
   from xsens import paths, studies  # pylint: disable=g-import-not-at-top
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
@@ -136,11 +153,6 @@ def main(argv) -> None:
   from xsens.train import streams  # pylint: disable=g-import-not-at-top
   from xsens.train.loop import Preempted, TrainingDivergedError  # pylint: disable=g-import-not-at-top
 
-  config = _CONFIG.value
-  workdir = _WORKDIR.value or os.path.join("workdirs", str(config.get("study", "run")))
-  configure_logging(flags.FLAGS["verbosity"].present)
-  for signum in (signal.SIGTERM, signal.SIGINT):  # Outside the loop (which saves first).
-    signal.signal(signum, _stop_on_signal)
   try:
     streams.from_environment()  # A bad XSENS_STREAMS: one line, before anything runs.
   except ValueError as e:
