@@ -219,7 +219,14 @@ def _torch_processes_once(arrays, eta, max_steps, runs, procs, ns, eps) -> float
   return max(seconds)
 
 
-def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) -> dict:
+def gd_apply(config, autodiff: bool):
+  """The ViT forward the GD rows differentiate: the study's (`model_fns`: the closed-form
+  VJP of `one_layer_vit.apply_hand_vjp`) or, with `autodiff`, `apply` under JAX autodiff."""
+  return vit.apply if autodiff else bo.model_fns(config, "vit")[1]
+
+
+def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0,
+                     autodiff: bool = False) -> dict:
   """The sweep's GD as the heat map runs it: `runs` grid points (N, ‖μ‖) drawn from the
   config's grid, each trained until its train loss < ε or max_steps (spec: the authors'
   heat-map rule), in the study's groups and as one vmap, against the authors' PyTorch loop
@@ -234,7 +241,8 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(seed), i))(jnp.asarray(sel))
   params, w_o, x, y = draw_runs(config, keys, jnp.asarray(mu_grid[sel]), n_max)
   mask = (jnp.arange(n_max)[None] < jnp.asarray(n_grid[sel])[:, None]).astype(jnp.float32)
-  fit = lambda p, w, x, y, m: gd.fit(vit.apply, p, w, x, y, m, eta=eta,
+  apply_fn = gd_apply(config, autodiff)
+  fit = lambda p, w, x, y, m: gd.fit(apply_fn, p, w, x, y, m, eta=eta,
                                      max_steps=max_steps, eps=eps)[1]
   group = bo.resolved_vmap_size(config)
   seconds, steps = {}, None
@@ -316,8 +324,11 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0) ->
 
 
 def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int,
-          torch_runs: int = 4, profile: int = 0) -> dict:
+          torch_runs: int = 4, profile: int = 0, autodiff: bool = False) -> dict:
+  """Fixed-steps GD rates. Every GD row differentiates `gd_apply(config, autodiff)` but
+  `chunk_*`, the study's own program (closed-form VJP either way)."""
   config = bo_config.get_config(variant or None)
+  apply_fn = gd_apply(config, autodiff)
   config.train.max_steps = steps
   config.train.loss_threshold = 1e-30  # Never stops early: exactly `steps` updates.
   n_max = int(max(config.sweep.n_values))
@@ -343,12 +354,12 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   params, w_o, x, y = draw_runs(config, keys, mus, n_max)
   mask = jnp.ones((runs, n_max))
   eta = float(config.train.learning_rate)
-  step = jax.vmap(lambda p, w, x, y, m: gd.gd_step(vit.apply, p, w, x, y, m, eta))
+  step = jax.vmap(lambda p, w, x, y, m: gd.gd_step(apply_fn, p, w, x, y, m, eta))
   step_flops = _flops(jax.jit(step).lower(params, w_o, x, y, mask).compile())
 
   # The GD loop alone (pre-drawn data, no evaluation): what the sweep spends its time on.
   def gd_loop(p, w, x, y, m):
-    body = lambda _, p: gd.gd_step(vit.apply, p, w, x, y, m, eta)[1]
+    body = lambda _, p: gd.gd_step(apply_fn, p, w, x, y, m, eta)[1]
     return jax.lax.fori_loop(0, steps, body, p)
 
   args = (params, w_o, x, y, mask)
@@ -373,7 +384,7 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   _, _, red_s = _compiled_and_timed(red, *args)
 
   # Sequential, jitted step: loop over runs and steps in Python.
-  one_step = jax.jit(lambda p, w, x, y, m: gd.gd_step(vit.apply, p, w, x, y, m, eta))
+  one_step = jax.jit(lambda p, w, x, y, m: gd.gd_step(apply_fn, p, w, x, y, m, eta))
   take = lambda t, i: jax.tree.map(lambda a: a[i], t)
   jax.block_until_ready(one_step(take(params, 0), w_o[0], x[0], y[0], mask[0]))
   seq_runs = min(runs, max(2, eager_runs * 2))
@@ -388,12 +399,12 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   # Sequential eager (authors' style): op-by-op, no jit; a few runs and steps.
   with jax.disable_jit():
     p = take(params, 0)
-    gd.gd_step(vit.apply, p, w_o[0], x[0], y[0], mask[0], eta)  # Warm the op caches.
+    gd.gd_step(apply_fn, p, w_o[0], x[0], y[0], mask[0], eta)  # Warm the op caches.
     t0 = time.perf_counter()
     for i in range(eager_runs):
       p = take(params, i)
       for _ in range(eager_steps):
-        _, p = gd.gd_step(vit.apply, p, w_o[i], x[i], y[i], mask[i], eta)
+        _, p = gd.gd_step(apply_fn, p, w_o[i], x[i], y[i], mask[i], eta)
       jax.block_until_ready(p)
     eager_rate = eager_runs * eager_steps / (time.perf_counter() - t0)
 
@@ -483,12 +494,17 @@ def main() -> None:
                   help="of those, how many the PyTorch loop runs (the first ones)")
   ap.add_argument("--profile", type=int, default=0,
                   help="also print the N slowest HLO instructions of the vmapped GD loop")
+  ap.add_argument("--autodiff", action="store_true",
+                  help="GD rows differentiate one_layer_vit.apply with JAX autodiff instead "
+                       "of the study's closed-form VJP (A/B of the two)")
   ap.add_argument("--json", default="")
   a = ap.parse_args()
   r = bench(a.variant, a.runs, a.steps, a.eager_runs, a.eager_steps, a.torch_runs,
-            a.profile)
+            a.profile, a.autodiff)
+  r["gd_gradient"] = "autodiff" if a.autodiff else "closed-form VJP"
   if a.sweep_runs:
-    r |= early_stop_sweep(a.variant, a.sweep_runs, min(a.sweep_runs, a.sweep_torch_runs))
+    r |= early_stop_sweep(a.variant, a.sweep_runs, min(a.sweep_runs, a.sweep_torch_runs),
+                          autodiff=a.autodiff)
   if r["profile"]:
     print("| ms per GD step (all runs) | share | HLO instruction |\n|---|---|---|")
     for row in r["profile"]:

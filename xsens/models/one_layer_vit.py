@@ -16,7 +16,8 @@ Initialisations (spec §2):
 
 `OneLayerViT` is the same model as a flax.linen module whose params include w_O; train it
 with `frozen_readout(tx)`, which zeroes w_O's update (optax.multi_transform + set_to_zero).
-The sweeps use the pure functions (w_O outside the pytree), which vmap without ceremony.
+The sweeps use the pure functions (w_O outside the pytree), which vmap without ceremony,
+and differentiate `apply_hand_vjp` (the same f with its gradient written out).
 """
 
 from __future__ import annotations
@@ -73,6 +74,51 @@ def token_values(params, w_o, x):
 def apply(params, w_o, x):
   """f(X) for x [..., M, d] -> [...] (the pooled form Σ_j a_j x_jᵀ W_V w_O)."""
   return jnp.sum(pooled_attention(params, x) * token_values(params, w_o, x), axis=-1)
+
+
+@jax.custom_vjp
+def apply_hand_vjp(params, w_o, x):
+  """`apply` with its reverse-mode derivative written out (same value; gradients equal to
+  autodiff's up to float rounding). [..., M, d] -> [...].
+
+  Autodiff of `apply` runs many small XLA:CPU operations per GD step (softmax's JVP,
+  broadcasts, transposes); the closed form below is fewer and makes the sweeps' GD step
+  about 1.2x faster on CPU (docs/benchmarks.md). With g = ∂L/∂f [...], S the softmax rows,
+  a = mean_l S_l·, v_j = x_jᵀ u, u = W_V w_O:
+    ∂v = g a,  ∂a = g v,  ∂u = Σ ∂v_j x_j,
+    ∂logits_lj = S_lj (∂a_j − Σ_j' S_lj' ∂a_j') / M,  ∂Q = ∂logits K,  ∂K = ∂logitsᵀ Q,
+    ∂W_Q = Σ xᵀ ∂Q,  ∂W_K = Σ xᵀ ∂K,  ∂W_V = ∂u w_Oᵀ,  ∂w_O = W_Vᵀ ∂u,
+    ∂x = ∂v uᵀ + ∂Q W_Qᵀ + ∂K W_Kᵀ.
+  Reverse mode only (a `jax.custom_vjp`): `jax.jvp` / forward-over-reverse need `apply`.
+  """
+  return apply(params, w_o, x)
+
+
+def _apply_fwd(params, w_o, x):
+  q, k = x @ params["wq"], x @ params["wk"]
+  s = jax.nn.softmax(jnp.einsum("...lh,...jh->...lj", q, k), axis=-1)
+  a = s.mean(axis=-2)
+  u = value_readout(params, w_o)
+  v = x @ u
+  return jnp.sum(a * v, axis=-1), (params, w_o, x, q, k, s, a, u, v)
+
+
+def _apply_bwd(residuals, g):
+  params, w_o, x, q, k, s, a, u, v = residuals
+  dv, da = g[..., None] * a, g[..., None] * v                      # [..., M]
+  du = jnp.einsum("...j,...jd->d", dv, x)
+  dlogits = s * (da[..., None, :] - jnp.einsum("...lj,...j->...l", s, da)[..., None])
+  dlogits = dlogits / s.shape[-1]
+  dq = jnp.einsum("...lj,...jh->...lh", dlogits, k)
+  dk = jnp.einsum("...lj,...lh->...jh", dlogits, q)
+  grads = {"wq": jnp.einsum("...ld,...lh->dh", x, dq),
+           "wk": jnp.einsum("...jd,...jh->dh", x, dk),
+           "wv": du[:, None] * w_o[None, :]}
+  dx = dv[..., None] * u + dq @ params["wq"].T + dk @ params["wk"].T
+  return {**params, **grads}, params["wv"].T @ du, dx
+
+
+apply_hand_vjp.defvjp(_apply_fwd, _apply_bwd)
 
 
 def apply_matrix_form(params, w_o, x):

@@ -191,7 +191,7 @@ def model_fns(config, model: str):
     init_fn = functools.partial(vit_lib.init, d=d, d_h=int(v.d_h), d_v=int(v.d_v),
                                 init=v.init, init_divisor=float(v.init_divisor),
                                 init_std=float(v.init_std))
-    return lambda k: init_fn(k), vit_lib.apply
+    return lambda k: init_fn(k), vit_lib.apply_hand_vjp  # GD: its closed-form gradient.
   c = config.cnn
   return (lambda k: cnn_lib.init(k, d, int(c.m), sigma_0=float(c.sigma_0)),
           functools.partial(cnn_lib.apply, q=float(c.q)))
