@@ -29,25 +29,6 @@ def tiny_config(**sweep):
 # ---------------------------------------------------------------------------------- data
 
 
-def test_hand_vjp_equals_autodiff_of_the_model():
-  """`apply_hand_vjp` (what the sweeps differentiate): the value of `apply` bit for bit,
-  and every gradient (params, w_O, x; a weighted loss, leading batch axes) as autodiff's."""
-  params, w_o = vit.init(jax.random.key(0), 32, 8, 6)
-  x = jax.random.normal(jax.random.key(1), (3, 5, 7, 32))
-  y = jnp.sign(jax.random.normal(jax.random.key(2), (3, 5)))
-  np.testing.assert_array_equal(vit.apply_hand_vjp(params, w_o, x), vit.apply(params, w_o, x))
-
-  def grads(apply_fn):
-    loss = lambda p, w, xs: jnp.sum(jax.nn.softplus(-y * apply_fn(p, w, xs)) * jnp.arange(5))
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params, w_o, x)
-
-  want, got = grads(vit.apply), grads(vit.apply_hand_vjp)
-  assert jax.tree.structure(got) == jax.tree.structure(want)
-  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
-    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * float(jnp.abs(a).max()))
-  assert bo.model_fns(bo_config.get_config("smoke"), "vit")[1] is vit.apply_hand_vjp
-
-
 def test_snr_and_row_map():
   assert sn.snr(1.0, 0.2, 1024) == 0.15625
   assert sn.snr(32.0, 0.2, 1024) == pytest.approx(5.0)
@@ -134,6 +115,25 @@ def numpy_vit(params, w_o, x):
     s /= s.sum()
     total += s @ x @ wv @ np.asarray(w_o, np.float64)
   return total / x.shape[0]
+
+
+def test_hand_vjp_equals_autodiff_of_the_model():
+  """`apply_hand_vjp` (what the sweeps differentiate): the value of `apply` bit for bit,
+  and every gradient (params, w_O, x; a weighted loss, leading batch axes) as autodiff's."""
+  params, w_o = vit.init(jax.random.key(0), 32, 8, 6)
+  x = jax.random.normal(jax.random.key(1), (3, 5, 7, 32))
+  y = jnp.sign(jax.random.normal(jax.random.key(2), (3, 5)))
+  np.testing.assert_array_equal(vit.apply_hand_vjp(params, w_o, x), vit.apply(params, w_o, x))
+
+  def grads(apply_fn):
+    loss = lambda p, w, xs: jnp.sum(jax.nn.softplus(-y * apply_fn(p, w, xs)) * jnp.arange(5))
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(params, w_o, x)
+
+  want, got = grads(vit.apply), grads(vit.apply_hand_vjp)
+  assert jax.tree.structure(got) == jax.tree.structure(want)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * float(jnp.abs(a).max()))
+  assert bo.model_fns(bo_config.get_config("smoke"), "vit")[1] is vit.apply_hand_vjp
 
 
 def test_forward_matches_numpy_and_both_forms():

@@ -115,7 +115,7 @@ def _apply_bwd(residuals, g):
            "wk": jnp.einsum("...jd,...jh->dh", x, dk),
            "wv": du[:, None] * w_o[None, :]}
   dx = dv[..., None] * u + dq @ params["wq"].T + dk @ params["wk"].T
-  return {**params, **grads}, params["wv"].T @ du, dx
+  return grads, params["wv"].T @ du, dx
 
 
 apply_hand_vjp.defvjp(_apply_fwd, _apply_bwd)
