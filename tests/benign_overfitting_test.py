@@ -239,6 +239,32 @@ def test_early_stopping_records_first_crossing():
   assert int(steps) == 3 and not bool(converged)
 
 
+def test_fit_differentiates_only_the_steps_that_update():
+  """The stopping check is a forward alone: unbatched (the sweeps' groups of one), the
+  backward runs once per update, not at the step whose loss falls under eps."""
+  params, w_o, x, y, mask = _tiny_problem()
+  backward_calls = []
+
+  @jax.custom_vjp
+  def counted_apply(p, w, x):
+    return vit.apply(p, w, x)
+
+  def backward(res, g):
+    jax.debug.callback(lambda: backward_calls.append(1))
+    return jax.vjp(vit.apply, *res)[1](g)
+
+  counted_apply.defvjp(lambda p, w, x: (vit.apply(p, w, x), (p, w, x)), backward)
+  fit = jax.jit(lambda p: gd.fit(counted_apply, p, w_o, x, y, mask, eta=1.0, max_steps=200,
+                                 eps=0.3))
+  out, steps, converged = fit(params)
+  jax.effects_barrier()
+  assert bool(converged) and len(backward_calls) == int(steps) > 0
+  reference = gd.fit(vit.apply, params, w_o, x, y, mask, eta=1.0, max_steps=200, eps=0.3)
+  assert int(reference[1]) == int(steps)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), out,
+               reference[0])
+
+
 # ---------------------------------------------------------------------------------- sweep
 
 

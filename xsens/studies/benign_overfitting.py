@@ -383,13 +383,15 @@ def chunk_padding(config, chunk_n) -> int:
 def chunk_program(run_fn, vmap_size: int):
   """Jitted chunk(*args [R, ...]) -> outputs [R, ...] (the sweep's: keys, n, mu ->
   {field: [R]}): `run_fn` vmapped over groups of `vmap_size` runs in sequence (`lax.map`),
-  or over all R at once for `vmap_size` 0.
+  or over all R at once for `vmap_size` 0. Groups of one are not vmapped at all (a plain
+  `lax.map`), so the `lax.cond` in `full_batch_gd.fit` stays a branch.
 
   Each run's numbers do not depend on its group but for float rounding (the batched
   matmuls' shapes change), so `vmap_size` is part of the sweep's fingerprint."""
   if vmap_size == 0:
     return jax.jit(jax.vmap(run_fn))
-  return jax.jit(lambda *args: jax.lax.map(lambda a: run_fn(*a), args, batch_size=vmap_size))
+  batch_size = None if vmap_size == 1 else vmap_size
+  return jax.jit(lambda *args: jax.lax.map(lambda a: run_fn(*a), args, batch_size=batch_size))
 
 
 def stream_pieces(size: int, vmap_size: int, streams: int) -> tuple[int, int]:

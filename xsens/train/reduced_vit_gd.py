@@ -60,9 +60,13 @@ def fit(params, w_o, x, y, mask, *, eta, max_steps: int, eps):
 
   def body(carry):
     state, step, _ = carry
-    l, grads = jax.value_and_grad(loss, argnums=(0, 1, 2))(*qkv(state))
+    l, pullback = jax.vjp(loss, *qkv(state))
     done = l < eps
-    state = tuple(jnp.where(done, s, s - eta * g) for s, g in zip(state, grads))
+
+    def update(state):
+      return tuple(s - eta * g for s, g in zip(state, pullback(jnp.ones_like(l))))
+
+    state = jax.lax.cond(done, lambda s: s, update, state)
     return state, step + jnp.where(done, 0, 1).astype(jnp.int32), done
 
   zeros = (jnp.zeros_like(q0), jnp.zeros_like(k0), jnp.zeros_like(v0))
