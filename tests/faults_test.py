@@ -67,9 +67,11 @@ def test_no_restorable_checkpoint_is_refused_and_nothing_moved(tmp_path):
   _run(tmp_path, max_chunks=2)
   for step in (2, 4):
     _damage(str(tmp_path / "checkpoints" / str(step)), "deleted_manifest")
+  workdir = Workdir(str(tmp_path), keep_checkpoints=3)
   with pytest.raises(ConfigError, match=r"config.workdir: no checkpoint in .* can be "
                      r"restored \(step 4: .*\); pass --overwrite"):
-    _run(tmp_path)
+    loop.run(workdir, _counter_program(), SCHEDULE)
+  assert workdir._manager is None  # Closed behind the error, not left to the GC.
   assert Workdir(str(tmp_path)).checkpoint_steps() == [2, 4]
   assert not (tmp_path / "damaged_checkpoints").exists()
 

@@ -406,6 +406,7 @@ class Workdir:
         self._move_damaged([s for s, _ in failed])
       return state, step
     if failed:
+      self.close()  # No orbax manager (and its threads) left open behind the error.
       raise ConfigError(
           "workdir", f"no checkpoint in {self.checkpoint_dir()} can be restored (step "
           f"{failed[0][0]}: {failed[0][1]}); pass --overwrite to start again, or choose "
