@@ -141,6 +141,10 @@ def get_config(arg=None):
     s.mu_norms = tuple(float(m) for m in range(1, 101))
     s.trials = 10
     s.chunk_size = 500
+    # Chunks of 500 runs of up to 1,000 steps: a compile per N (~3 s) is small beside the
+    # padding it saves (the reduced solver's cost grows as (N·M)²; per-run 1.2-3.5x faster
+    # at N = 20..2, docs/benchmarks.md).
+    s.pad_to = "chunk"
     dyn.runs = ml_collections.ConfigDict({
         "harmful": _dynamics_run(), "benign": _dynamics_run(mu_norm=25.0)})
   if arg.cnn:

@@ -538,6 +538,16 @@ def test_logistic_boundary_recovers_exponent(k_true):
   assert np.isnan(bo.logistic_k(ns, snrs, np.full_like(loss, 0.6), 0.2)[0])
 
 
+def test_paper_variant_pads_each_chunk_to_its_own_n():
+  config = bo_config.get_config("paper")
+  n, _, _ = bo.grid_points(config)
+  size = config.sweep.chunk_size
+  chunks = [n[i:i + size] for i in range(0, len(n), size)]
+  assert config.sweep.pad_to == "chunk" and all(len(set(c)) == 1 for c in chunks)
+  assert [bo.chunk_padding(config, c) for c in chunks[::2]] == list(config.sweep.n_values)
+  assert bo.chunk_padding(bo_config.get_config(None), chunks[0]) == 20  # Default: the grid's.
+
+
 def test_curves_draw_the_paper_n_snr2_1000_curve():
   ns, snrs = np.arange(2, 21, 2), np.geomspace(0.2, 40, 8)
   fit = {"k": 2.1, "c": 200.0, "crossings": list(np.sqrt(200 / ns)),
