@@ -2,11 +2,19 @@
 
   python -m xsens --config=mlcollections_configs/train.py:model=vit --workdir=workdirs/vit
   python -m xsens --config=mlcollections_configs/train.py:model=cnn,smoke --workdir=/tmp/s
+  python -m xsens --config=mlcollections_configs/train.py:model=resnet18,stream \
+    --workdir=workdirs/resnet18_bf16 --config.train.model.dtype=bfloat16
 
 Variants (comma-separated): `model=NAME` (vit, cnn, mlp, resnet18, densenet, convmixer),
 `dataset=NAME` (mnist5k, digits, or any TFDS name present in `--config.train.data.data_dir`),
-`smoke` (a few steps of a tiny model: what the tests run). Any field can be overridden,
-e.g. `--config.train.optimizer.learning_rate=3e-4`.
+`smoke` (a few steps of a tiny model: what the tests run), `stream` (streamed training: the
+splits are read with grain example by example as RGB [H, W, 3] images resized to
+`data.image_size`, instead of being loaded into memory; `data.stream`,
+xsens/data/streaming.py; the checkpoints hold the iterator position. No augmentation unless
+set, e.g. `--config.train.data.stream.crop=pad_crop --config.train.data.stream.flip=true`;
+a TFDS dataset needs `--config.train.data.image_size=(H,W)`). Any field can be overridden,
+e.g. `--config.train.optimizer.learning_rate=3e-4` or `--config.train.model.dtype=bfloat16`
+(bfloat16 compute, float32 params, for every model).
 
 Shows: train/test accuracy and loss of one model (results.md in the workdir); on mnist5k
 the default ViT reaches about 0.97 test accuracy in 1000 steps.
@@ -16,6 +24,7 @@ import ml_collections
 
 from mlcollections_configs import common
 from xsens.config_utils import parse_arg
+from xsens.data.config import stream_config
 
 # Small, CPU-friendly architectures per model name (paper-sized ones live in the studies).
 MODEL_PRESETS = {
@@ -35,6 +44,8 @@ SMOKE_PRESETS = {
     "densenet": {"growth_rate": 4, "block_sizes": (1, 1)},
     "convmixer": {"width": 8, "depth": 1, "patch_size": 7},
 }
+# (H, W) of the embedded datasets: a stream resizes every image to `data.image_size`.
+STREAM_IMAGE_SIZES = {"mnist5k": (28, 28), "digits": (8, 8)}
 
 
 def smoke(train: ml_collections.ConfigDict, model_name: str | None = None) -> None:
@@ -51,8 +62,20 @@ def smoke(train: ml_collections.ConfigDict, model_name: str | None = None) -> No
   train.progress = False
 
 
+def stream(train: ml_collections.ConfigDict) -> None:
+  """Streams a training block's splits (`data.stream`): whole images, no flips; the
+  embedded datasets at their own size. Streaming has no `num_train` subset: a smoke block
+  evaluates on as many training examples instead."""
+  train.data.stream = stream_config(crop="resize", flip=False)
+  if train.data.name in STREAM_IMAGE_SIZES:
+    train.data.image_size = STREAM_IMAGE_SIZES[train.data.name]
+  if train.data.num_train is not None:
+    train.eval_train_examples = train.data.num_train
+    train.data.num_train = None
+
+
 def get_config(arg=None):
-  arg = parse_arg(arg, model="vit", dataset="mnist5k", smoke=False)
+  arg = parse_arg(arg, model="vit", dataset="mnist5k", smoke=False, stream=False)
   config = ml_collections.ConfigDict()
   config.study = "train"
   config.train = common.train_config()
@@ -62,4 +85,6 @@ def get_config(arg=None):
   config.train.model = common.model_config(**MODEL_PRESETS[arg.model])
   if arg.smoke:
     smoke(config.train, arg.model)
+  if arg.stream:
+    stream(config.train)
   return config

@@ -162,7 +162,7 @@ def _leaves(config, prefix=""):
     ([TRAIN, "--config.train.batch_size.x=3"], "--config.train.batch_size.x: no such field; "
      "config.train.batch_size holds a value (int), not a block of fields"),
     ([f"{TRAIN}:modle=vit"], "--config: mlcollections_configs/train.py:modle=vit: unknown "
-     "config variant 'modle'; allowed: dataset, model, smoke"),
+     "config variant 'modle'; allowed: dataset, model, smoke, stream"),
     ([TRAIN, "--config.train.progress=maybe"],
      "--config.train.progress: expected true or false, got 'maybe'"),
     ([TRAIN, "--config.train.total_epochs=x"],

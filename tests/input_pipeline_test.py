@@ -207,7 +207,7 @@ BAD_STREAM = [
     ({"num_train": 10}, "data.num_train"),
     ({"image_size": None}, "data.image_size"),
     ({"normalize": "standardize"}, "data.normalize"),
-    ({"name": "mnist5k"}, "data.name"),
+    ({"name": "synthetic/gaussian_patches"}, "data.name"),
     ({"test_split": "train"}, "data.test_split"),
     ({"label_key": "y"}, "data.label_key"),
 ]
@@ -380,3 +380,36 @@ def test_in_memory_validation_refuses_a_stream_block(tmp_path):
     pipeline.validate_data_config(cfg)
   assert e.value.field == "data.stream" and "\n" not in str(e.value)
   streaming.validate_data_config(default_data_config())   # mnist5k: in memory, valid
+
+
+# -------------------------------------------------------------------- the command line
+
+
+def test_stream_variant_streams_an_embedded_dataset():
+  """`train.py:...,stream` sets `data.stream` (its fields then overridable from the
+  command line); mnist5k is read as a prepared TFDS dataset at its own 28² size."""
+  from tests.cli_test import TRAIN, _parse  # pylint: disable=g-import-not-at-top
+  config = _parse(f"{TRAIN}:model=cnn,smoke,stream", "--config.train.data.stream.flip=true").train
+  assert streaming.is_streaming(config.data) and config.data.stream.flip is True
+  assert config.data.image_size == (28, 28) and config.data.num_train is None
+  assert config.eval_train_examples == 256
+  streaming.validate_data_config(config.data)
+  assert not streaming.is_streaming(train_cfg.get_config("model=cnn,smoke").train.data)
+
+
+@pytest.mark.slow
+def test_cli_trains_from_a_stream(tmp_path):
+  """The CLI trains the smoke CNN from streamed mnist5k: every checkpoint holds the grain
+  iterator's position (4 steps of 32 examples)."""
+  from tests.cli_test import TRAIN  # pylint: disable=g-import-not-at-top
+  from tests.helpers import run_cli  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / "wd"
+  proc = run_cli(f"{TRAIN}:model=cnn,smoke,stream", "--config.train.data.stream.crop=pad_crop",
+                 f"--workdir={workdir}", timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  ckpt = workdir / workdir_lib.CHECKPOINT_DIR / "4" / workdir_lib.DATA_ITEM
+  saved = json.loads((ckpt / "process_0-of-1.json").read_text())
+  assert saved["last_seen_indices"] == {"0": 4 * 32 - 1}
+  losses = [json.loads(line).get("train/loss") for line in open(workdir / "metrics.jsonl")]
+  assert [x for x in losses if x is not None] and all(
+      np.isfinite(x) for x in losses if x is not None)

@@ -274,12 +274,12 @@ def test_lists_from_ml_collections_become_tuples():
 
 
 def test_config_fields():
-  assert config_fields("mlp") == ("hidden_dims", "activation")
+  assert config_fields("mlp") == ("hidden_dims", "activation", "dtype")
   for name in MODELS:
     assert not {"parent", "name", "num_classes"} & set(config_fields(name))
-  assert config_fields("one_layer_attention") == ("qk_dim", "v_dim")
+  assert config_fields("one_layer_attention") == ("qk_dim", "v_dim", "dtype")
   assert config_fields("grokking_transformer") == ("vocab_size", "width", "num_heads",
-                                                   "mlp_dim", "seq_len")
+                                                   "mlp_dim", "seq_len", "dtype")
 
 
 @pytest.mark.parametrize("name, kwargs, image_shape, field", [

@@ -55,11 +55,13 @@ def default_data_config() -> ml_collections.ConfigDict:
 
 
 def stream_config(**overrides) -> ml_collections.ConfigDict:
-  """A `data.stream` block: train (and evaluate) from a prepared TFDS image dataset read
-  with grain, example by example, instead of holding the splits in memory.
+  """A `data.stream` block: train (and evaluate) from a prepared TFDS image dataset (or an
+  embedded one, e.g. mnist5k) read with grain, example by example, as RGB [H, W, 3], instead
+  of holding the splits in memory.
 
   Absent (the default), the splits are loaded into memory (`xsens.data.pipeline`). Set
-  `config.data.stream = stream_config(...)`; `data.image_size` (H, W) is then required and
+  `config.data.stream = stream_config(...)` (from the command line: the `stream` variant of
+  mlcollections_configs/train.py); `data.image_size` (H, W) is then required and
   `data.normalize` is "half" or "zero_one". See `xsens.data.streaming` (training mode).
 
   Fields:

@@ -162,12 +162,18 @@ def _resolve_data_dir(data_dir) -> str:
 
 def _open(name: str, split: str, data_dir: str, image_key: str, label_key: str,
           field: str, split_field: str):
-  """(random-access source with encoded images, num_classes). ConfigErrors name the fields."""
+  """(random-access source with encoded images, num_classes). ConfigErrors name the fields.
+
+  An embedded dataset (`pipeline.EMBEDDED`, e.g. "mnist5k") is prepared in data_dir first.
+  """
   if not isinstance(name, str) or not name:
     raise ConfigError(field, f"must be a TFDS dataset name, got {name!r}")
   data_splits.split_names(split, split_field)
   try:
-    builder = tfds.builder(name, data_dir=data_dir)
+    if name in pipeline.EMBEDDED:
+      builder = pipeline._prepare_embedded(name, data_dir)  # pylint: disable=protected-access
+    else:
+      builder = tfds.builder(name, data_dir=data_dir)
   except tfds.core.registered.DatasetNotFoundError:
     raise ConfigError(field, f"unknown TFDS dataset {name!r} (see "
                       "tfds.list_builders(with_community_datasets=False))") from None
@@ -738,10 +744,11 @@ def validate_stream_data_config(data_config) -> None:
   does not offer, and the dataset, splits and feature keys (metadata only)."""
   augment_from_config(data_config["stream"])
   name = data_config["name"]
-  if (not isinstance(name, str) or name in pipeline.EMBEDDED or pipeline.is_text(
-      data_config) or name.startswith(pipeline.SYNTHETIC_PREFIX)):
-    raise ConfigError("data.name", f"streaming (data.stream) reads a prepared TFDS image "
-                      f"dataset, not {name!r}; remove data.stream to load it in memory")
+  if (not isinstance(name, str) or pipeline.is_text(data_config)
+      or name.startswith(pipeline.SYNTHETIC_PREFIX)):
+    raise ConfigError("data.name", f"streaming (data.stream) reads a TFDS image dataset "
+                      f"(prepared, or embedded: {', '.join(pipeline.EMBEDDED)}), not {name!r}; "
+                      "remove data.stream to load it in memory")
   pipeline._check_common(data_config)  # pylint: disable=protected-access
   for field in _NOT_WHEN_STREAMING:
     if data_config.get(field) is not None:

@@ -4,7 +4,8 @@ An entry builds its module for `num_classes` and the per-example `input_shape`, 
 config against that shape before anything is traced (`ConfigError` naming
 `model.<field>`), and knows its input dtype, its removable layers and its
 pretrained-checkpoint loader. Every module maps inputs [B, *input_shape] to float32
-outputs via `model.apply(variables, x, train=False)`:
+outputs via `model.apply(variables, x, train=False)`; every one has the config field `dtype`
+("float32" | "bfloat16"), its compute dtype (params stay float32; `xsens.models.precision`):
 
   name                               inputs (per example)         outputs
   vit, resnet18, densenet, convmixer,

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from xsens.errors import ConfigError
 
+DTYPES = ("float32", "bfloat16")   # A model's compute dtype (`xsens.models.precision`).
+
 
 def _is_int(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
@@ -50,6 +52,11 @@ def one_of(field: str, value, allowed: Sequence[str]) -> None:
   if value not in allowed:
     raise ConfigError(
         f"model.{field}", f"unknown value {value!r}; allowed: {', '.join(allowed)}")
+
+
+def dtype(value) -> None:
+  """Refuses a compute dtype (`model.dtype`) outside `DTYPES`, listing them."""
+  one_of("dtype", value, DTYPES)
 
 
 def image(image_shape, num_classes) -> tuple[int, int, int]:

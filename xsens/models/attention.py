@@ -27,15 +27,16 @@ from jax import lax
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+# The compute dtype of the models' `dtype` field, as the transformers read it from here.
+from xsens.models.precision import DTYPES, cast, compute_dtype  # pylint: disable=unused-import
 
 ATTENTION_IMPLS = ("einsum", "folded", "xla_fused", "cudnn")
-DTYPES = ("float32", "bfloat16")
 
 
 def check_launch_fields(model) -> None:
   """ConfigError naming `model.dtype`, `model.remat` or `model.attention_impl` for a value
   outside the allowed ones, or "cudnn" where it cannot run (no GPU, float32 compute)."""
-  _checks.one_of("dtype", model.dtype, DTYPES)
+  _checks.dtype(model.dtype)
   if not isinstance(model.remat, bool):
     raise ConfigError("model.remat", f"must be True or False; got {model.remat!r}")
   _checks.one_of("attention_impl", model.attention_impl, ATTENTION_IMPLS)
@@ -46,17 +47,6 @@ def check_launch_fields(model) -> None:
     if model.dtype == "float32":
       raise ConfigError("model.attention_impl", "'cudnn' needs model.dtype='bfloat16' "
                         "(cuDNN flash attention has no float32 kernel)")
-
-
-def compute_dtype(name: str):
-  """The flax `dtype=` of a model's `dtype` field: None (infer: float32 from the float32
-  params, the models' numbers before the field existed) or jnp.bfloat16."""
-  return None if name == "float32" else jnp.dtype(name)
-
-
-def cast(x, dtype):
-  """`x` in the compute dtype (unchanged for dtype None)."""
-  return x if dtype is None else x.astype(dtype)
 
 
 def _masked_softmax(logits, mask):

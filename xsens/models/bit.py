@@ -28,7 +28,12 @@ block1/unit01, block1/unit02, ..., block2/unit01, ...) whose residual branch is 
 so the unit is the identity. Only units with an identity shortcut can be removed
 (`identity_units`: every unit but the first of each block, which projects). The
 parameter tree does not depend on `skip`.
+
+`dtype` ("float32" | "bfloat16") is the compute dtype (`xsens.models.precision`): kernels are
+standardised in float32 and then cast, GroupNorm statistics are float32, the logits float32.
 """
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -36,6 +41,7 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import precision
 
 BASE_WIDTH = 64
 STRIDES = (1, 2, 2, 2)
@@ -92,12 +98,14 @@ class StdConv(nn.Module):
   kernel_size: int
   strides: int = 1
   padding: int = 0
+  dtype: Any = None   # Compute dtype (None: float32).
 
   @nn.compact
   def __call__(self, x):
     k = self.kernel_size
     kernel = self.param("kernel", nn.initializers.lecun_normal(),
                         (k, k, x.shape[-1], self.features), jnp.float32)
+    x = precision.cast(x, self.dtype)
     pad = ((self.padding, self.padding),) * 2
     return jax.lax.conv_general_dilated(
         x, standardize(kernel).astype(x.dtype), (self.strides,) * 2, pad,
@@ -108,10 +116,12 @@ class _Proj(nn.Module):
   """The unit's 1x1 (strided) shortcut projection."""
   features: int
   strides: int
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
-    return StdConv(self.features, 1, self.strides, name="standardized_conv2d")(x)
+    return StdConv(self.features, 1, self.strides, dtype=self.dtype,
+                   name="standardized_conv2d")(x)
 
 
 class _NormConv(nn.Module):
@@ -125,16 +135,17 @@ class _NormConv(nn.Module):
   strides: int = 1
   proj_features: int | None = None
   proj_strides: int = 1
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
     y = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=GN_EPSILON,
-                             name="group_norm")(x))
+                             dtype=self.dtype, name="group_norm")(x))
     out = StdConv(self.features, self.kernel_size, self.strides,
-                  self.kernel_size // 2, name="standardized_conv2d")(y)
+                  self.kernel_size // 2, dtype=self.dtype, name="standardized_conv2d")(y)
     if self.proj_features is None:
       return out, None
-    return out, _Proj(self.proj_features, self.proj_strides, name="proj")(y)
+    return out, _Proj(self.proj_features, self.proj_strides, self.dtype, name="proj")(y)
 
 
 class PreActUnit(nn.Module):
@@ -147,6 +158,7 @@ class PreActUnit(nn.Module):
   mid: int
   num_groups: int
   strides: int = 1
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
@@ -154,9 +166,9 @@ class PreActUnit(nn.Module):
     project = x.shape[-1] != out or self.strides != 1
     y, shortcut = _NormConv(self.mid, 1, self.num_groups,
                             proj_features=out if project else None,
-                            proj_strides=self.strides, name="a")(x)
-    y, _ = _NormConv(self.mid, 3, self.num_groups, self.strides, name="b")(y)
-    y, _ = _NormConv(out, 1, self.num_groups, name="c")(y)
+                            proj_strides=self.strides, dtype=self.dtype, name="a")(x)
+    y, _ = _NormConv(self.mid, 3, self.num_groups, self.strides, dtype=self.dtype, name="b")(y)
+    y, _ = _NormConv(out, 1, self.num_groups, dtype=self.dtype, name="c")(y)
     return y + (x if shortcut is None else shortcut)
 
 
@@ -168,11 +180,12 @@ class _Block(nn.Module):
   num_groups: int
   strides: int
   skip: tuple[int, ...] = ()
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
     for u in range(self.units):
-      unit = PreActUnit(self.mid, self.num_groups, self.strides if u == 0 else 1,
+      unit = PreActUnit(self.mid, self.num_groups, self.strides if u == 0 else 1, self.dtype,
                         name=f"unit{u + 1:02d}")
       if self.is_initializing() or u not in self.skip:
         y = unit(x)
@@ -188,6 +201,7 @@ class BiTResNet(nn.Module):
   num_groups: int = 32
   # Flat indices of units to drop (identity on the residual stream); see the module docstring.
   skip: tuple[int, ...] = ()
+  dtype: str = "float32"   # Compute dtype: module docstring.
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -199,6 +213,7 @@ class BiTResNet(nn.Module):
                         f"3); got {tuple(self.block_units)!r}")
     _checks.positive_float("width_factor", self.width_factor)
     _checks.positive_int("num_groups", self.num_groups)
+    _checks.dtype(self.dtype)
     root, mid = widths(self.width_factor)
     channels = sorted({root, *mid, *(m * EXPANSION for m in mid)})
     bad = [c for c in channels if c % self.num_groups]
@@ -239,25 +254,27 @@ class BiTResNet(nn.Module):
   def __call__(self, x, train: bool = False):
     del train  # No dropout or batch statistics.
     root, mid = widths(self.width_factor)
+    dt = precision.compute_dtype(self.dtype)
     skip = check_skip(self.skip, self.block_units)
-    x = _Root(root, name="root_block")(x)
+    x = _Root(root, dt, name="root_block")(x)
     start = 0
     for b, (units, width, stride) in enumerate(zip(self.block_units, mid, STRIDES)):
       local = tuple(sorted(i - start for i in skip if start <= i < start + units))
-      x = _Block(units, width, self.num_groups, stride, local, name=f"block{b + 1}")(x)
+      x = _Block(units, width, self.num_groups, stride, local, dt, name=f"block{b + 1}")(x)
       start += units
-    x = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=GN_EPSILON,
+    x = nn.relu(nn.GroupNorm(num_groups=self.num_groups, epsilon=GN_EPSILON, dtype=dt,
                              name="group_norm")(x))
     x = x.mean(axis=(1, 2))
-    return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)
+    return nn.Dense(self.num_classes, dtype=dt, name="head")(x).astype(jnp.float32)
 
 
 class _Root(nn.Module):
   """7x7 stride-2 StdConv (pad 3), zero pad 1, 3x3 stride-2 max-pool."""
   features: int
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x):
-    x = StdConv(self.features, 7, 2, 3, name="standardized_conv2d")(x)
+    x = StdConv(self.features, 7, 2, 3, self.dtype, name="standardized_conv2d")(x)
     x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
     return nn.max_pool(x, (3, 3), strides=(2, 2), padding="VALID")

@@ -28,7 +28,12 @@ fc1, fc2, gamma}`, `head_norm`, `head` (i, j from 0, as timm's `stages.{i}.block
 Block removal without retraining: every block has an identity shortcut (the downsampling
 sits outside the blocks), so the static field `skip` lists blocks by flat index (stage
 by stage) whose residual branch is dropped; the parameter tree does not depend on it.
+
+`dtype` ("float32" | "bfloat16") is the compute dtype (`xsens.models.precision`): params,
+LayerNorm statistics and logits stay float32.
 """
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -37,6 +42,7 @@ import numpy as np
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import precision
 
 PRESETS = {
     "tiny": {"depths": (3, 3, 9, 3), "dims": (96, 192, 384, 768)},
@@ -48,8 +54,8 @@ PRESETS = {
 LN_EPSILON = 1e-6
 
 
-def layer_norm(name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=LN_EPSILON, name=name)
+def layer_norm(name: str, dtype=None) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=LN_EPSILON, dtype=dtype, name=name)
 
 
 def drop_path_rates(depths, rate: float) -> list[list[float]]:
@@ -69,20 +75,21 @@ class ConvNeXtBlock(nn.Module):
   mlp_ratio: int = 4
   layer_scale_init: float | None = 1e-6
   drop_path: float = 0.0
+  dtype: Any = None   # Compute dtype (None: float32).
 
   @nn.compact
   def __call__(self, x, train: bool):
-    k = self.kernel_size
-    y = nn.Conv(self.dim, (k, k), padding=k // 2, feature_group_count=self.dim,
+    k, dt = self.kernel_size, self.dtype
+    y = nn.Conv(self.dim, (k, k), padding=k // 2, feature_group_count=self.dim, dtype=dt,
                 name="conv_dw")(x)
-    y = layer_norm("norm")(y)
-    y = nn.Dense(self.mlp_ratio * self.dim, name="fc1")(y)
+    y = layer_norm("norm", dt)(y)
+    y = nn.Dense(self.mlp_ratio * self.dim, dtype=dt, name="fc1")(y)
     y = nn.gelu(y, approximate=False)
-    y = nn.Dense(self.dim, name="fc2")(y)
+    y = nn.Dense(self.dim, dtype=dt, name="fc2")(y)
     if self.layer_scale_init is not None:
       gamma = self.param("gamma", nn.initializers.constant(self.layer_scale_init),
                          (self.dim,), jnp.float32)
-      y = y * gamma
+      y = y * precision.cast(gamma, dt)
     if train and self.drop_path > 0:
       keep = 1.0 - self.drop_path
       mask = jax.random.bernoulli(self.make_rng("dropout"), keep, (x.shape[0], 1, 1, 1))
@@ -102,6 +109,7 @@ class ConvNeXt(nn.Module):
   drop_path_rate: float = 0.0
   # Flat indices of blocks to remove (identity); see the module docstring.
   skip: tuple[int, ...] = ()
+  dtype: str = "float32"   # Compute dtype: module docstring.
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
@@ -116,6 +124,7 @@ class ConvNeXt(nn.Module):
     if self.layer_scale_init is not None:
       _checks.positive_float("layer_scale_init", self.layer_scale_init)
     _checks.rate("drop_path_rate", self.drop_path_rate)
+    _checks.dtype(self.dtype)
     h, w = image_shape[:2]
     need = self.patch_size * 2 ** (len(self.depths) - 1)
     if h < need or w < need:
@@ -148,23 +157,24 @@ class ConvNeXt(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool = False):
-    p = self.patch_size
-    x = nn.Conv(self.dims[0], (p, p), strides=(p, p), padding="VALID", name="stem_conv")(x)
-    x = layer_norm("stem_norm")(x)
+    p, dt = self.patch_size, precision.compute_dtype(self.dtype)
+    x = nn.Conv(self.dims[0], (p, p), strides=(p, p), padding="VALID", dtype=dt,
+                name="stem_conv")(x)
+    x = layer_norm("stem_norm", dt)(x)
     skip = self._check_skip(self.skip)
     rates = drop_path_rates(self.depths, self.drop_path_rate)
     flat = 0
     for i, (depth, dim) in enumerate(zip(self.depths, self.dims)):
       if i > 0:
-        x = layer_norm(f"stage{i}_downsample_norm")(x)
-        x = nn.Conv(dim, (2, 2), strides=(2, 2), padding="VALID",
+        x = layer_norm(f"stage{i}_downsample_norm", dt)(x)
+        x = nn.Conv(dim, (2, 2), strides=(2, 2), padding="VALID", dtype=dt,
                     name=f"stage{i}_downsample_conv")(x)
       for j in range(depth):
         block = ConvNeXtBlock(dim, self.kernel_size, self.mlp_ratio, self.layer_scale_init,
-                              rates[i][j], name=f"stage{i}_block{j}")
+                              rates[i][j], dt, name=f"stage{i}_block{j}")
         if self.is_initializing() or flat not in skip:
           y = block(x, train)
           x = x if flat in skip else y
         flat += 1
-    x = layer_norm("head_norm")(x.mean(axis=(1, 2)))
-    return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)
+    x = layer_norm("head_norm", dt)(x.mean(axis=(1, 2)))
+    return nn.Dense(self.num_classes, dtype=dt, name="head")(x).astype(jnp.float32)

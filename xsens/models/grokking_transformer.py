@@ -21,6 +21,9 @@ the stacked [3d, d] matrix (bound sqrt(6 / 4d)) with zero biases, out_proj weigh
 U(±1/sqrt(d)) (nn.Linear's kaiming_uniform(a=sqrt 5)) with zero bias; the other
 nn.Linear layers U(±1/sqrt(fan_in)) for weight and bias.
 
+`dtype` ("float32" | "bfloat16") is the compute dtype (`xsens.models.precision`): the
+embeddings are summed in float32 and cast, params and logits stay float32.
+
 Token view (xsens.measures.tokens): the measured inputs are `embed`'s output (token +
 position, the point where the paper adds its noise) and the measures' apply_fn is
 `functools.partial(model.apply, method=model.from_embeddings)`.
@@ -66,6 +69,7 @@ import numpy as np
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import precision
 
 SEQ_LEN = 3
 
@@ -76,10 +80,10 @@ def _uniform(bound: float):
   return init
 
 
-def _torch_linear(features: int, fan_in: int, zero_bias: bool = False):
+def _torch_linear(features: int, fan_in: int, zero_bias: bool = False, dtype=None):
   """nn.Dense with PyTorch nn.Linear's default init (weight and bias U(±1/sqrt(fan_in)))."""
   bound = 1.0 / math.sqrt(fan_in)
-  return nn.Dense(features, kernel_init=_uniform(bound),
+  return nn.Dense(features, kernel_init=_uniform(bound), dtype=dtype,
                   bias_init=nn.initializers.zeros if zero_bias else _uniform(bound))
 
 
@@ -91,11 +95,13 @@ class GrokkingTransformer(nn.Module):
   num_heads: int = 4
   mlp_dim: int = 512
   seq_len: int = SEQ_LEN
+  dtype: str = "float32"   # Compute dtype: module docstring.
 
   def check_config(self) -> None:
-    """Raises ConfigError (field `model.<name>`) for impossible sizes."""
+    """Raises ConfigError (field `model.<name>`) for impossible sizes or compute dtype."""
     for field in ("vocab_size", "num_classes", "width", "num_heads", "mlp_dim", "seq_len"):
       _checks.positive_int(field, getattr(self, field))
+    _checks.dtype(self.dtype)
     if self.width % self.num_heads:
       raise ConfigError("model.num_heads",
                         f"must divide width={self.width}; got {self.num_heads}")
@@ -109,22 +115,23 @@ class GrokkingTransformer(nn.Module):
                         f"has per-example shape {input_shape!r}")
 
   def setup(self):
-    d = self.width
+    d, dt = self.width, precision.compute_dtype(self.dtype)
     self.token_embed = self.param("token_embed", nn.initializers.normal(1.0),
                                   (self.vocab_size, d))
     self.pos_embed = self.param("pos_embed", nn.initializers.zeros, (self.seq_len, d))
     xavier = _uniform(math.sqrt(6.0 / (d + 3 * d)))
-    self.q_proj = nn.Dense(d, kernel_init=xavier, bias_init=nn.initializers.zeros)
-    self.k_proj = nn.Dense(d, kernel_init=xavier, bias_init=nn.initializers.zeros)
-    self.v_proj = nn.Dense(d, kernel_init=xavier, bias_init=nn.initializers.zeros)
-    self.out_proj = _torch_linear(d, d, zero_bias=True)
-    self.fc1 = _torch_linear(self.mlp_dim, d)
-    self.fc2 = _torch_linear(d, self.mlp_dim)
-    self.fc_out = _torch_linear(self.num_classes, d)
+    dense = lambda: nn.Dense(d, kernel_init=xavier, bias_init=nn.initializers.zeros, dtype=dt)
+    self.q_proj, self.k_proj, self.v_proj = dense(), dense(), dense()
+    self.out_proj = _torch_linear(d, d, zero_bias=True, dtype=dt)
+    self.fc1 = _torch_linear(self.mlp_dim, d, dtype=dt)
+    self.fc2 = _torch_linear(d, self.mlp_dim, dtype=dt)
+    self.fc_out = _torch_linear(self.num_classes, d, dtype=dt)
 
   def embed(self, ids):
-    """ids [B, T] int -> token + positional embeddings [B, T, d] (float32)."""
-    return jnp.take(self.token_embed, ids, axis=0) + self.pos_embed[None, :ids.shape[1]]
+    """ids [B, T] int -> token + positional embeddings [B, T, d] (summed in float32, then
+    in the compute dtype)."""
+    x = jnp.take(self.token_embed, ids, axis=0) + self.pos_embed[None, :ids.shape[1]]
+    return precision.cast(x, precision.compute_dtype(self.dtype))
 
   def attention_last(self, x):
     """Multi-head attention output at the last position: x [B, T, d] -> [B, d]."""

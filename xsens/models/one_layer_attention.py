@@ -14,7 +14,8 @@ No biases, no positional encoding (put position into the tokens if the task need
 layer is permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU MLP.
 
 Both take tokens [B, n, d] directly, so the token measures (xsens.measures.tokens) take
-the model's apply as apply_fn and the tokens as inputs.
+the model's apply as apply_fn and the tokens as inputs. `dtype` ("float32" | "bfloat16") is
+the compute dtype (`xsens.models.precision`; params and outputs float32).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from xsens.models import _checks
+from xsens.models import precision
 
 
 class OneLayerAttention(nn.Module):
@@ -35,6 +37,7 @@ class OneLayerAttention(nn.Module):
   num_outputs: int
   qk_dim: Optional[int] = None   # None: d.
   v_dim: Optional[int] = None    # None: d.
+  dtype: str = "float32"         # Compute dtype: module docstring.
   uniform_attention: ClassVar[bool] = False   # `UniformAttention` (not a config field).
 
   def check_input(self, input_shape) -> None:
@@ -44,21 +47,23 @@ class OneLayerAttention(nn.Module):
     for field in ("qk_dim", "v_dim"):
       if getattr(self, field) is not None:
         _checks.positive_int(field, getattr(self, field))
+    _checks.dtype(self.dtype)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train
-    d = x.shape[-1]
+    d, dt = x.shape[-1], precision.compute_dtype(self.dtype)
     dk = self.qk_dim or d
-    q = nn.Dense(dk, use_bias=False, name="w_q")(x)
-    k = nn.Dense(dk, use_bias=False, name="w_k")(x)
+    q = nn.Dense(dk, use_bias=False, dtype=dt, name="w_q")(x)
+    k = nn.Dense(dk, use_bias=False, dtype=dt, name="w_k")(x)
     a = jax.nn.softmax(jnp.einsum("bqc,bkc->bqk", q, k) / math.sqrt(dk), axis=-1)
     if self.uniform_attention:
       a = jnp.full_like(a, 1.0 / a.shape[-1])
     self.sow("intermediates", "attention", a)                      # [B, n, n]
-    v = nn.Dense(self.v_dim or d, use_bias=False, name="w_v")(x)
+    v = nn.Dense(self.v_dim or d, use_bias=False, dtype=dt, name="w_v")(x)
     pooled = jnp.einsum("bqk,bkc->bqc", a, v).mean(axis=1)          # mean over rows
-    return nn.Dense(self.num_outputs, use_bias=False, name="u")(pooled).astype(jnp.float32)
+    return nn.Dense(self.num_outputs, use_bias=False, dtype=dt,
+                    name="u")(pooled).astype(jnp.float32)
 
 
 class UniformAttention(OneLayerAttention):
@@ -71,20 +76,23 @@ class TokenMLP(nn.Module):
   """tokens [B, n, d] -> flatten [B, n d] -> (Dense -> ReLU) per hidden dim -> [B, K]."""
   num_outputs: int
   hidden_dims: tuple[int, ...] = (256, 256)
+  dtype: str = "float32"   # Compute dtype: module docstring.
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on tokens of per-example shape (n, d)."""
     _checks.tokens(input_shape)
     _checks.positive_int("num_outputs", self.num_outputs)
     _checks.positive_ints("hidden_dims", self.hidden_dims, allow_empty=True)
+    _checks.dtype(self.dtype)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train
+    dt = precision.compute_dtype(self.dtype)
     x = x.reshape(x.shape[0], -1)
     for i, h in enumerate(self.hidden_dims):
-      x = nn.relu(nn.Dense(h, name=f"hidden_{i}")(x))
-    return nn.Dense(self.num_outputs, name="head")(x).astype(jnp.float32)
+      x = nn.relu(nn.Dense(h, dtype=dt, name=f"hidden_{i}")(x))
+    return nn.Dense(self.num_outputs, dtype=dt, name="head")(x).astype(jnp.float32)
 
 
 def token_mlp_num_params(input_dim: int, hidden_dims, num_outputs: int) -> int:

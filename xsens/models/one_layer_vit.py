@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from xsens.models import _checks
+from xsens.models import precision
 
 INITS = ("torch_scaled", "gaussian")
 
@@ -137,12 +138,15 @@ class OneLayerViT(nn.Module):
   """f(X) of the module docstring; params {"wq", "wk", "wv", "w_o"}; x [..., M, d] -> [...].
 
   One real score per example (the label is its sign); the registry's "one_layer_vit".
+  `dtype` ("float32" | "bfloat16") is the compute dtype (`xsens.models.precision`; params and
+  the score float32).
   """
   d_h: int = 64
   d_v: int = 64
   init_scheme: str = "torch_scaled"  # `init` would shadow nn.Module.init.
   init_divisor: float = 16.0
   init_std: float = 1e-3
+  dtype: str = "float32"
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on inputs of per-example shape (M, d)."""
@@ -152,6 +156,7 @@ class OneLayerViT(nn.Module):
     _checks.one_of("init_scheme", self.init_scheme, INITS)
     _checks.positive_float("init_divisor", self.init_divisor)
     _checks.positive_float("init_std", self.init_std)
+    _checks.dtype(self.dtype)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
@@ -168,7 +173,9 @@ class OneLayerViT(nn.Module):
               "wv": self.param("wv", w_init, (d, self.d_v))}
     w_o = self.param("w_o", lambda k, s: jax.random.uniform(k, s, jnp.float32, -bo, bo),
                      (self.d_v,))
-    return apply(params, w_o, x)
+    dt = precision.compute_dtype(self.dtype)
+    params, w_o, x = jax.tree.map(lambda a: precision.cast(a, dt), (params, w_o, x))
+    return apply(params, w_o, x).astype(jnp.float32)
 
 
 def frozen_readout(tx: optax.GradientTransformation) -> optax.GradientTransformation:

@@ -7,15 +7,20 @@ dropped, so the block is the identity. Only blocks with an identity shortcut
 can be removed (`identity_blocks()`); the first block of stages 2-4 changes
 shape through a projection and is refused. The parameter tree does not depend
 on `skip`: `model.clone(skip=(3,)).apply(variables, x, train=False)`.
+
+`dtype` ("float32" | "bfloat16") is the compute dtype (`xsens.models.precision`): params
+and BatchNorm statistics stay float32, the logits are float32.
 """
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import precision
 
 BASE_WIDTHS = (64, 128, 256, 512)
 STRIDES = (1, 2, 2, 2)
@@ -62,18 +67,20 @@ class BasicBlock(nn.Module):
   """conv3x3-BN-ReLU-conv3x3-BN + shortcut, then ReLU. [B,H,W,C] -> [B,H/s,W/s,F]."""
   features: int
   strides: int = 1
+  dtype: Any = None   # Compute dtype (None: float32).
 
   @nn.compact
   def __call__(self, x, train: bool):
     norm = functools.partial(nn.BatchNorm, use_running_average=not train, use_fast_variance=False,
-                             momentum=0.9, epsilon=1e-5)
+                             momentum=0.9, epsilon=1e-5, dtype=self.dtype)
+    conv = functools.partial(nn.Conv, use_bias=False, dtype=self.dtype)
     s = (self.strides, self.strides)
-    y = nn.Conv(self.features, (3, 3), s, padding=1, use_bias=False)(x)
+    y = conv(self.features, (3, 3), s, padding=1)(x)
     y = nn.relu(norm()(y))
-    y = nn.Conv(self.features, (3, 3), padding=1, use_bias=False)(y)
+    y = conv(self.features, (3, 3), padding=1)(y)
     y = norm()(y)
     if x.shape[-1] != self.features or self.strides != 1:
-      x = nn.Conv(self.features, (1, 1), s, use_bias=False, name="proj_conv")(x)
+      x = conv(self.features, (1, 1), s, name="proj_conv")(x)
       x = norm(name="proj_bn")(x)
     return nn.relu(x + y)
 
@@ -84,11 +91,13 @@ class ResNet18(nn.Module):
   width_multiplier: float = 1.0
   # Flat indices of BasicBlocks to remove (identity); see the module docstring.
   skip: tuple[int, ...] = ()
+  dtype: str = "float32"   # Compute dtype: module docstring.
 
   def check_input(self, image_shape: tuple[int, int, int]) -> None:
     """Raises ConfigError for settings impossible on (H, W, C) inputs."""
     image_shape = _checks.image(image_shape, self.num_classes)
     _checks.positive_float("width_multiplier", self.width_multiplier)
+    _checks.dtype(self.dtype)
     # Nothing in the model config shrinks the downsampling, so blame the choice.
     _checks.halvings_fit("name", image_shape, sum(s == 2 for s in STRIDES),
                          "stride-2 stages of resnet18")
@@ -122,17 +131,18 @@ class ResNet18(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool = False):
     widths = stage_widths(self.width_multiplier)
-    x = nn.Conv(widths[0], (3, 3), padding=1, use_bias=False, name="stem_conv")(x)
+    dt = precision.compute_dtype(self.dtype)
+    x = nn.Conv(widths[0], (3, 3), padding=1, use_bias=False, dtype=dt, name="stem_conv")(x)
     x = nn.BatchNorm(use_running_average=not train, use_fast_variance=False, momentum=0.9, epsilon=1e-5,
-                     name="stem_bn")(x)
+                     dtype=dt, name="stem_bn")(x)
     x = nn.relu(x)
     skip = check_skip(self.skip)
     for i, (width, stride) in enumerate(zip(widths, STRIDES)):
       for j in range(BLOCKS_PER_STAGE):
-        block = BasicBlock(width, stride if j == 0 else 1,
+        block = BasicBlock(width, stride if j == 0 else 1, dt,
                            name=f"stage{i + 1}_block{j + 1}")
         if self.is_initializing() or i * BLOCKS_PER_STAGE + j not in skip:
           y = block(x, train)
           x = x if i * BLOCKS_PER_STAGE + j in skip else y
     x = x.mean(axis=(1, 2))
-    return nn.Dense(self.num_classes, name="head")(x).astype(jnp.float32)
+    return nn.Dense(self.num_classes, dtype=dt, name="head")(x).astype(jnp.float32)

@@ -42,13 +42,14 @@ numbers of the models before them): `dtype` ("float32" | "bfloat16": compute dty
 params float32, logits float32), `remat` (rematerialised layers) and `attention_impl`
 (the softmax attention core, `xsens.models.attention`; ReLU attention always forms
 its weights explicitly, and "xla_fused" / "cudnn" use "folded" while attention dropout
-is active, which needs the weights).
+is active, which needs the weights). The LSTM takes `dtype` too: its matrix products run
+in that dtype, its gates and recurrent state (h, c) in float32.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -58,6 +59,7 @@ from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import attention as attention_lib
 from xsens.models import position as position_lib
+from xsens.models import precision
 
 PAD_ID = 0
 ATTENTIONS = ("softmax", "relu")
@@ -424,31 +426,34 @@ class LSTMLayer(nn.Module):
 
   Where mask_t is False (padding) the state is carried unchanged, so the final carry is
   the state after the last valid token. x [B, L, In], mask [B, L] -> (h [B, L, H],
-  h_last [B, H]).
+  h_last [B, H]), float32. The matrix products run in `dtype` (None: float32); the gates
+  and the state (h, c) are float32.
   """
   hidden_dim: int
+  dtype: Any = None
 
   @nn.compact
   def __call__(self, x, mask):
-    hid = self.hidden_dim
+    hid, dt = self.hidden_dim, self.dtype
     init = _torch_uniform(1.0 / math.sqrt(hid))
-    w_ih = self.param("w_ih", init, (x.shape[-1], 4 * hid))
-    w_hh = self.param("w_hh", init, (hid, 4 * hid))
-    b_ih = self.param("b_ih", init, (4 * hid,))
-    b_hh = self.param("b_hh", init, (4 * hid,))
-    gates_x = x @ w_ih + b_ih + b_hh                              # [B, L, 4H], all steps.
+    w_ih = precision.cast(self.param("w_ih", init, (x.shape[-1], 4 * hid)), dt)
+    w_hh = precision.cast(self.param("w_hh", init, (hid, 4 * hid)), dt)
+    b_ih = precision.cast(self.param("b_ih", init, (4 * hid,)), dt)
+    b_hh = precision.cast(self.param("b_hh", init, (4 * hid,)), dt)
+    gates_x = precision.cast(x, dt) @ w_ih + b_ih + b_hh          # [B, L, 4H], all steps.
 
     def step(carry, inputs):
       h_prev, c_prev = carry
       gx, m = inputs
-      i, f, g, o = jnp.split(gx + h_prev @ w_hh, 4, axis=-1)
+      gates = (gx + precision.cast(h_prev, dt) @ w_hh).astype(jnp.float32)
+      i, f, g, o = jnp.split(gates, 4, axis=-1)
       c = jax.nn.sigmoid(f) * c_prev + jax.nn.sigmoid(i) * jnp.tanh(g)
       h = jax.nn.sigmoid(o) * jnp.tanh(c)
       m = m[:, None]
       h, c = jnp.where(m, h, h_prev), jnp.where(m, c, c_prev)
       return (h, c), h
 
-    zeros = jnp.zeros((x.shape[0], hid), gates_x.dtype)
+    zeros = jnp.zeros((x.shape[0], hid), jnp.float32)
     (h_last, _), hs = jax.lax.scan(
         step, (zeros, zeros), (jnp.swapaxes(gates_x, 0, 1), jnp.swapaxes(mask, 0, 1)))
     return jnp.swapaxes(hs, 0, 1), h_last
@@ -471,6 +476,8 @@ class LSTM(nn.Module):
   two by (1 - lr * wd) per step (0.985 after 1,500 steps at lr 1e-3, wd 0.01): the
   LayerNorm removes that scale from the embedding exactly, and on the head it rescales
   the logits uniformly (the argmax, and so every flip, is unchanged).
+
+  `dtype` is the compute dtype ("float32" | "bfloat16"; module docstring).
   """
   num_classes: int
   vocab_size: int = 8192
@@ -479,6 +486,7 @@ class LSTM(nn.Module):
   depth: int = 4
   dropout_rate: float = 0.1
   official_frozen: bool = False
+  dtype: str = "float32"
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on ids of per-example shape (L,)."""
@@ -489,15 +497,17 @@ class LSTM(nn.Module):
     if not isinstance(self.official_frozen, bool):
       raise ConfigError("model.official_frozen", f"must be True or False, got "
                         f"{self.official_frozen!r}")
+    _checks.dtype(self.dtype)
 
   def setup(self):
+    dt = precision.compute_dtype(self.dtype)
     self.embedding = nn.Embed(self.vocab_size, self.width,
-                              embedding_init=nn.initializers.normal(1.0))
+                              embedding_init=nn.initializers.normal(1.0), dtype=dt)
     # Frozen at initialisation: a LayerNorm with scale 1 and bias 0, i.e. none.
     self.embedding_norm = nn.LayerNorm(epsilon=_LN_EPS, use_scale=not self.official_frozen,
-                                       use_bias=not self.official_frozen)
-    self.layers = [LSTMLayer(self.hidden_dim) for _ in range(self.depth)]
-    self.head = nn.Dense(self.num_classes,
+                                       use_bias=not self.official_frozen, dtype=dt)
+    self.layers = [LSTMLayer(self.hidden_dim, dt) for _ in range(self.depth)]
+    self.head = nn.Dense(self.num_classes, dtype=dt,
                          kernel_init=_torch_uniform(1.0 / math.sqrt(self.hidden_dim)))
     self.dropout = nn.Dropout(self.dropout_rate)
 
@@ -510,7 +520,7 @@ class LSTM(nn.Module):
     del train
     if self.official_frozen:
       table = jax.lax.stop_gradient(self.embedding.embedding)
-      return jnp.take(table, ids, axis=0)
+      return precision.cast(jnp.take(table, ids, axis=0), self.embedding.dtype)
     return self.embedding(ids)
 
   def encode_pre_norm(self, tokens, mask, train: bool = False):
@@ -532,8 +542,10 @@ class LSTM(nn.Module):
     logits = self.head(h)
     if self.official_frozen:  # The same map, no gradient to the head's parameters.
       p = jax.tree.map(jax.lax.stop_gradient, self.head.variables["params"])
-      logits = h @ p["kernel"] + p["bias"]
-    return logits
+      dt = self.head.dtype
+      logits = (precision.cast(h, dt) @ precision.cast(p["kernel"], dt)
+                + precision.cast(p["bias"], dt))
+    return logits.astype(jnp.float32)
 
   def __call__(self, ids, train: bool = False):
     return self.encode(self.embed(ids, train), padding_mask(ids), train)

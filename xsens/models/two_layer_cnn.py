@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
+from xsens.models import precision
 
 
 def init(key, d: int, m: int, *, sigma_0: float = 0.01):
@@ -43,11 +44,14 @@ def apply(params, frozen, x, *, q: float = 3.0):
 class TwoLayerCNN(nn.Module):
   """f(W, X) of the module docstring: x [B, M, d] -> f [B] (one score; the label is its sign).
 
-  Params {"w": [2, m, d]} ~ N(0, sigma_0²), as `init`; `apply` computes the output.
+  Params {"w": [2, m, d]} ~ N(0, sigma_0²), as `init`; `apply` computes the output in the
+  compute dtype `dtype` ("float32" | "bfloat16", `xsens.models.precision`; params and f
+  float32).
   """
   m: int = 10
   q: float = 3.0
   sigma_0: float = 0.01
+  dtype: str = "float32"
 
   def check_input(self, input_shape) -> None:
     """Raises ConfigError for settings impossible on inputs of per-example shape (M, d)."""
@@ -57,10 +61,13 @@ class TwoLayerCNN(nn.Module):
     if self.q < 1:
       raise ConfigError("model.q", f"must be >= 1; got {self.q!r}")
     _checks.positive_float("sigma_0", self.sigma_0)
+    _checks.dtype(self.dtype)
 
   @nn.compact
   def __call__(self, x, train: bool = False):
     del train  # No dropout, no batch statistics.
     w = self.param("w", lambda k, s: self.sigma_0 * jax.random.normal(k, s, jnp.float32),
                    (2, self.m, x.shape[-1]))
-    return apply({"w": w}, None, x, q=self.q)
+    dt = precision.compute_dtype(self.dtype)
+    out = apply({"w": precision.cast(w, dt)}, None, precision.cast(x, dt), q=self.q)
+    return out.astype(jnp.float32)
