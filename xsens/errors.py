@@ -25,6 +25,21 @@ class ConfigError(ValueError):
     return "--workdir" if self.field == "workdir" else f"--config.{self.field}"
 
 
+# sysexits.h EX_TEMPFAIL: another process, or the run's storage, stopped answering; a
+# rerun of the same command resumes from the newest committed checkpoint.
+EXIT_UNAVAILABLE = 75
+
+
+class Unavailable(RuntimeError):
+  """Another process of the run, or the run's storage, stopped answering during the run.
+
+  The message says what was waited for; the CLI prints it as one line `xsens: error: ...`
+  and exits with EXIT_UNAVAILABLE (a rerun resumes; docs/launch.md).
+  """
+
+  exit_code = EXIT_UNAVAILABLE
+
+
 def require(ok: bool, field: str, message: str) -> None:
   """Raises `ConfigError(field, message)` unless `ok`."""
   if not ok:

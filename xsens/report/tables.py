@@ -93,7 +93,8 @@ def write_tensorboard(workdir: str, rows: Sequence[dict], markdown: str,
     metrics.register_epath_writer(folder)
   if paths.isdir(folder):
     for name in paths.listdir(folder):
-      if name.startswith(metrics.EVENTS_PREFIX) and name.endswith(RESULTS_SUFFIX):
+      if name.startswith(metrics.EVENTS_PREFIX) and (name.endswith(RESULTS_SUFFIX)
+                                                     or RESULTS_SUFFIX + "." in name):
         paths.remove(os.path.join(folder, name))
   tb = SummaryWriter(folder, filename_suffix=RESULTS_SUFFIX)
   try:

@@ -6,10 +6,16 @@ The TensorBoard event files are truncated the same way when the loop opens its w
 (`purge_step`, `truncate_events`); the writer also holds the run's hparams
 (`write_hparams`, `flat_hparams` of its config).
 
-A remote workdir (`gs://...`): an object store has no append, so metrics.jsonl is rewritten
-whole at each record (it stays small: one line per logged step), and TensorBoard event files
-are written through `etils.epath` by `EpathRecordWriter` (registered with tensorboardX for
-the path's scheme; tensorboardX's own GCS writer needs google-cloud-storage and fails).
+A remote workdir (`gs://...`): an object store has no append, so each flush uploads only
+what was written since the last one, as a new object (a flush costs its new data, not the
+run's length). Records go to numbered part files `metrics/part-000000.jsonl`, ... (one per
+flush: every `flush_secs`, and on `flush` / `close`), which `read_metrics` and
+`truncate_metrics` read as one stream after a local-style `metrics.jsonl` if one exists.
+TensorBoard event files are written through `etils.epath` by `EpathRecordWriter`
+(registered with tensorboardX for the path's scheme; tensorboardX's own GCS writer needs
+google-cloud-storage and fails): each flush is an event file of its own, named after the
+first with a numbered suffix so that the names sort in writing order (TensorBoard reads
+every event file of tb/).
 """
 
 from __future__ import annotations
@@ -20,32 +26,42 @@ import logging
 import os
 import struct
 import sys
+import threading
 import time
 
 import numpy as np
 
 from xsens import paths
-from xsens.errors import ConfigError
+from xsens.errors import ConfigError, Unavailable
 
 METRICS_FILE = "metrics.jsonl"
+METRICS_PARTS_DIR = "metrics"   # A remote workdir's metric records: part-<n>.jsonl.
 TB_DIR = "tb"
 EVENTS_PREFIX = "events.out.tfevents."
+FLUSH_SECS = 10.0               # How often remote records and events are uploaded.
+_PART_PREFIX, _PART_SUFFIX = "part-", ".jsonl"
 
 
 class MetricWriter:
   """Writes `{"step": s, **scalars}` records to `workdir/metrics.jsonl` and `workdir/tb/`.
 
-  Only the process that is given `enabled=True` (process 0) writes anything. Each record is
-  one `write` of one line, flushed at once. `purge_step`: the summaries of earlier event
-  files at steps >= it are removed from those files (`truncate_events`), and TensorBoard is
-  told to drop them too (a SessionLog START), so a resumed run's steps appear exactly once.
+  Only the process that is given `enabled=True` (process 0) writes anything. Locally each
+  record is one `write` of one line, flushed at once; remotely records are uploaded every
+  `flush_secs` as a part file (module docstring). `purge_step`: the summaries of earlier
+  event files at steps >= it are removed from those files (`truncate_events`), and
+  TensorBoard is told to drop them too (a SessionLog START), so a resumed run's steps
+  appear exactly once.
   """
 
   def __init__(self, workdir: str, enabled: bool = True, tensorboard: bool = True,
-               purge_step: int | None = None):
+               purge_step: int | None = None, flush_secs: float | None = None):
+    """`flush_secs`: how often remote records and events are uploaded (default
+    `FLUSH_SECS`)."""
+    flush_secs = FLUSH_SECS if flush_secs is None else flush_secs
     self.enabled = enabled
     self._path = os.path.join(workdir, METRICS_FILE)
-    self._remote_text = None  # A remote metrics.jsonl's content (rewritten whole).
+    self._parts = (PartLog(os.path.join(workdir, METRICS_PARTS_DIR), flush_secs)
+                   if enabled and paths.is_remote(workdir) else None)
     self._tb = None
     if enabled and tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
@@ -56,7 +72,7 @@ class MetricWriter:
       # tensorboardX names a file by the second: the nanosecond suffix keeps a writer
       # opened in the same second (a quick resume) from replacing the earlier file, and
       # keeps the files in the order TensorBoard reads them (sorted by name).
-      self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), flush_secs=10,
+      self._tb = SummaryWriter(os.path.join(workdir, TB_DIR), flush_secs=flush_secs,
                                purge_step=purge_step, filename_suffix=f".{time.time_ns()}")
 
   def write(self, step: int, scalars: dict) -> None:
@@ -64,11 +80,9 @@ class MetricWriter:
       return
     clean = {k: float(np.asarray(v)) for k, v in scalars.items()}
     line = json.dumps({"step": int(step), **clean}) + "\n"
-    if paths.is_remote(self._path):
-      if self._remote_text is None:
-        self._remote_text = (paths.read_text(self._path) if paths.exists(self._path) else "")
-      self._remote_text += line
-      paths.write_text(self._path, self._remote_text)
+    if self._parts is not None:
+      paths.check_answering(self._path)   # A failed upload stops the run at once.
+      self._parts.append(line)
     else:
       with open(self._path, "a") as f:
         f.write(line)
@@ -94,10 +108,102 @@ class MetricWriter:
     _, _, end = hparams_summary({}, {})
     self._tb.file_writer.add_summary(end, int(step))
 
-  def close(self) -> None:
+  def flush(self) -> None:
+    """Uploads (remote) or syncs every record and event written so far."""
+    if self._parts is not None:
+      self._parts.flush()
     if self._tb is not None:
-      self._tb.close()
-      self._tb = None
+      self._tb.flush()
+
+  def close(self) -> None:
+    try:
+      if self._parts is not None:
+        self._parts.close()
+        self._parts = None
+    finally:
+      if self._tb is not None:
+        self._tb.close()
+        self._tb = None
+
+
+class PartLog:
+  """Text appended to a remote log: kept in memory and uploaded, every `flush_secs` (a
+  daemon thread; 0: only on `flush`) and on `flush` / `close`, as the next numbered part
+  file `folder/part-<n>.jsonl` holding only the text since the previous upload. A failed
+  upload keeps its text for the next one."""
+
+  def __init__(self, folder: str, flush_secs: float | None = None):
+    flush_secs = FLUSH_SECS if flush_secs is None else flush_secs
+    self.folder = folder
+    parts = part_files(folder)
+    self._next = parts[-1][0] + 1 if parts else 0
+    self._pending: list[str] = []
+    self._lock = threading.Lock()          # Guards `_pending`.
+    self._upload_lock = threading.Lock()   # One upload at a time, in part order.
+    self._stop = threading.Event()
+    self._thread = None
+    if flush_secs > 0:
+      self._thread = threading.Thread(target=self._run, args=(flush_secs,), daemon=True,
+                                      name="xsens-metrics-upload")
+      self._thread.start()
+
+  def append(self, text: str) -> None:
+    with self._lock:
+      self._pending.append(text)
+
+  def flush(self) -> None:
+    with self._upload_lock:
+      with self._lock:
+        text, self._pending = "".join(self._pending), []
+      if not text:
+        return
+      try:
+        paths.write_text(os.path.join(self.folder, part_name(self._next)), text)
+      except BaseException:
+        with self._lock:
+          self._pending.insert(0, text)
+        raise
+      self._next += 1
+
+  def _run(self, flush_secs: float) -> None:
+    while not self._stop.wait(flush_secs):
+      try:
+        self.flush()
+      except Unavailable:
+        return          # The bucket stopped answering: the run's next write says so.
+      except Exception as e:  # pylint: disable=broad-except  (retried at the next flush)
+        logging.warning("cannot upload metrics to %s (retried later): %s", self.folder, e)
+
+  def close(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+    self.flush()
+
+
+def part_name(n: int) -> str:
+  return f"{_PART_PREFIX}{n:06d}{_PART_SUFFIX}"
+
+
+def part_files(folder: str) -> list[tuple[int, str]]:
+  """(n, path) of the part files `part-<n>.jsonl` in `folder`, in order (empty if none)."""
+  if not paths.isdir(folder):
+    return []
+  out = []
+  for name in paths.listdir(folder):
+    number = name[len(_PART_PREFIX):-len(_PART_SUFFIX)]
+    if name.startswith(_PART_PREFIX) and name.endswith(_PART_SUFFIX) and number.isdigit():
+      out.append((int(number), os.path.join(folder, name)))
+  return sorted(out)
+
+
+def metric_files(workdir: str) -> list[str]:
+  """The files holding `workdir`'s metric records, in reading order: metrics.jsonl (if it
+  exists), then the part files of metrics/."""
+  path = os.path.join(workdir, METRICS_FILE)
+  first = [path] if paths.exists(path) else []
+  return first + [p for _, p in part_files(os.path.join(workdir, METRICS_PARTS_DIR))]
 
 
 def _read(path: str) -> tuple[list[dict], bool]:
@@ -119,36 +225,35 @@ def _read(path: str) -> tuple[list[dict], bool]:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-  """All records of `workdir/metrics.jsonl` (empty if absent; a partial last line, left by
-  a kill during a write, is skipped)."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not paths.exists(path):
-    return []
-  return _read(path)[0]
+  """All records of `workdir`'s metrics (`metric_files`; empty if none; a partial last
+  line, left by a kill during a write, is skipped)."""
+  return [r for path in metric_files(workdir) for r in _read(path)[0]]
 
 
 def truncate_metrics(workdir: str, last_step: int) -> None:
   """Drops records after `last_step` (-1: all) and a partial last line, with a message for
-  the latter: a restarted run rewrites those steps exactly once."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not paths.exists(path):
-    return
-  records, partial = _read(path)
-  if partial:
-    message = (f"xsens: dropped a partial last line of {path} (a write was interrupted); "
-               f"the run rewrites the steps after {last_step}")
-    logging.warning(message)
-    print(message, file=sys.stderr)
-  kept = [r for r in records if r["step"] <= last_step]
-  if len(kept) == len(records) and not partial:
-    return
-  text = "".join(json.dumps(r) + "\n" for r in kept)
-  if paths.is_remote(path):
-    paths.write_text(path, text)
-    return
-  with open(path + ".tmp", "w") as f:
-    f.write(text)
-  os.replace(path + ".tmp", path)
+  the latter: a restarted run rewrites those steps exactly once. A part file left empty
+  is removed."""
+  for path in metric_files(workdir):
+    records, partial = _read(path)
+    if partial:
+      message = (f"xsens: dropped a partial last line of {path} (a write was interrupted); "
+                 f"the run rewrites the steps after {last_step}")
+      logging.warning(message)
+      print(message, file=sys.stderr)
+    kept = [r for r in records if r["step"] <= last_step]
+    if len(kept) == len(records) and not partial:
+      continue
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if paths.is_remote(path):
+      if kept or os.path.basename(path) == METRICS_FILE:
+        paths.write_text(path, text)
+      else:
+        paths.remove(path)
+      continue
+    with open(path + ".tmp", "w") as f:
+      f.write(text)
+    os.replace(path + ".tmp", path)
 
 
 def flat_hparams(config: dict, prefix: str = "") -> dict:
@@ -220,23 +325,39 @@ def truncate_events(folder: str, first_dropped: int) -> None:
 class EpathRecordWriter:
   """A tensorboardX record sink for a remote event file: records accumulate in memory and
   each `flush` (tensorboardX's writer thread calls it every `flush_secs`, and on close)
-  uploads the whole file through `etils.epath` (an object store has no append)."""
+  uploads those written since the previous flush through `etils.epath` as an event file
+  of their own: the first at `path`, the k-th at `part_path(path, k)` (an object store
+  has no append; names sort in writing order)."""
 
   def __init__(self, path: str):
     self.path = path
     self._buffer = io.BytesIO()
-    self._uploaded = -1
+    self._parts = 0
 
   def write(self, data: bytes) -> None:
     self._buffer.write(data)
 
   def flush(self) -> None:
-    if self._buffer.tell() != self._uploaded:
-      paths.write_bytes(self.path, self._buffer.getvalue())
-      self._uploaded = self._buffer.tell()
+    data = self._buffer.getvalue()
+    if not data:
+      return
+    try:
+      paths.write_bytes(part_path(self.path, self._parts), data)
+    except Unavailable:
+      # The bucket stopped answering: the records stay here, and the metric writer's
+      # next write or close reports it (raised here, tensorboardX's writer thread and its
+      # exit handler would print it as a traceback).
+      return
+    self._parts += 1
+    self._buffer = io.BytesIO()
 
   def close(self) -> None:
     self.flush()
+
+
+def part_path(path: str, k: int) -> str:
+  """The name of the k-th upload of a remote event file `path` (k = 0: `path` itself)."""
+  return path if k == 0 else f"{path}.{k:06d}"
 
 
 class _EpathWriterFactory:
