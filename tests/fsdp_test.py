@@ -102,8 +102,8 @@ _SCRIPT = textwrap.dedent("""
     # Records what each run restored: (step, the spec of an FSDP-sharded kernel).
     restored = []
     restore_latest = workdir_lib.Workdir.restore_latest
-    def spy(self, abstract_state):
-      state, step = restore_latest(self, abstract_state)
+    def spy(self, abstract_state, **kwargs):
+      state, step = restore_latest(self, abstract_state, **kwargs)
       if step is not None:
         restored.append((step, state["params"]["encoderblock_0"]["MlpBlock_0"]["Dense_0"][
             "kernel"].sharding.spec))

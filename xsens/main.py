@@ -8,7 +8,9 @@ unknown or mistyped `--config.<field>`, a value the study refuses) exits with co
 one line `xsens: error: --<flag>: <message>` before anything is written; a diverged run
 exits with code 1 and keeps its last good checkpoint; a run stopped by SIGTERM / SIGINT
 saves a checkpoint at its current step and exits with 143 / 130 (128 + the signal) after
-one line saying so (README, "Preemption and resume").
+one line saying so (README, "Preemption and resume"); a process of a multi-process run
+whose peer is gone (or a wait on storage that runs out, `XSENS_WAIT_TIMEOUT_S`) exits with
+75 after one line naming what it waited for (docs/launch.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from absl import app, flags, logging
 import ml_collections
 from ml_collections import config_flags
 
-from xsens.errors import ConfigError
+from xsens.errors import EXIT_UNAVAILABLE, ConfigError, Unavailable
 
 EXAMPLE = "--config=mlcollections_configs/train.py:model=vit"
 # What `--config.<field>=VALUE` expects, per field type (ml_collections' parsers).
@@ -49,7 +51,8 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS, sys_argv: list[str
       "workdir", None, "Directory for checkpoints, metrics and the report "
       "(default: ./workdirs/<study>). Rerunning with it resumes.", flag_values=flag_values)
   overwrite = flags.DEFINE_bool(
-      "overwrite", False, "Start again in a workdir whose checkpoints come from another config.",
+      "overwrite", False, "Start again in a workdir whose checkpoints come from another "
+      "config, or that holds another study's results (they are removed).",
       flag_values=flag_values)
   print_config = flags.DEFINE_bool(
       "print_config", False, "Print the resolved config (every field, with the "
@@ -143,21 +146,46 @@ def main(argv) -> None:
       signal.signal(signum, handler)
 
 
+def _several_processes() -> bool:
+  """Whether this process is one of a multi-process run (`jax.distributed` initialised)."""
+  jax = sys.modules.get("jax")
+  return jax is not None and jax.distributed.is_initialized() and jax.process_count() > 1
+
+
+def _end_now(code) -> None:
+  """Ends a process that stops with a nonzero `code` at once when it is one of a
+  multi-process run, or when another process or the storage stopped answering (75): its
+  output flushed and its workdir locks released, but without the exit handlers of JAX and
+  orbax, which would wait (minutes) for processes or a bucket that may be gone. Returns
+  otherwise."""
+  if code in (0, None) or not (_several_processes() or code == EXIT_UNAVAILABLE):
+    return
+  from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
+  workdir_lib.release_held_locks()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code if isinstance(code, int) else 1)  # pylint: disable=protected-access
+
+
 def _run_study(config, workdir: str) -> None:
   """Runs the study of `config` in `workdir` and prints its report; every expected failure
   is one line on stderr and an exit code (2: bad input, 1: diverged, 128 + signal)."""
   # Imported here so `--help` stays fast and flags are parsed before JAX starts.
   from xsens import paths, studies  # pylint: disable=g-import-not-at-top
+  from xsens.train import multihost  # pylint: disable=g-import-not-at-top
   from xsens.train import workdir as workdir_lib  # pylint: disable=g-import-not-at-top
   from xsens.train import sharding  # pylint: disable=g-import-not-at-top
   from xsens.train import streams  # pylint: disable=g-import-not-at-top
   from xsens.train.loop import Preempted, TrainingDivergedError  # pylint: disable=g-import-not-at-top
 
   try:
-    streams.from_environment()  # A bad XSENS_STREAMS: one line, before anything runs.
+    # A bad XSENS_STREAMS or XSENS_WAIT_TIMEOUT_S: one line, before anything runs.
+    streams.from_environment()
+    multihost.wait_timeout_s()
   except ValueError as e:
     _fail(str(e))
   try:
+    paths.check_workdir(workdir)  # A bad URL or a bucket that does not answer: one line.
     # Multi-host (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or
     # XSENS_DISTRIBUTED=1): before anything touches a device (the lock asks the process index).
     sharding.maybe_initialize_distributed()
@@ -171,6 +199,17 @@ def _run_study(config, workdir: str) -> None:
   except Preempted as e:  # SIGTERM / SIGINT: checkpoint committed; 128 + signal number.
     print(f"xsens: {e}", file=sys.stderr)
     sys.exit(e.exit_code)
+  except Unavailable as e:  # Another process is gone, or the storage stopped answering.
+    print(f"xsens: error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
+  except Exception as e:  # pylint: disable=broad-except
+    if not (_several_processes() and multihost.is_peer_failure(e)):
+      raise
+    # A collective outside the loop (restore, evaluation) found another process gone.
+    lost = multihost.WaitFailed("a collective with the other processes", None,
+                                multihost.first_line(e))
+    print(f"xsens: error: {lost}", file=sys.stderr)
+    sys.exit(lost.exit_code)
   if not paths.is_writer():  # Multi-host: process 0 reports (and alone wrote the files).
     return
   if out.get("markdown"):
@@ -408,8 +447,19 @@ def _fail(message: str) -> None:
 
 
 def run() -> None:
-  """Console-script entry point."""
-  app.run(main, flags_parser=parse_flags)
+  """Console-script entry point (`xsens`, `python -m xsens`). A process of a multi-process
+  run that ends with an error, and any process whose peer or storage stopped answering, ends
+  at once (`_end_now`) rather than in exit handlers that wait on them."""
+  try:
+    app.run(main, flags_parser=parse_flags)
+  except SystemExit as e:
+    _end_now(e.code)
+    raise
+  except BaseException:  # pylint: disable=broad-except  (a bug: its traceback, then out)
+    if _several_processes():
+      traceback.print_exc()
+      _end_now(1)
+    raise
 
 
 if __name__ == "__main__":

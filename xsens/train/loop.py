@@ -29,9 +29,17 @@ Preemption: while `run` is active, SIGTERM and SIGINT (Cloud TPU / GCE preemptio
 schedulers, Ctrl-C) do not kill the process. The loop finishes the current chunk, flushes
 the metrics, saves a checkpoint at that step, waits for every save to commit and raises
 `Preempted` (the CLI prints one line and exits with 128 + the signal number: 143 for
-SIGTERM, 130 for SIGINT). A second signal restores the default action. With several
-processes, all stop at the same step (`multihost_utils.reached_preemption_sync_point`, JAX's
-preemption service, when `jax.distributed` runs it).
+SIGTERM, 130 for SIGINT). A second signal ends the process at once (128 + the signal; the
+newest committed checkpoint is what a rerun restores).
+
+Several processes (`jax.distributed`): at chunk boundaries about half a second apart, and at
+every checkpoint, all processes agree whether any of them got a signal
+(`multihost.StopAgreement`: a barrier of the coordination service), so all stop at the same
+step, save one checkpoint together and exit with the same code.
+Every wait on the other processes (that agreement, a checkpoint's save and commit, the
+restore's agreement) is bounded by `wait_timeout_s`; a collective that fails because a
+process is gone, or a wait that runs out, raises `multihost.WaitFailed` (the CLI: one line,
+exit 75), and a wait stuck inside a call ends the process from the watchdog's thread.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -49,8 +58,10 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from xsens import paths
+from xsens import errors, paths
 from xsens.report import progress as progress_lib
+from xsens.train import multihost
+from xsens.train import workdir as workdir_lib
 from xsens.train.metrics import flat_hparams
 from xsens.train.workdir import CHECKPOINT_DIR, CONFIG_FILE, Workdir
 
@@ -73,29 +84,65 @@ class Preempted(RuntimeError):
 
 
 class _SignalFlag:
-  """Records SIGTERM / SIGINT while installed (main thread only; elsewhere a no-op)."""
+  """Records SIGTERM / SIGINT while installed (main thread only; elsewhere a no-op).
+
+  The first signal is recorded in `signum` (the loop stops at the next chunk boundary all
+  processes agree on). A second one ends the process at once with 128 + the signal number,
+  the workdir locks released, even while the main thread waits inside a call Python cannot
+  interrupt (a collective, a barrier): a thread reads the signals from
+  `signal.set_wakeup_fd`, which the interpreter writes to as each signal arrives.
+  """
 
   SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
   def __init__(self):
     self.signum = None
     self._previous = {}
+    self._wakeup = None   # (read fd, write fd, previous wakeup fd, reader thread)
 
   def _handle(self, signum, frame):
-    del frame
-    if self.signum is not None:   # The second signal: the default action, now.
-      self.uninstall()
-      signal.raise_signal(signum)
+    del signum, frame     # The reader thread acts; this keeps the default action away.
+
+  def _read_signals(self, fd: int) -> None:
+    while True:
+      try:
+        data = os.read(fd, 64)
+      except OSError:
+        return
+      if not data:
+        return
+      for signum in data:
+        if signum == 0:               # uninstall()'s sentinel
+          return
+        if signum in self.SIGNALS:
+          self._received(signum)
+
+  def _received(self, signum: int) -> None:
+    name = signal.Signals(signum).name
+    if self.signum is None:
+      self.signum = signum
+      print(f"xsens: {name} received; saving a checkpoint after the current step (send "
+            "it again to stop at once)", file=sys.stderr, flush=True)
       return
-    self.signum = signum
-    print(f"xsens: {signal.Signals(signum).name} received; saving a checkpoint after the "
-          "current step (send it again to stop at once)", file=sys.stderr, flush=True)
+    print(f"xsens: {name} received again; stopping now without a checkpoint (the newest "
+          "committed one is kept; rerun the same command to resume)", file=sys.stderr,
+          flush=True)
+    workdir_lib.release_held_locks()
+    sys.stdout.flush()
+    os._exit(128 + signum)  # pylint: disable=protected-access
 
   @contextlib.contextmanager
   def installed(self):
     if threading.current_thread() is not threading.main_thread():
       yield self
       return
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    reader = threading.Thread(target=self._read_signals, args=(read_fd,), daemon=True,
+                              name="xsens-signals")
+    reader.start()
+    self._wakeup = (read_fd, write_fd, previous_fd, reader)
     self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     try:
       yield self
@@ -106,19 +153,14 @@ class _SignalFlag:
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     self._previous = {}
-
-
-def _preempted(flag: _SignalFlag, step: int) -> bool:
-  """Whether to stop at `step`: this process got a signal, or (several processes) JAX's
-  preemption service says all processes reached the sync point."""
-  if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    try:
-      if multihost_utils.reached_preemption_sync_point(step):
-        return True
-    except RuntimeError:   # The preemption service is not running.
-      pass
-  return flag.signum is not None
+    if self._wakeup is not None:
+      read_fd, write_fd, previous_fd, reader = self._wakeup
+      self._wakeup = None
+      signal.set_wakeup_fd(previous_fd)
+      os.write(write_fd, b"\0")
+      reader.join()
+      os.close(read_fd)
+      os.close(write_fd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,26 +212,34 @@ def run(workdir: Workdir, program: Program, schedule: Schedule, *,
         hooks: Sequence[Hook] = (),
         finished_reason: str | Callable[[int], str | None] | None = None,
         progress: bool = False, desc: str = "train",
-        max_chunks: int | None = None) -> LoopResult:
+        max_chunks: int | None = None, wait_timeout_s: float | None = None) -> LoopResult:
   """Runs (or resumes) `program` in `workdir` until `schedule.total_steps` or a stop.
 
   `finished_reason(restored_step)` (or a constant): the run already finished at that
   checkpoint for this reason (e.g. a target accuracy), so nothing is trained. Each hook is
   called as `hook(step, state)` at step 0 of a fresh run and after every chunk; its scalars
   are written at that step. `max_chunks` stops after that many chunks (an interruption, for
-  tests), with the last chunk checkpointed. Raises `Preempted` after a SIGTERM / SIGINT
-  (module docstring) and `TrainingDivergedError`.
+  tests), with the last chunk checkpointed. `wait_timeout_s` (default:
+  `multihost.wait_timeout_s()`) bounds each wait on other processes or on a checkpoint's
+  storage. Raises `Preempted` after a SIGTERM / SIGINT (module docstring),
+  `TrainingDivergedError`, and `xsens.errors.Unavailable` (e.g. `multihost.WaitFailed`) when
+  another process or the workdir's bucket stopped answering.
   """
+  if wait_timeout_s is None:
+    wait_timeout_s = multihost.wait_timeout_s()
   try:
-    return _run(workdir, program, schedule, hooks, finished_reason, progress, desc,
-                max_chunks)
+    with multihost.Watchdog(wait_timeout_s, workdir_lib.release_held_locks) as watchdog:
+      return _run(workdir, program, schedule, hooks, finished_reason, progress, desc,
+                  max_chunks, watchdog)
   finally:
     workdir.release_lock()
 
 
-def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max_chunks):
+def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max_chunks,
+         watchdog):
   workdir.acquire_lock()
-  state, restored = workdir.restore_latest(program.abstract_state)
+  guard = watchdog.guard
+  state, restored = workdir.restore_latest(program.abstract_state, guard=guard)
   if restored is None:
     state, step = program.init(), 0
     workdir.truncate(-1)   # Logs of an earlier start that saved no checkpoint.
@@ -233,7 +283,8 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
     n = at - window_start
     means = {f"train/{k}": float(v) / n for k, v in sums.items()}
     if not all(math.isfinite(v) for v in means.values()):
-      workdir.close()  # Commit the last good (async) checkpoint.
+      with guard(f"the commit of checkpoint {last_good}", at):
+        workdir.close()  # Commit the last good (async) checkpoint.
       writer.close()
       kept = (f"The last good checkpoint (step {last_good}) is kept in "
               f"{workdir.file(CHECKPOINT_DIR)}" if last_good is not None else
@@ -256,6 +307,8 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
     pending, window_start, t_window = None, at, time.time()
 
   flag = _SignalFlag()
+  agreement = multihost.StopAgreement(watchdog.timeout_s)
+  lost = False   # Another process is gone: nothing waits on it any more.
   try:
     with flag.installed():
       if restored is None and stop_reason is None:
@@ -291,24 +344,41 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
         if stop_reason is not None and hparams:
           writer.end_hparams_session(step)
         interrupted = max_chunks is not None and chunks >= max_chunks
-        preempted = _preempted(flag, step)
-        if (stop_reason or interrupted or preempted
-            or _at(step, schedule.checkpoint_every)):
+        checkpoint = bool(stop_reason or interrupted or _at(step, schedule.checkpoint_every))
+        with guard("the other processes to agree whether to stop", step):
+          signum = agreement.at(step, flag.signum, boundary=checkpoint)
+        if checkpoint or signum is not None:
           flush(step)  # Never checkpoint a state whose loss went non-finite.
-          if program.data_state is not None:
-            workdir.save(step, state, data_state=program.data_state())
-          else:
-            workdir.save(step, state)
+          writer.flush()  # Every record up to a checkpoint is stored before it.
+          with guard(f"the save of checkpoint {step}", step):
+            if program.data_state is not None:
+              workdir.save(step, state, data_state=program.data_state())
+            else:
+              workdir.save(step, state)
           last_good = step
-        if preempted:
-          workdir.close()  # Waits until the checkpoint is committed.
-          raise Preempted(step, flag.signum or signal.SIGTERM, workdir.path)
+        if signum is not None:
+          with guard(f"the commit of checkpoint {step}", step):
+            workdir.close()  # Waits until the checkpoint is committed.
+          raise Preempted(step, signum, workdir.path)
         if interrupted:
           break
+  except errors.Unavailable:   # Another process, or the workdir's bucket, is gone.
+    lost = True
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (a failed collective: re-raised)
+    if jax.process_count() == 1 or not multihost.is_peer_failure(e):
+      raise
+    lost = True
+    raise multihost.WaitFailed("a collective with the other processes", step,
+                               multihost.first_line(e)) from None
   finally:
     if bar is not None:
       bar.close()
-    workdir.close()
+    if lost:
+      workdir.abandon()
+    else:
+      with guard("the commit of the last checkpoint", step):
+        workdir.close()
     writer.close()
   return LoopResult(state, step, stop_reason, restored, step - start_step, wall)
 

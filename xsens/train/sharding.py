@@ -7,6 +7,7 @@ leaves of the train state are split over the `data` axis, big_vision style.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -15,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from xsens.errors import ConfigError
+from xsens.train import multihost
 
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
@@ -77,15 +79,36 @@ def distributed_arguments(environ: Mapping[str, str]) -> dict | None:
   return out
 
 
-def maybe_initialize_distributed(environ: Mapping[str, str] | None = None) -> None:
+def maybe_initialize_distributed(environ: Mapping[str, str] | None = None,
+                                 timeout_s: float | None = None) -> None:
   """Calls `jax.distributed.initialize(...)` when `environ` (default: `os.environ`) asks for
   a multi-host run (`distributed_arguments`). A no-op otherwise, and when already
   initialised. Must run before anything touches a device (the CLI calls it first).
+
+  `timeout_s` (default: `multihost.wait_timeout_s(environ)`) bounds the wait for every
+  process to connect (`multihost.WaitFailed` naming the coordinator after it). JAX's
+  heartbeat timeout is 30 s longer, so the loop's own bounded waits (one line each) come
+  first. A process that dies can still make JAX's coordination service end the others first
+  (its message, exit 134): `jax_enable_recoverability` would stop that, but then process 0
+  no longer waits for the others at exit and their normal shutdown fails.
   """
-  kwargs = distributed_arguments(os.environ if environ is None else environ)
+  environ = os.environ if environ is None else environ
+  kwargs = distributed_arguments(environ)
   if kwargs is None or jax.distributed.is_initialized():
     return
-  jax.distributed.initialize(**kwargs)
+  timeout_s = multihost.wait_timeout_s(environ) if timeout_s is None else timeout_s
+  # The loop's stop agreement (`multihost.StopAgreement`) replaces JAX's preemption service,
+  # whose own SIGTERM handler would swallow a signal outside the loop.
+  jax.config.update("jax_enable_preemption_service", False)
+  try:
+    jax.distributed.initialize(**kwargs, initialization_timeout=math.ceil(timeout_s),
+                               heartbeat_timeout_seconds=math.ceil(timeout_s) + 30)
+  except jax.errors.JaxRuntimeError as e:
+    count = kwargs.get("num_processes")
+    raise multihost.WaitFailed(
+        f"{f'all {count}' if count else 'all'} processes to connect to the coordinator at "
+        f"{kwargs.get('coordinator_address', 'the detected address')}", None,
+        multihost.first_line(e), process=kwargs.get("process_id", -1)) from None
 
 
 def data_mesh(devices=None, model_axis_size: int = 1) -> Mesh:

@@ -10,10 +10,13 @@ step, so a resumed run rewrites those steps exactly once.
 Layout of `path`:
   config.json          the fingerprint of the config that wrote the checkpoints
   lock.json            who runs here now (pid, host, start time; see `acquire_lock`)
+  study.json           the study whose outputs these are, at a study's top level
+                       (`xsens.train.study_record`: another study is refused)
   checkpoints/<step>/  orbax checkpoints of the state
   damaged_checkpoints/<step>/  checkpoints that failed to restore, moved aside (never
                        deleted) when an older one restored instead
-  metrics.jsonl, tb/   scalar metrics by step (`MetricWriter`)
+  metrics.jsonl, tb/   scalar metrics by step (`MetricWriter`); a remote workdir appends
+                       them as metrics/part-<n>.jsonl and one event file per upload
   logs/epochs_<a>_<b>.npz   array logs of steps [a, b) (the name is historical: grokking's)
   anything else        the study's outputs (results.md/json, plots, summaries)
 
@@ -26,13 +29,14 @@ Faults (each tested in tests/faults_test.py):
 - a workdir with any run files (checkpoints, metrics, array logs) is guarded by the
   fingerprint even before its first checkpoint.
 
-Remote workdirs (`gs://bucket/run`, any scheme `etils.epath` serves): every file goes
-through `xsens.paths` (epath), orbax gets the URL unchanged. An object store has no hard
-links, no rename and no process ids, so the lock there is: write `lock.json` with a random
-token if absent, wait `REMOTE_LOCK_SETTLE_S`, read it back and own it only if the token is
-still ours (two racing writers: the last write wins, the other sees a foreign token and
-stops); the holder rewrites the lock's `"refreshed"` time every LOCK_HEARTBEAT_S and a lock
-not refreshed for STALE_LOCK_S is stale (hosts cannot see each other's processes).
+Remote workdirs (`gs://bucket/run`; `xsens.paths.check_workdir` says which URLs): every
+file goes through `xsens.paths` (epath), orbax gets the URL unchanged (TensorStore writes
+the arrays to GCS itself). An object store has no hard links, no rename and no process
+ids, so the lock there is: write `lock.json` with a random token if absent, wait
+`REMOTE_LOCK_SETTLE_S`, read it back and own it only if the token is still ours (two
+racing writers: the last write wins, the other sees a foreign token and stops); the holder
+rewrites the lock's `"refreshed"` time every LOCK_HEARTBEAT_S and a lock not refreshed for
+STALE_LOCK_S is stale (hosts cannot see each other's processes).
 
 Multi-host: process 0 alone writes files other than checkpoints (`is_writer`); every
 process restores the same checkpoint step (process 0's list of steps is broadcast, and a
@@ -47,6 +51,7 @@ import datetime
 import errno
 import json
 import logging
+import math
 import os
 import secrets
 import socket
@@ -60,8 +65,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from xsens import paths
-from xsens.errors import ConfigError
-from xsens.train.metrics import METRICS_FILE, MetricWriter, truncate_metrics
+from xsens.errors import ConfigError, Unavailable
+from xsens.train import multihost
+from xsens.train.metrics import (METRICS_FILE, METRICS_PARTS_DIR, MetricWriter,
+                                 truncate_metrics)
 
 CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "damaged_checkpoints"
@@ -84,8 +91,8 @@ MAY_CHANGE_ON_RESUME = (
     "train.keep_checkpoints",
 )
 # Files of a previous run that --overwrite removes (study outputs are rewritten anyway).
-RUN_FILES = (CHECKPOINT_DIR, DAMAGED_DIR, METRICS_FILE, "tb", STEP_LOG_DIR,
-             "train_summary.json")
+RUN_FILES = (CHECKPOINT_DIR, DAMAGED_DIR, METRICS_FILE, METRICS_PARTS_DIR, "tb",
+             STEP_LOG_DIR, "train_summary.json")
 
 
 def config_fingerprint(config, may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> dict:
@@ -159,6 +166,8 @@ class Workdir:
     self.is_writer = jax.process_index() == 0
     self._manager = None
     self._heartbeat = None    # (thread, stop event) while this object holds the lock
+    if paths.is_remote(path):
+      paths.bound_checkpoint_retries()   # A bucket that stops answering fails a save.
 
   # --------------------------------------------------------------------------- the guard
 
@@ -202,7 +211,7 @@ class Workdir:
   def has_run(self) -> bool:
     """Whether the directory holds a run to protect: checkpoints, metrics or array logs."""
     return (self.latest_step() is not None or self.exists(METRICS_FILE)
-            or bool(self.step_log_files()))
+            or self.exists(METRICS_PARTS_DIR) or bool(self.step_log_files()))
 
   def prepare(self, config, *, overwrite: bool = False) -> None:
     """Takes the lock, creates the directory and writes config.json; `overwrite` removes
@@ -312,6 +321,7 @@ class Workdir:
                               name="xsens-workdir-lock")
     thread.start()
     self._heartbeat = (thread, stop)
+    _HELD_LOCKS.add(self)
 
   def release_lock(self) -> None:
     """Removes the lock if this object took it."""
@@ -321,6 +331,7 @@ class Workdir:
     stop.set()
     thread.join()
     self._heartbeat = None
+    _HELD_LOCKS.discard(self)
     paths.remove(self.file(LOCK_FILE))
 
   # --------------------------------------------------------------------------- files
@@ -361,7 +372,9 @@ class Workdir:
     if self._manager is None:
       options = ocp.CheckpointManagerOptions(
           preservation_policy=ocp.checkpoint_managers.LatestN(n=self.keep_checkpoints),
-          cleanup_tmp_directories=True)
+          cleanup_tmp_directories=True,
+          # orbax's own waits on the other processes end as the loop's do.
+          async_options=ocp.AsyncOptions(timeout_secs=math.ceil(multihost.wait_timeout_s())))
       self._manager = ocp.CheckpointManager(paths.absolute(self.checkpoint_dir()),
                                             options=options)
     return self._manager
@@ -382,21 +395,26 @@ class Workdir:
     steps = self.checkpoint_steps()
     return steps[-1] if steps else None
 
-  def restore_latest(self, abstract_state) -> tuple[Any, int | None]:
+  def restore_latest(self, abstract_state, guard=None) -> tuple[Any, int | None]:
     """(state, step) of the newest checkpoint that restores, or (None, None) if none exists.
 
     A checkpoint that fails (truncated or missing files) is named with the reason on
     stderr and the next older one is tried; once one restores, the failed ones are moved to
     damaged_checkpoints/ (a later save at their step must not collide with them). If none
-    restores: ConfigError naming `workdir` (nothing moved).
+    restores: ConfigError naming `workdir` (nothing moved). `guard(what, step)`: a context
+    manager around each wait on the other processes (`multihost.Watchdog.guard`).
     """
+    guard = guard or (lambda what, step: contextlib.nullcontext())
     failed = []
-    for step in reversed(_agreed_steps(self.checkpoint_steps())):
+    with guard("the checkpoint list of process 0", None):
+      steps = _agreed_steps(self.checkpoint_steps())
+    for step in reversed(steps):
       try:
         state, reason = self.restore(step, abstract_state), None
       except Exception as e:  # pylint: disable=broad-except  (orbax raises many kinds)
         state, reason = None, _first_line(e)
-      reason = _agreed_failure(reason)
+      with guard(f"every process to restore checkpoint {step}", step):
+        reason = _agreed_failure(reason)
       if reason is not None:
         failed.append((step, reason))
         _say(f"xsens: checkpoint {step} in {self.checkpoint_dir()} cannot be restored "
@@ -462,6 +480,13 @@ class Workdir:
       self._manager = None
     self._plain_item = False
 
+  def abandon(self) -> None:
+    """Drops the manager without waiting for its saves (another process is gone, so a
+    multi-process commit cannot finish; the newest committed checkpoint stays the one a
+    rerun restores)."""
+    self._manager = None
+    self._plain_item = False
+
   # --------------------------------------------------------------------------- logs
 
   def metric_writer(self, tensorboard: bool = True, purge_step: int | None = None
@@ -507,6 +532,20 @@ class Workdir:
       for k in out:
         out[k][..., start:end] = z[k]
     return out
+
+
+# The Workdir objects whose lock this process holds (released by `release_held_locks`).
+_HELD_LOCKS: set = set()
+
+
+def release_held_locks() -> None:
+  """Releases every workdir lock this process holds: the last act of a process that ends
+  without unwinding (a wait on another process timed out, a second signal)."""
+  for wd in list(_HELD_LOCKS):
+    try:
+      wd.release_lock()
+    except Exception:  # pylint: disable=broad-except  (best effort on the way out)
+      pass
 
 
 @contextlib.contextmanager
@@ -615,10 +654,14 @@ def _remote_heartbeat(path: str, me: dict, stop: threading.Event) -> None:
   """Rewrites the remote lock's "refreshed" time while it is still ours."""
   while not stop.wait(LOCK_HEARTBEAT_S):
     try:
-      if _read_lock(path).get("token") != me["token"]:
+      holder = _read_lock(path)
+      paths.check_answering(path)
+      if holder.get("token") != me["token"]:
         logging.warning("the workdir lock %s was taken by another process", path)
         return
       paths.write_text(path, json.dumps({**me, "refreshed": time.time()}))
+    except Unavailable:
+      return              # The bucket stopped answering: the run reports it.
     except OSError as e:
       logging.warning("cannot refresh the workdir lock %s: %s", path, e)
 
