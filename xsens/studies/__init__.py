@@ -36,10 +36,21 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Runs the study named by `config.study` in `workdir` and returns its results.
 
   A NaN or infinite float anywhere in `config` is refused first (ConfigError naming its
-  path), whatever the study: no field of any study means anything by one.
+  path), whatever the study: no field of any study means anything by one. A workdir
+  holding another study's results is refused next (ConfigError naming `workdir`), or with
+  `overwrite` emptied of them; `workdir/study.json` records the study
+  (`xsens.train.study_record`).
   """
+  # pylint: disable=g-import-not-at-top  (JAX loads only once a study runs)
+  from xsens.train import sharding, study_record
   name = config.get("study")
   if name not in STUDIES:
     raise ConfigError("study", f"unknown study {name!r}; allowed: {', '.join(sorted(STUDIES))}")
   require_finite(config)
-  return importlib.import_module(STUDIES[name]).run(config, workdir, overwrite=overwrite)
+  sharding.maybe_initialize_distributed()  # Before the record asks for the process index.
+  claim = study_record.claim(workdir, name, overwrite=overwrite)
+  try:
+    return importlib.import_module(STUDIES[name]).run(config, workdir, overwrite=overwrite)
+  except BaseException:
+    claim.release_if_unused()
+    raise
