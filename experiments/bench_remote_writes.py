@@ -19,7 +19,6 @@ import argparse
 import collections
 import json
 import os
-import platform
 import sys
 import time
 
@@ -27,18 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
-from experiments import gcs_emulator  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown"
+from experiments import gcs_emulator, machine  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def last_step(kind: str, data: bytes) -> int:
@@ -128,7 +116,7 @@ def report(result: dict, steps: int, flush_secs: float) -> str:
   kinds = collections.Counter(u["kind"] for u in result["uploads"])
   out = [f"steps {steps}, logged steps {logged}, uploads: {kinds['metrics']} metric parts, "
          f"{kinds['events']} event files; flush every {flush_secs:g} s; wall "
-         f"{result['wall_s']:.0f} s; CPU: {cpu_model()}", "",
+         f"{result['wall_s']:.0f} s; CPU: {machine.cpu_model()}", "",
          "| steps | logged steps | bytes / logged step | rewrite-whole bytes / logged step |",
          "|---|---|---|---|"]
   for i, row in enumerate(fifths):

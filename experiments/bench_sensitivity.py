@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import jaxlib
 import numpy as np
 
-from experiments import hlo_profile
+from experiments import hlo_profile, machine
 from xsens.measures import sensitivity as sens
 from xsens.measures import tokens as tokens_lib
 from xsens.models import get_model
@@ -83,17 +83,8 @@ PEAK_N = 2048
 
 def machine_info() -> dict[str, Any]:
   """nproc, CPU model, versions, XLA_FLAGS and load average."""
-  model = "unknown"
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          model = line.split(":", 1)[1].strip()
-          break
-  except OSError:
-    pass
   return dict(
-      nproc=len(os.sched_getaffinity(0)), cpu_model=model,
+      nproc=len(os.sched_getaffinity(0)), cpu_model=machine.cpu_model(),
       machine=platform.machine(), python=platform.python_version(),
       jax=jax.__version__, jaxlib=jaxlib.__version__, flax=flax.__version__,
       backend=jax.default_backend(), devices=str(jax.devices()),

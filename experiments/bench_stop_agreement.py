@@ -33,6 +33,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+from experiments import machine  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 # The CLI with the agreement replaced by a pass-through (the "off" side of the A/B).
 _WITHOUT_AGREEMENT = """
 import sys
@@ -42,17 +44,6 @@ sys.argv[0] = "xsens"
 from xsens import main
 main.run()
 """
-
-
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return "unknown CPU"
 
 
 def median_ms(fn, calls: int) -> float:
@@ -159,7 +150,7 @@ def main(argv=None) -> int:
   if args.worker:
     worker(args.calls, args.batch)
     return 0
-  print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; "
+  print(f"CPU: {machine.cpu_model()}, {os.cpu_count()} cores; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
   out = {}
   with tempfile.TemporaryDirectory() as root:

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from experiments import machine
 from xsens.measures import sensitivity as sens
 from xsens.models import get_model
 # pylint: enable=g-import-not-at-top
@@ -191,14 +192,7 @@ def sensitivity_rows(impls, rounds: int, peaks: Peaks, *, fields=SENS_VIT, image
 
 
 def machine_info() -> dict[str, Any]:
-  model = "unknown"
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")),
-                   model)
-  except OSError:
-    pass
-  return dict(cpus=len(os.sched_getaffinity(0)), cpu_model=model, machine=platform.machine(),
+  return dict(cpus=len(os.sched_getaffinity(0)), cpu_model=machine.cpu_model(), machine=platform.machine(),
               backend=jax.default_backend(), device=jax.devices()[0].device_kind,
               jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
               loadavg_start=os.getloadavg())
