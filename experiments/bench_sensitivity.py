@@ -5,6 +5,8 @@
   python experiments/bench_sensitivity.py --json=/tmp/bench_sensitivity.json
   python experiments/bench_sensitivity.py --compare_torch=einsum,folded,xla_fused  # ~1 min
   python experiments/bench_sensitivity.py --compare_streams=folded                 # ~1 min
+  python experiments/bench_sensitivity.py --plans             # ~5 min: default vs best plan
+  python experiments/bench_sensitivity.py --plans --quick     # < 1 min smoke
 
 Measures, and prints as markdown tables:
   * peak: the fp32 matmul peak, best jitted 2048x2048 @ 2048x2048 over the
@@ -28,6 +30,11 @@ Measures, and prints as markdown tables:
     JAX (for each example, token and draw, one jitted forward of batch 1),
     timed on a subsample of examples and extrapolated per evaluation — an
     emulation, not PyTorch (that is the next item);
+  * default plan: `token_sensitivity` (and `text_token_sensitivity`) at its default sizes
+    ('auto'), with chunk_size='tune', and at explicit forward batches, for the ViT p4, the
+    CNN, the MLP and a text RoBERTa (B = 64, R = 1), interleaved, best and median of N,
+    with the sizes each ran at (`plan`) and PyTorch eager / torch.compile on the same
+    tokens for each model (`torch_baselines.bench_model`);
   * PyTorch (the real thing, `pip install -e ".[bench]"`; experiments/torch_baselines.py):
     the same ViT shapes in PyTorch on the same tokens of the first ViT case, the official
     per-example pattern, batched eager, and batched under `torch.compile`; the summary
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import math
 import os
@@ -52,7 +60,7 @@ import platform
 import re
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,6 +73,7 @@ import numpy as np
 
 from experiments import hlo_profile, machine
 from xsens.measures import sensitivity as sens
+from xsens.measures import text_sensitivity as ts
 from xsens.measures import tokens as tokens_lib
 from xsens.models import get_model
 # pylint: enable=g-import-not-at-top
@@ -160,14 +169,15 @@ class Timer:
 
 
 def build_model(name: str, patch_size: int, attention_impl: str = "einsum"):
-  """(label, predict_fn(variables, images), variables); `attention_impl` for the ViT."""
+  """(label, predict_fn(variables, images), variables); `attention_impl` for the ViT;
+  name "vit", "cnn" or "mlp" (the registry's defaults: hidden 512, 128)."""
   if name == "vit":
     model = get_model("vit", NUM_CLASSES, IMAGE_SHAPE, patch_size=patch_size,
                       attention_impl=attention_impl, **VIT_KW)
     label = f"ViT p{patch_size}"
   else:
-    model = get_model("cnn", NUM_CLASSES, IMAGE_SHAPE)
-    label = f"CNN p{patch_size}"
+    model = get_model(name, NUM_CLASSES, IMAGE_SHAPE)
+    label = f"{name.upper()} p{patch_size}"
   x = jnp.zeros((1, *IMAGE_SHAPE), jnp.float32)
   variables = model.init(jax.random.key(1), x)
   return label, (lambda v, im: model.apply(v, im, train=False)), variables
@@ -596,6 +606,154 @@ def streams_comparison(impl: str, rounds: int, batch: int = 64, patch: int = 4,
               torch=res, rows=rows)
 
 
+# The text model of the plan rows: the RoBERTa of `sensitivity_language`'s synthetic
+# variant (width 64, depth 2, 4 heads, MLP 128) on sequences of its maximum length.
+TEXT_KW = dict(vocab_size=64, max_length=26, width=64, depth=2, num_heads=4, mlp_dim=128)
+
+
+def _plan_case(name: str, batch: int, quick: bool):
+  """The plan rows' case of one model (the ViT at patch 7 when quick): {label, evals,
+  flops (per run), fns ({plan name: jitted (variables, x, key) -> the estimator's dict}),
+  variables, x, tokens [B, T, D] (what is perturbed), torch_model (torch_baselines module
+  -> the same shapes in PyTorch)}; the plans: 'auto' (the default), 'tune' (not when
+  quick) and explicit forward batches."""
+  fbs = (8, 64) if quick else (16, 32, 64, 128, 256, 512, 1024)
+  if name == "text":
+    model = get_model("roberta", 2, (TEXT_KW["max_length"],), **TEXT_KW)
+    ids = jax.random.randint(jax.random.key(0), (batch, TEXT_KW["max_length"]), 5,
+                             TEXT_KW["vocab_size"])
+    variables = model.init(jax.random.key(1), ids)
+    x = model.apply(variables, ids, method=model.embed)
+    mask = jnp.ones(ids.shape, bool)
+    encode = lambda v, x, m: model.apply(v, x, m, method=model.encode)
+    t = x.shape[1]
+    plans = {"default ('auto')": "auto"} if quick else {"default ('auto')": "auto",
+                                                        "'tune'": "tune"}
+    plans.update({f"chunk={c}": c for c in (1, 2, 4, 8, 16) if c * batch in fbs or c == 1})
+    fns = {k: jax.jit(lambda v, x, key, c=c: ts.text_token_sensitivity(
+        encode, v, x, key=key, token_mask=mask, sigma=SIGMA, num_draws=1, chunk_size=c))
+           for k, c in plans.items()}
+    flops = _flops(jax.jit(encode).lower(variables, x, mask).compile()) / batch
+    label = "RoBERTa (text)"
+    tokens = x
+    torch_model = lambda tb: tb.TokenText(
+        num_classes=2, **{k: v for k, v in TEXT_KW.items()
+                          if k in ("width", "depth", "num_heads", "mlp_dim")})
+  else:
+    patch = 7 if (quick and name == "vit") else 4
+    label, _, variables = build_model(name, patch)
+    # As `TrainResult.apply_fn`, so the defaults include what the estimator finds in the
+    # model (`token_split`).
+    kw = dict(patch_size=patch, **VIT_KW) if name == "vit" else {}
+    apply = functools.partial(get_model(name, NUM_CLASSES, IMAGE_SHAPE, **kw).apply,
+                              train=False)
+    x = images_for(batch)
+    t = (IMAGE_SHAPE[0] // patch) ** 2
+    plans = {"default ('auto')": ("auto", "auto")}
+    if not quick:
+      plans["'tune'"] = ("tune", "auto")
+    for fb in fbs:
+      if fb < batch:
+        plans[f"chunk=1 examples={fb}"] = (1, fb)
+      elif fb // batch <= t:
+        plans[f"chunk={fb // batch} examples=None"] = (fb // batch, None)
+    fns = {k: jax.jit(lambda v, x, key, c=c, e=e: sens.token_sensitivity(
+        apply, v, x, key=key, patch_size=patch, sigma=SIGMA, num_draws=1, chunk_size=c,
+        example_chunk_size=e)) for k, (c, e) in plans.items()}
+    flops = forward_flops_per_example(apply, variables, batch)
+    _, tokens = tokens_lib.token_view(lambda v, im: im, x, patch)
+    d = tokens.shape[-1]
+    torch_model = {
+        "vit": lambda tb: tb.TokenViT(d, t, num_classes=NUM_CLASSES, **VIT_KW),
+        "cnn": lambda tb: tb.TokenCNN(patch, IMAGE_SHAPE[2], IMAGE_SHAPE[0],
+                                      num_classes=NUM_CLASSES),
+        "mlp": lambda tb: tb.TokenMLP(t * d, num_classes=NUM_CLASSES)}[name]
+  return dict(label=label, evals=batch * t, flops=flops * batch * (t + 1), fns=fns,
+              variables=variables, x=x, tokens=np.asarray(tokens), torch_model=torch_model)
+
+
+def plan_rows(timer: Timer, rounds: int, quick: bool, batch: int = 64,
+              with_torch: bool = True) -> list[dict[str, Any]]:
+  """The default plan beside 'tune' and explicit forward batches, per model (ViT, CNN,
+  MLP, text; B = `batch`, R = 1), interleaved best-of-`rounds` (the median too), and
+  PyTorch (eager, compiled) on the same tokens where torch is installed."""
+  rows = []
+  for name in ("vit", "cnn", "mlp", "text"):
+    case = _plan_case(name, batch, quick)
+    label, evals, flops, fns = case["label"], case["evals"], case["flops"], case["fns"]
+    variables, x = case["variables"], case["x"]
+    key = jax.random.key(2)
+    compiled, sizes = {}, {}
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      compiled[k] = fn.lower(variables, x, key).compile()   # 'tune' times here.
+      sizes[k] = {n: int(v) for n, v in compiled[k](variables, x, key)["plan"].items()}
+      if k.startswith(("default", "'tune'")):
+        print(f"  {label} {k}: {sizes[k]}, compiled in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    samples = {k: [] for k in compiled}
+    for _ in range(rounds):
+      timer.sample_peak()
+      for k, c in compiled.items():
+        t0 = time.perf_counter()
+        jax.block_until_ready(c(variables, x, key))
+        samples[k].append(time.perf_counter() - t0)
+    best = min(min(v) for v in samples.values())
+    for k, v in samples.items():
+      v = sorted(v)
+      rows.append(dict(model=label, plan=k, forward_batch=sizes[k]["forward_batch"],
+                       seconds=v[0], median_s=v[len(v) // 2], worst_s=v[-1],
+                       evals_per_s=evals / v[0], gflops=flops / v[0] / 1e9,
+                       vs_best=best / v[0]))
+      print(f"  {label:15s} {k:28s} fwd batch {rows[-1]['forward_batch']!s:>5} "
+            f"{v[0]:7.3f} s (median {v[len(v) // 2]:.3f}) "
+            f"{evals / v[0]:10,.0f} evals/s  {best / v[0]:.2f} of best", flush=True)
+    if with_torch:
+      chunks = sorted({1, sizes["default ('auto')"]["chunk_size"]})
+      rows += _torch_plan_rows(case, chunks, quick, rounds, best)
+  return rows
+
+
+def _torch_plan_rows(case: dict[str, Any], chunks: Sequence[int], quick: bool, rounds: int,
+                     best_s: float) -> list[dict[str, Any]]:
+  """PyTorch's batched pattern (eager and, unless quick, torch.compile) on the case's
+  tokens, `chunk` tokens noised per forward call (forward batch B * chunk) for each of
+  `chunks`; [] without torch."""
+  try:
+    from experiments import torch_baselines  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    print(f"  PyTorch rows skipped ({e})")
+    return []
+  label, evals, tokens = case["label"], case["evals"], case["tokens"]
+  rows = []
+  for chunk in chunks:
+    torch_baselines.torch.manual_seed(0)
+    res = torch_baselines.bench_model(case["torch_model"](torch_baselines), tokens,
+                                      sigma=SIGMA, chunk=chunk, rounds=rounds,
+                                      compile_model=not quick)
+    for k, v in res.items():
+      if k.endswith("_evals_per_s"):
+        rows.append(dict(model=label, plan=f"PyTorch {res['torch_version']} {k[:-12]}",
+                         forward_batch=tokens.shape[0] * chunk, seconds=evals / v,
+                         median_s=None, worst_s=None, evals_per_s=v, gflops=None,
+                         vs_best=v * best_s / evals))
+        print(f"  {label:15s} {rows[-1]['plan']:36s} fwd batch "
+              f"{rows[-1]['forward_batch']:>5} {v:10,.0f} evals/s  "
+              f"{rows[-1]['vs_best']:.2f} of best", flush=True)
+  return rows
+
+
+def print_plan_rows(rows: list[dict[str, Any]]) -> None:
+  print("\n## Default plan against the best plan (token sensitivity, R = 1)")
+  print("| model | plan | fwd batch | best s | median s | evals/s | GFLOP/s | of best |")
+  print("|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    med = "" if r["median_s"] is None else f"{r['median_s']:.3f}"
+    gf = "" if r["gflops"] is None else f"{r['gflops']:.1f}"
+    print(f"| {r['model']} | {r['plan']} | {r['forward_batch']} | {r['seconds']:.3f} | "
+          f"{med} | {r['evals_per_s']:,.0f} | {gf} | {r['vs_best']:.2f} |")
+
+
 def _fmt_bytes(n: int) -> str:
   return f"{n / 2**20:,.1f} MiB"
 
@@ -629,12 +787,32 @@ def main(argv=None):
                       help="only the ViT p4 B=64 estimator per attention core (comma list "
                            "of einsum, folded, xla_fused) against PyTorch (the `bench` "
                            "extra), and the forward's matmul shapes alone, then exit.")
+  parser.add_argument("--plans", action="store_true",
+                      help="only the default plan beside 'tune' and explicit forward "
+                           "batches for the ViT, CNN, MLP and a text model (and PyTorch "
+                           "on each), then exit; with --quick: B = 8, ViT p7, no 'tune' "
+                           "and no torch.compile, < 1 min.")
   parser.add_argument("--compare_streams", default=None,
                       help="only the ViT p4 estimator (this attention core) on one batch "
                            "of B = 64 per core, one after another and in concurrent "
                            "streams, against PyTorch the same two ways, then exit.")
   args = parser.parse_args(argv)
   rounds = args.rounds or (2 if args.quick else 3)
+  if args.plans:
+    info = machine_info()
+    print("## Machine\n" + "\n".join(f"  {k}: {v}" for k, v in info.items()), flush=True)
+    timer = Timer()
+    rows = plan_rows(timer, 1 if args.quick and not args.rounds else rounds, args.quick,
+                     batch=8 if args.quick else 64)
+    print_plan_rows(rows)
+    info["loadavg_end"] = os.getloadavg()
+    print(f"peak {timer.peak_gflops:.1f} GFLOP/s; loadavg start {info['loadavg_start']}, "
+          f"end {info['loadavg_end']}")
+    out = dict(machine=info, peak_gflops=timer.peak_gflops, plans=rows, quick=args.quick)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    return out
   if args.compare_torch or args.compare_streams:
     info = machine_info()
     print("## Machine\n" + "\n".join(f"  {k}: {v}" for k, v in info.items()), flush=True)
@@ -704,6 +882,11 @@ def main(argv=None):
 
   section("PyTorch baselines")
   torch_rows = torch_section(cases, rounds, args.quick)
+
+  plans = []
+  if not args.quick:
+    section("Default plan against the best plan")
+    plans = plan_rows(timer, rounds, quick=False)
 
   section("Memory (compiled, not run)")
   draws = [1, 4] if args.quick else [1, 4, 16, 64]
@@ -783,6 +966,8 @@ def main(argv=None):
           f"{est['evals_per_s']:,.0f} | {est['gflops']:.1f} | "
           f"{est['pct_peak']:.0f}% | {fmt('forward only')} | "
           f"{fmt('(a) loop')} | {fmt('(b) per-example')} |")
+  if plans:
+    print_plan_rows(plans)
   if torch_rows:
     print("\n## Against PyTorch (same shapes, same tokens, this run)")
     print("| case | xsens estimator evals/s | PyTorch pattern | PyTorch evals/s | "
@@ -797,7 +982,7 @@ def main(argv=None):
   if args.json:
     with open(args.json, "w") as f:
       json.dump(dict(machine=info, peak_gflops=peak, forward_sweep=sweep,
-                     estimator=cases, torch=torch_rows, memory=mem, profile=prof,
+                     estimator=cases, torch=torch_rows, memory=mem, profile=prof, plans=plans,
                      seconds=elapsed, quick=args.quick), f, indent=1,
                 default=str)
     print(f"wrote {args.json}")

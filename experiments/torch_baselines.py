@@ -9,7 +9,10 @@ the same shapes, and three ways to estimate it in PyTorch:
   * batched: for each (token, draw) one forward of the whole batch with that token noised
     (the natural batched PyTorch version), eager;
   * compiled: the batched pattern with the model under `torch.compile`.
-Each returns the flip rate per token [T]. The weights are PyTorch's own initialisation (timings depend only on the shapes).
+Each returns the flip rate per token [T]. For the plan rows of bench_sensitivity.py
+(`bench_model`), the registry's CNN and MLP and the RoBERTa encoder in the same shapes, timed
+with the batched pattern at a given number of tokens per forward call (`batched_chunks`).
+The weights are PyTorch's own initialisation (timings depend only on the shapes).
 """
 
 from __future__ import annotations
@@ -43,6 +46,73 @@ class TokenViT(torch.nn.Module):
     x = self.embed(tokens) + self.pos
     x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1)
     return self.head(self.norm(self.encoder(x))[:, 0])
+
+
+def untokenize(tokens, patch: int, channels: int):
+  """tokens [B, T, p²C] (row-major p × p patches of a square image) -> images [B, C, H, W]."""
+  b, t, _ = tokens.shape
+  g = int(round(t ** 0.5))
+  x = tokens.reshape(b, g, g, patch, patch, channels)
+  return x.permute(0, 5, 1, 3, 2, 4).reshape(b, channels, g * patch, g * patch)
+
+
+class TokenCNN(torch.nn.Module):
+  """tokens [B, T, p²C] -> logits: the registry's small CNN (`xsens.models.cnn.CNN`,
+  defaults): 3×3 SAME convs 32, 64, 64 with ReLU, 2×2 max-pools after the first two,
+  flatten, dense 128 + ReLU, linear head."""
+
+  def __init__(self, patch: int, channels: int, side: int, *, num_classes: int,
+               features=(32, 64, 64), dense_dim: int = 128):
+    super().__init__()
+    self.patch, self.channels = patch, channels
+    layers, c = [], channels
+    for i, f in enumerate(features):
+      layers += [torch.nn.Conv2d(c, f, 3, padding=1), torch.nn.ReLU()]
+      if i < len(features) - 1:
+        layers.append(torch.nn.MaxPool2d(2))
+        side //= 2
+      c = f
+    self.convs = torch.nn.Sequential(*layers)
+    self.head = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(c * side * side,
+                                    dense_dim), torch.nn.ReLU(),
+                                    torch.nn.Linear(dense_dim, num_classes))
+
+  def forward(self, tokens):
+    return self.head(self.convs(untokenize(tokens, self.patch, self.channels)))
+
+
+class TokenMLP(torch.nn.Module):
+  """tokens [B, T, p²C] -> logits: the registry's MLP (`xsens.models.mlp.MLP`, defaults)
+  on the flattened input: dense 512, 128 with ReLU, linear head."""
+
+  def __init__(self, input_dim: int, *, num_classes: int, hidden=(512, 128)):
+    super().__init__()
+    layers, d = [torch.nn.Flatten()], input_dim
+    for h in hidden:
+      layers += [torch.nn.Linear(d, h), torch.nn.ReLU()]
+      d = h
+    self.net = torch.nn.Sequential(*layers, torch.nn.Linear(d, num_classes))
+
+  def forward(self, tokens):
+    return self.net(tokens)
+
+
+class TokenText(torch.nn.Module):
+  """embeddings [B, L, width] -> logits: the RoBERTa encoder of `xsens.models.text`
+  (`encode`): `depth` post-LN blocks (GELU MLP), first token -> dense + tanh -> head."""
+
+  def __init__(self, *, width: int, depth: int, num_heads: int, mlp_dim: int,
+               num_classes: int):
+    super().__init__()
+    layer = torch.nn.TransformerEncoderLayer(width, num_heads, mlp_dim, dropout=0.0,
+                                             activation="gelu", batch_first=True,
+                                             norm_first=False, layer_norm_eps=1e-5)
+    self.encoder = torch.nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+    self.dense = torch.nn.Linear(width, width)
+    self.head = torch.nn.Linear(width, num_classes)
+
+  def forward(self, x):
+    return self.head(torch.tanh(self.dense(self.encoder(x)[:, 0])))
 
 
 def set_threads() -> int:
@@ -79,6 +149,44 @@ def batched(model, tokens, sigma: float, num_draws: int):
       xn[:, q] += sigma * torch.randn(b, d)
       flips[q] += (model(xn).argmax(-1) != clean).float().mean()
   return (flips / num_draws).numpy()
+
+
+@torch.no_grad()
+def batched_chunks(model, tokens, sigma: float, chunk: int):
+  """The batched pattern with `chunk` tokens noised per forward call (forward batch
+  B * chunk, each copy one noised token; R = 1); flip rate per token [T]."""
+  b, t, d = tokens.shape
+  clean = model(tokens).argmax(-1)
+  flips = torch.zeros(t)
+  for q0 in range(0, t, chunk):
+    ids = torch.arange(q0, min(q0 + chunk, t))
+    xn = tokens[:, None].repeat(1, len(ids), 1, 1)                  # [B, c, T, D]
+    xn[:, torch.arange(len(ids)), ids] += sigma * torch.randn(b, len(ids), d)
+    out = model(xn.reshape(b * len(ids), t, d)).argmax(-1).reshape(b, len(ids))
+    flips[ids] = (out != clean[:, None]).float().mean(0)
+  return flips.numpy()
+
+
+def bench_model(model, tokens_np: np.ndarray, *, sigma: float, chunk: int, rounds: int,
+                compile_model: bool = True) -> dict:
+  """`batched_chunks` of `model` on tokens_np [B, T, D], eager and under torch.compile
+  (R = 1); {"batched_eager_evals_per_s", "batched_compiled_evals_per_s", ...}."""
+  threads = set_threads()
+  model = model.eval()
+  tokens = torch.from_numpy(np.array(tokens_np, np.float32))
+  b, t, _ = tokens.shape
+  out = {"torch_version": torch.__version__, "torch_threads": threads, "chunk": chunk}
+  batched_chunks(model, tokens, sigma, chunk)                       # Warm-up.
+  s = best_time(lambda: batched_chunks(model, tokens, sigma, chunk), rounds)
+  out["batched_eager_evals_per_s"] = b * t / s
+  if compile_model:
+    compiled = torch.compile(model, dynamic=False)
+    t0 = time.perf_counter()
+    batched_chunks(compiled, tokens, sigma, chunk)   # Compiles (the last chunk's size too).
+    out["compile_s"] = time.perf_counter() - t0
+    s = best_time(lambda: batched_chunks(compiled, tokens, sigma, chunk), rounds)
+    out["batched_compiled_evals_per_s"] = b * t / s
+  return out
 
 
 def best_time(fn, rounds: int) -> float:

@@ -1,6 +1,7 @@
 """The measurement scripts in experiments/: the convergence-time study and the PyTorch
 baselines of the benchmarks (those run only where the `bench` extra installed torch)."""
 
+import importlib.util
 import json
 import os
 
@@ -141,3 +142,22 @@ def test_hlo_profile_times_the_instructions_of_a_compiled_program():
   dot = ('%dot.1 = f32[3,64,16]{2,1,0} dot(%a, %b), lhs_batch_dims={0}, '
          'lhs_contracting_dims={2}, metadata={op_name="jit(f)/dot_general"}')
   assert hlo_profile.describe(dot) == "dot f32[3,64,16]{2,1,0} lhs_contracting={2} jit(f)/dot_general"
+
+
+@pytest.mark.slow
+def test_sensitivity_plan_rows_show_the_default_beside_explicit_plans():
+  from experiments import bench_sensitivity  # pylint: disable=import-outside-toplevel
+  out = bench_sensitivity.main(["--plans", "--quick"])
+  rows = out["plans"]
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  assert len(models) == 4 and models[-1].startswith("RoBERTa")
+  has_torch = importlib.util.find_spec("torch") is not None
+  for model in models:
+    mine = [r for r in rows if r["model"] == model and not r["plan"].startswith("PyTorch")]
+    assert mine[0]["plan"] == "default ('auto')" and len(mine) >= 3
+    assert max(r["vs_best"] for r in mine) == 1.0
+    theirs = [r for r in rows if r["model"] == model and r["plan"].startswith("PyTorch")]
+    # Eager PyTorch at forward batch B and at the default plan's, where torch is installed.
+    assert {r["forward_batch"] for r in theirs} == (
+        {8, 8 * mine[0]["forward_batch"] // 8} if has_torch else set()), theirs
+    assert all(r["forward_batch"] >= 1 and r["evals_per_s"] > 0 for r in mine + theirs)

@@ -84,7 +84,7 @@ MODULE_SECONDS = {
     "vit_spt_lsa": (4, 0), "validation": (1, 2), "measures_api": (3, 0),
     "mesh_eval": (0, 3), "subgroups_churn": (2, 0), "remote_paths": (3, 27), "loop": (2, 0),
     "remote_gcs": (7, 85), "dependencies": (2, 0), "multiprocess": (13, 200),
-    "bf16": (10, 70), "study_record": (5, 60),
+    "bf16": (10, 70), "study_record": (5, 60), "sharded_measures": (0, 29),
     "losses": (1, 0), "optim": (1, 0), "text_data": (1, 0), "import_cycles": (1, 0),
     "notebook_format": (0, 0), "colab_modify_memories": (0, 0), "batching": (0, 0),
 }

@@ -12,6 +12,7 @@ import pytest
 from mlcollections_configs import sensitivity_language as sl_config
 from xsens import studies
 from xsens.errors import ConfigError
+from xsens.measures import planning
 from xsens.measures import text_sensitivity as ts
 from xsens.models import get_model
 from xsens.models import text as text_models
@@ -119,6 +120,30 @@ def test_global_sensitivity_range(roberta):
   np.testing.assert_array_equal(glob(variables, 50.0, chunk_size=3), big)
   np.testing.assert_array_equal(glob(variables, 50.0, chunk_size=None), big)
   assert big.shape == (4,) and (np.asarray(none) == 0).all() and np.asarray(big).max() > 0
+
+
+@pytest.mark.slow
+def test_text_plans_give_the_same_flips_and_the_result_says_its_sizes(roberta, monkeypatch):
+  monkeypatch.setattr(planning, "TUNED_FORWARD_BATCH", {})
+  model, variables, ids = roberta
+  tokens = model.apply(variables, ids, method=model.embed)
+  encode = functools.partial(model.apply, method=model.encode)
+  mask = text_models.padding_mask(ids)
+  for fn, n in ((ts.text_token_sensitivity, 10 * 2), (ts.text_global_sensitivity, 2)):
+    run = jax.jit(lambda v: [fn(encode, v, tokens, key=jax.random.key(1), token_mask=mask,
+                                sigma=10.0, num_draws=2, chunk_size=c)
+                             for c in ("auto", "tune", 1, None)])
+    auto, tuned, one, everything = run(variables)
+    for out in (auto, tuned, one):
+      np.testing.assert_array_equal(out["per_example"], everything["per_example"])
+    # The examples run vmapped, all B = 4 in each forward call.
+    assert {k: int(v) for k, v in one["plan"].items()} == dict(
+        chunk_size=1, example_chunk_size=4, forward_batch=4)
+    assert int(everything["plan"]["forward_batch"]) == 4 * n
+    assert int(auto["plan"]["example_chunk_size"]) == 4
+  with pytest.raises(ValueError, match="sigma must be a scalar"):
+    ts.text_token_sensitivity(encode, variables, tokens, key=jax.random.key(1),
+                              token_mask=mask, sigma=jnp.ones(2), num_draws=2)
 
 
 @pytest.fixture(scope="module")

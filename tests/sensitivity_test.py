@@ -1,6 +1,7 @@
 """Tests for xsens/measures/sensitivity.py and xsens/measures/tokens.py."""
 
 import functools
+import logging
 import math
 import os
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 from scipy import stats
 
 from xsens.measures import boolean
+from xsens.measures import planning
 from xsens.measures import sensitivity as sens
 from xsens.measures import tokens as tokens_lib
 
@@ -771,3 +773,138 @@ def test_num_draws_for_stderr():
   assert sens.num_draws_for_stderr(0.5, 0.5, 100, 64) == 1
   with pytest.raises(ValueError):
     sens.num_draws_for_stderr(0.0, 0.2, 10, 4)
+
+
+# ----------------------------------------------------------------------------
+# Plans: speed target, tuning, the `plan` entry; clear edges.
+# ----------------------------------------------------------------------------
+
+
+def test_plan_chunks_near_a_target_within_the_memory_cap():
+  per_input = sens.FORWARD_BYTES_PER_INPUT_BYTE
+  budget = 1000 * 1024 * per_input                     # 1000 inputs of 1 KiB.
+  plan = lambda b, n, target, **kw: planning.plan_chunks(
+      b, n, 1024, memory_budget_bytes=budget, target_batch=target, **kw)
+  assert plan(64, 49, 64) == (1, None)                 # 64 inputs per call.
+  assert plan(64, 16, 188) == (3, None)                # 192 is nearest.
+  assert plan(64, 10, 100) == (2, None)                # 128 (x1.28) beats 64 (x1.56).
+  assert plan(64, 49, 40) == (1, 32)                   # Two blocks of 32.
+  assert plan(64, 49, 5000) == (15, None)              # 960: the memory cap binds.
+  assert plan(64, 49, 50, chunk_size=2) == (2, 22)     # 2 x 22 = 44 inputs.
+  assert plan(64, 49, 50, example_chunk_size=16) == (3, 16)
+  assert plan(64, 49, 50, chunk_size=4, example_chunk_size=None) == (4, None)
+  assert plan(2000, 49, 5000) == (1, 1000)             # Nothing larger fits.
+  assert planning.plan_sizes(64, 49, None, None) == dict(
+      chunk_size=49, example_chunk_size=64, forward_batch=3136)
+  assert planning.plan_sizes(64, 49, 1, 40) == dict(
+      chunk_size=1, example_chunk_size=32, forward_batch=32)
+
+
+def test_speed_target_from_the_rows_of_the_models_matmuls():
+  tok = random_tokens(50, b=3, t=5, d=4)
+  v = dict(w=jax.random.normal(jax.random.key(51), (4, 8)),
+           h=jax.random.normal(jax.random.key(52), (8, 2)))
+
+  def per_token_dense(v, x):                 # [B, T, 4] @ [4, 8]: T rows each.
+    h = jnp.tanh(x @ v["w"])
+    att = jnp.einsum("btd,bsd->bts", h, h)   # Activations x activations: not rows.
+    return (att @ h).mean(1) @ v["h"]
+
+  rows = planning.matmul_rows_per_example
+  assert rows(per_token_dense, v, (tok,)) == 5
+  assert rows(mlp_apply, mlp_params(jax.random.key(53), 5, 4), (tok,)) == 1
+  assert rows(token0_model, None, (tok,)) is None      # No matmul: no target.
+  cores = len(os.sched_getaffinity(0))
+  assert planning.forward_batch_target(5, "cpu") == \
+      planning.CPU_MATMUL_ROWS_PER_CORE * cores // 5
+  assert planning.forward_batch_target(5, "gpu") is None
+  assert planning.forward_batch_target(None, "cpu") is None
+
+
+@pytest.mark.slow
+def test_every_plan_gives_the_same_numbers_and_the_result_says_its_sizes(
+    monkeypatch, caplog):
+  monkeypatch.setattr(planning, "TUNED_FORWARD_BATCH", {})
+  timings = []
+  timed = planning._time_forward_batches
+  monkeypatch.setattr(planning, "_time_forward_batches",
+                      lambda *a: timings.append(a[-1]) or timed(*a))
+  tok = random_tokens(54, b=6, t=5, d=4)
+  images = jax.random.normal(jax.random.key(55), (6, 4, 4, 1))
+  params = mlp_params(jax.random.key(56), 5, 4)
+  image_params = mlp_params(jax.random.key(57), 4, 4)
+  image_apply = lambda v, x: mlp_apply(v, x.reshape(x.shape[0], 4, 4))
+  plans = (("auto", "auto"), ("tune", "auto"), (1, 1), (None, None), (3, 4))
+  estimators = {
+      "token": (sens.token_sensitivity, mlp_apply, params, tok, {}),
+      "global": (sens.global_sensitivity, mlp_apply, params, tok, {}),
+      "smooth": (sens.smooth_token_sensitivity, mlp_apply, params, tok, {}),
+      "scattered": (sens.scattered_pixel_sensitivity, image_apply, image_params,
+                    images, dict(num_pixels=3)),
+  }
+  with caplog.at_level(logging.DEBUG, logger="xsens.measures"):
+    for name, (fn, apply, v, x, kw) in estimators.items():
+      run = jax.jit(lambda v, x, key: [fn(
+          apply, v, x, key=key, sigma=1.5, num_draws=4, chunk_size=c,
+          example_chunk_size=e, **kw) for c, e in plans])
+      outs = run(v, x, KEY)
+      n = 5 * 4 if name in ("token", "smooth") else 4
+      for (c, e), out in zip(plans, outs):
+        if c not in ("auto", "tune"):
+          assert {k: int(s) for k, s in out["plan"].items()} == \
+              planning.plan_sizes(6, n, c, e), (name, c, e)
+        for k in ("per_token", "per_example", "flips", "count"):
+          if k in out:
+            want, got = outs[3][k], out[k]
+            if name == "smooth":       # Batch-size dependent float rounding only.
+              np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
+            else:
+              np.testing.assert_array_equal(got, want, err_msg=f"{name} {c} {e}")
+  assert "token_sensitivity plan: chunk_size=" in caplog.text
+  assert "tuned forward batch" in caplog.text
+  # One timing per (model, input shape): token, global and smooth share the model.
+  assert len(timings) == 2, timings
+  jax.jit(lambda v, x, key: sens.token_sensitivity(
+      mlp_apply, v, x, key=key, sigma=1.0, num_draws=2, chunk_size="tune"))(
+          params, tok, KEY)
+  assert len(timings) == 2                            # Cached in the process.
+
+
+def test_vector_sigma_is_refused_in_one_line():
+  tok = random_tokens(58)
+  for fn in (sens.token_sensitivity, sens.global_sensitivity,
+             sens.smooth_token_sensitivity):
+    with pytest.raises(ValueError, match=r"^sigma must be a scalar, got shape "
+                       r"\(2,\): for several sigmas use sigma_sweep or jax.vmap"):
+      fn(token0_model, None, tok, key=KEY, sigma=jnp.array([0.5, 1.0]),
+         num_draws=1)
+  with pytest.raises(ValueError, match="sigma must be a scalar"):
+    sens.token_sensitivity(token0_model, None, tok, key=KEY, sigma=[0.5, 1.0],
+                           num_draws=1)
+  with pytest.raises(ValueError, match="must be >= 0"):
+    sens.sigma_sweep(sens.token_sensitivity, [0.5, -1.0], token0_model, None,
+                     tok, key=KEY, num_draws=1)
+
+
+@pytest.mark.slow
+def test_sigma_sweep_compiles_once_eagerly():
+  tok = random_tokens(59)
+  params = mlp_params(jax.random.key(60), 5, 4)
+  lowerings = []
+  listener = lambda event, *_, **__: lowerings.append(event) if event == (
+      "/jax/core/compile/jaxpr_to_mlir_module_duration") else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    for vectorize in (False, True):
+      for sigmas in ([0.0, 0.5, 4.0], [0.1, 0.2, 0.3]):
+        del lowerings[:]
+        out = sens.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, params,
+                               tok, key=KEY, num_draws=4, vectorize=vectorize)
+        jax.block_until_ready(out)
+        # One program the first time; the second sweep reuses it.
+        assert len(lowerings) == (1 if sigmas[0] == 0.0 else 0), (
+            vectorize, sigmas, len(lowerings))
+        assert out["per_token"].shape == (3, 3, 5)
+        assert out["plan"]["forward_batch"].shape == (3,)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)

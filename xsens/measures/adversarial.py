@@ -30,8 +30,8 @@ float in the model's normalised space. Every attack / accuracy is
 arrays; labels are int [B] and `mask` an optional [B] example mask (0 for padding rows).
 Nothing here is jitted internally over the weights: callers jit, with `apply_fn` static
 (hashable and stable: build it once per model, as `TrainResult.apply_fn` is) and the
-variables traced, e.g.
-`jax.jit(adversarial.fgsm, static_argnums=0, static_argnames="norm")`; `epsilon`,
+variables traced, e.g. `measures.jit(measures.fgsm)` (that is,
+`jax.jit(fgsm, static_argnums=0, static_argnames=("norm",))`); `epsilon`,
 `step_size`, `clip_min` and `clip_max` may be traced, so a sweep over epsilon compiles
 once per (apply_fn, shape); `num_steps`, `norm` and `random_start` must be static.
 Everything is pure: no globals, no I/O, randomness only from `key`. The

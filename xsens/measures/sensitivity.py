@@ -30,21 +30,42 @@ Calling convention (that of every measure in `xsens.measures`):
 - token_mask [B, T] or [T]: tokens that count (False: padding; still
   evaluated, never counted).
 
-Every function is pure: no globals, no I/O, no Python-side randomness, no
-internal jit (callers jit, with apply_fn static and the variables traced).
-Sizes (`num_draws`, `chunk_size`, ...) are static Python values; `sigma` may
-be traced, so a sigma sweep is `jax.vmap` over sigma (`sigma_sweep`).
+Every estimator is pure: no I/O, no Python-side randomness, no internal jit
+(callers jit, with apply_fn static and the variables traced; the one global is
+the process cache of `chunk_size="tune"`). Sizes (`num_draws`, `chunk_size`,
+...) are static Python values (`xsens.measures.convention.STATIC_ARGNAMES`);
+`sigma` is a scalar that may be traced, so a sigma sweep is `jax.vmap` over
+sigma or `sigma_sweep` (one compiled program):
+
+>>> import jax
+>>> from xsens import measures
+>>> def apply_fn(variables, tokens):                    # tokens [B, T, D] -> [B, 2]
+...   score = (tokens * variables).sum((1, 2))
+...   return jax.numpy.stack([-score, score], -1)
+>>> tokens = jax.random.normal(jax.random.key(0), (4, 5, 3))
+>>> w = jax.random.normal(jax.random.key(1), (5, 3))
+>>> sens = measures.jit(measures.token_sensitivity)  # apply_fn, num_draws static.
+>>> out = sens(apply_fn, w, tokens, key=jax.random.key(2), sigma=0.5, num_draws=4)
+>>> out["per_token"].shape
+(4, 5)
+>>> many = jax.vmap(lambda s: sens(apply_fn, w, tokens, key=jax.random.key(2), sigma=s,
+...                                num_draws=4)["mean"])(jax.numpy.array([0.1, 1.0]))
+>>> many.shape
+(2,)
+
 `smooth_token_sensitivity` is differentiable in the inputs and the variables.
 Batches may be sharded over devices on axis 0: perturbed copies are laid out
 [B, c, ...] and merged batch-major into [B * c, ...] (example blocks are
 strided), so a batch sharding stays a batch sharding under GSPMD.
 
-Chunking and memory. An estimator makes N perturbed copies of each example
-(N = T * R token-draw pairs, or R draws). `chunk_size` copies per example go
-through one forward call (None: all N at once); `example_chunk_size` cuts the
-batch into strided blocks of at most that many examples (None: the whole
-batch); chunks and blocks run in sequence under `lax.map`. The default "auto"
-picks both from `memory_budget_bytes` (default 256 MiB) with `plan_chunks`.
+Chunking, speed and memory. An estimator makes N perturbed copies of each
+example (N = T * R token-draw pairs, or R draws). `chunk_size` copies per
+example go through one forward call (None: all N at once); `example_chunk_size`
+cuts the batch into strided blocks of at most that many examples (None: the
+whole batch); chunks and blocks run in sequence under `lax.map`. The default
+"auto" picks both for speed within the memory cap `memory_budget_bytes`
+(default 256 MiB); "tune" times a few forward batches once per model and
+shape (`xsens.measures.planning`). The result's `plan` says which sizes ran.
 
 Noise scheme (all token-wise estimators): the (token t, draw r) pair has index
 q = t * num_draws + r and noise `normal(fold_in(key, q), [B, D])`. Results are
@@ -62,29 +83,30 @@ Returned dictionaries (hard estimators) hold:
     (sum, count) accumulators of big_vision evaluators. Note flips / count
     weights examples by their number of valid tokens (the official language
     code's `mean_sensitivity`), whereas `mean` is the mean of per-example
-    means; they agree when no token is masked.
+    means; they agree when no token is masked;
+  plan: {"chunk_size", "example_chunk_size", "forward_batch"}, the sizes of one
+    forward call (also in the smooth variant's dict): Python ints eagerly, int32
+    scalars out of `jax.jit`, [S] under a vmap over S sigmas (`planning`).
 """
 
 import functools
 import math
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from xsens.measures import convention
+from xsens.measures import planning
+from xsens.measures import token_prefix
 from xsens.measures import tokens as tokens_lib
+from xsens.measures.planning import (AUTO, DEFAULT_MEMORY_BUDGET_BYTES,  # pylint: disable=unused-import
+                                     FORWARD_BYTES_PER_INPUT_BYTE, TUNE, ChunkSize,
+                                     _check_chunk_size, _check_positive_int, plan_chunks)
 
 Array = jax.Array
 ApplyFn = Callable[[Any, Array], Array]
-ChunkSize = Union[int, None, str]
-
-AUTO = "auto"
-# Default budget for the memory of one forward call of the estimators.
-DEFAULT_MEMORY_BUDGET_BYTES = 256 * 2**20
-# Bytes a forward pass is assumed to hold per byte of its input when "auto"
-# sizes the chunks: measured 65-110 for a small ViT (28x28x1, patch 4, width
-# 128, 6 layers, float32; docs/benchmarks.md memory table), rounded up.
-FORWARD_BYTES_PER_INPUT_BYTE = 128
 # How a study's sigma is read: "absolute", as given (the paper's); "token_rms", in units of
 # the root-mean-square coordinate of the clean tokens the noise is added to (pixels of the
 # patches, or text embeddings), i.e. as a noise-to-signal ratio, so one sigma means the
@@ -106,23 +128,14 @@ def noise_multiplier(noise_scale: str, token_rms: float) -> float:
 # ----------------------------------------------------------------------------
 
 
-def _check_positive_int(name: str, value: Any) -> None:
-  if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-    raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
-
-
-def _check_chunk_size(chunk_size: ChunkSize,
-                      name: str = "chunk_size") -> None:
-  if chunk_size is not None and chunk_size != AUTO:
-    if isinstance(chunk_size, str):
-      raise ValueError(f"{name} must be 'auto', None or a positive int, got "
-                       f"{chunk_size!r}.")
-    _check_positive_int(name, chunk_size)
-
-
 def _check_sigma(sigma: Any) -> None:
-  """Rejects a negative sigma when it is concrete (traced sigmas pass)."""
-  if isinstance(sigma, (int, float)) and sigma < 0:
+  """Rejects a sigma that is not a scalar, and a negative one when it is concrete."""
+  shape = jnp.shape(sigma)
+  if shape:
+    raise ValueError(
+        f"sigma must be a scalar, got shape {tuple(shape)}: for several sigmas use "
+        f"sigma_sweep or jax.vmap over sigma.")
+  if isinstance(sigma, (int, float, np.number)) and sigma < 0:
     raise ValueError(f"sigma is a standard deviation and must be >= 0, got "
                      f"{sigma}.")
 
@@ -130,73 +143,6 @@ def _check_sigma(sigma: Any) -> None:
 def _check_key(key: Optional[Array], name: str) -> None:
   if key is None:
     raise ValueError(f"{name} draws random noise and needs key= (a PRNG key).")
-
-
-def plan_chunks(
-    batch: int,
-    num_items: int,
-    item_bytes: int,
-    *,
-    chunk_size: ChunkSize = AUTO,
-    example_chunk_size: ChunkSize = AUTO,
-    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
-) -> tuple[Optional[int], Optional[int]]:
-  """Resolves 'auto' chunk sizes so that one forward call fits a memory budget.
-
-  A forward call sees e * c perturbed inputs (e examples, c copies of each)
-  and is assumed to need e * c * item_bytes * FORWARD_BYTES_PER_INPUT_BYTE
-  bytes. With capacity = memory_budget_bytes // (item_bytes *
-  FORWARD_BYTES_PER_INPUT_BYTE) inputs per call (at least 1):
-  - both 'auto': the whole batch (e = None) and c = capacity // batch copies
-    (clipped to [1, num_items]) when the batch fits, else c = 1 and
-    e = capacity examples;
-  - chunk_size 'auto' only: c = capacity // e (clipped to [1, num_items]);
-  - example_chunk_size 'auto' only: the whole batch if batch * c fits, else
-    e = max(1, capacity // c).
-  Explicit values (positive ints, or None = all) are returned unchanged. The
-  estimate covers the model's activations only as far as the factor does;
-  vmapping an estimator (e.g. over sigma) multiplies its memory.
-
-  Args:
-    batch: B, examples in the batch.
-    num_items: N, perturbed copies per example (T * R pairs, or R draws).
-    item_bytes: bytes of one perturbed example input (e.g. T * D * itemsize).
-    chunk_size: copies per example per forward call: 'auto', None or an int.
-    example_chunk_size: examples per forward call: 'auto', None or an int.
-    memory_budget_bytes: the budget of one forward call (default 256 MiB).
-
-  Returns:
-    (chunk_size, example_chunk_size), each a positive int or None.
-  """
-  _check_chunk_size(chunk_size)
-  _check_chunk_size(example_chunk_size, "example_chunk_size")
-  _check_positive_int("memory_budget_bytes", memory_budget_bytes)
-  _check_positive_int("batch", batch)
-  _check_positive_int("num_items", num_items)
-  capacity = max(1, memory_budget_bytes //
-                 max(1, item_bytes * FORWARD_BYTES_PER_INPUT_BYTE))
-  clip = lambda c: max(1, min(num_items, c))
-  if chunk_size == AUTO and example_chunk_size == AUTO:
-    if batch <= capacity:
-      return clip(capacity // batch), None
-    return 1, capacity
-  if chunk_size == AUTO:
-    e = batch if example_chunk_size is None else min(example_chunk_size, batch)
-    return clip(capacity // e), example_chunk_size
-  if example_chunk_size == AUTO:
-    c = num_items if chunk_size is None else min(chunk_size, num_items)
-    return chunk_size, (None if batch * c <= capacity else
-                        max(1, capacity // c))
-  return chunk_size, example_chunk_size
-
-
-def _plan(batch: int, num_items: int, per_example_shape: Sequence[int],
-          dtype: Any, chunk_size: ChunkSize, example_chunk_size: ChunkSize,
-          memory_budget_bytes: int) -> tuple[Optional[int], Optional[int]]:
-  item_bytes = math.prod(per_example_shape) * jnp.dtype(dtype).itemsize
-  return plan_chunks(batch, num_items, item_bytes, chunk_size=chunk_size,
-                     example_chunk_size=example_chunk_size,
-                     memory_budget_bytes=memory_budget_bytes)
 
 
 def _bind(apply_fn: ApplyFn, variables: Any) -> Callable[[Array], Array]:
@@ -412,14 +358,21 @@ def _token_result(flips_bp: Array, unit_mask: Array, num_draws: int,
 def _token_flips(fn: Callable[[Array], Array], tokens: Array, key: Array,
                  labels: Optional[Array], *, sigma: Any, num_draws: int,
                  chunk_size: Optional[int],
-                 example_chunk_size: Optional[int]) -> Array:
-  """Flips [B, T * R] of fn (tokens -> logits); pair q = t * R + r."""
+                 example_chunk_size: Optional[int],
+                 perturbed_fn: Optional[Callable[[Array, Array], Array]] = None
+                 ) -> Array:
+  """Flips [B, T * R] of fn (tokens -> logits); pair q = t * R + r. perturbed_fn
+  (token_ids [c], scaled noise [B, c, D]) -> logits [B, c, K], when given, computes the
+  copies' logits instead (`token_prefix.perturbed_logits_fn`)."""
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
   y = _clean_labels(fn, tokens, labels, example_chunk_size)
 
   def chunk_flips(ids):                            # ids [c] -> flips [B, c]
     noise = jnp.swapaxes(_pair_noise(key, ids, (b, d), dtype), 0, 1)
+    if perturbed_fn is not None:
+      logits = perturbed_fn(ids // num_draws, (sigma * noise).astype(dtype))
+      return jnp.argmax(logits, axis=-1) != y[:, None]
     delta = _token_delta(noise, ids // num_draws, t, sigma, dtype)
     logits = _forward_copies(fn, tokens[:, None] + delta, example_chunk_size)
     return jnp.argmax(logits, axis=-1) != y[:, None]
@@ -450,6 +403,7 @@ def token_sensitivity(
     chunk_size: ChunkSize = AUTO,
     example_chunk_size: ChunkSize = AUTO,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+    token_split: token_prefix.SplitOption = token_prefix.AUTO,
 ) -> dict[str, Array]:
   """Token-wise Gaussian sensitivity (arXiv 2403.06925 Fig. 1 and §4).
 
@@ -478,31 +432,38 @@ def token_sensitivity(
     patch_size: p for images (must divide H and W); None for tokens.
     token_mask: [B, T] or [T] bool; False marks padding, which is still
       evaluated but counts nowhere.
-    chunk_size: (token, draw) pairs per forward call: 'auto', None (all
-      T * R) or an int.
+    chunk_size: (token, draw) pairs per forward call: 'auto', 'tune', None
+      (all T * R) or an int (`xsens.measures.planning`).
     example_chunk_size: examples per forward call: 'auto', None (all B) or an
       int; the batch is split into ceil(B / example_chunk_size) strided
       blocks, so a batch sharding stays a batch sharding.
-    memory_budget_bytes: budget of one forward call for the 'auto' sizes
-      (`plan_chunks`).
+    memory_budget_bytes: the memory cap of one forward call for 'auto' and
+      'tune' (`plan_chunks`).
+    token_split: reuse of the clean pass's per-token first-layer work
+      (`xsens.measures.token_prefix`): 'auto' (where the model offers it and it
+      pays), 'always', None (off) or a `TokenSplit`; results are the same.
 
   Returns:
     dict: per_token [B, T] flip probabilities (0 where masked), per_example
     [B] (mean over valid tokens), mean, stderr, stderr_noise, flips, count
-    (see the module docstring and `_summarize`), and for images per_patch_map
-    [B, H/p, W/p].
+    (see the module docstring and `_summarize`), plan (the sizes used,
+    `planning`), and for images per_patch_map [B, H/p, W/p].
   """
   _check_key(key, "token_sensitivity")
   _check_positive_int("num_draws", num_draws)
   _check_sigma(sigma)
   token_fn, tokens = tokens_lib.token_view(apply_fn, inputs, patch_size)
   b, t, d = tokens.shape
-  c, e = _plan(b, t * num_draws, (t, d), _noise_dtype(tokens), chunk_size,
-               example_chunk_size, memory_budget_bytes)
+  c, e, plan = planning.resolve("token_sensitivity", token_fn, variables, (tokens,),
+                                t * num_draws, chunk_size, example_chunk_size,
+                                memory_budget_bytes)
+  split = token_prefix.resolve(token_split, apply_fn, patch_size, inputs.shape[1:])
   flips = _token_flips(_bind(token_fn, variables), tokens, key, labels,
                        sigma=sigma, num_draws=num_draws, chunk_size=c,
-                       example_chunk_size=e)
+                       example_chunk_size=e, perturbed_fn=None if split is None else
+                       token_prefix.perturbed_logits_fn(split, variables, tokens, e))
   out = _token_result(flips, _unit_mask(token_mask, b, t), num_draws, mask)
+  out["plan"] = plan
   return _with_patch_map(out, inputs, patch_size)
 
 
@@ -521,18 +482,20 @@ def token_sensitivity_loop(
     chunk_size: ChunkSize = AUTO,
     example_chunk_size: ChunkSize = AUTO,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+    token_split: token_prefix.SplitOption = token_prefix.AUTO,
 ) -> dict[str, Array]:
   """Reference `token_sensitivity`: a Python loop of jitted batch forwards.
 
   Same arguments, keys and result; one [B, T, D] forward per (token, draw)
   pair. For tests and benchmarks only (not jittable as a whole; T * R
   dispatches). The sizes (`chunk_size`, `example_chunk_size`,
-  `memory_budget_bytes`) are accepted for signature parity and ignored. The
+  `memory_budget_bytes`) and `token_split` are accepted for signature parity
+  and ignored (every copy runs the whole forward). The
   per-pair step is jitted once per (apply_fn, patch_size, image shape,
   num_draws) at module level, with the variables as an argument (an
   unhashable apply_fn is jitted per call).
   """
-  del chunk_size, example_chunk_size, memory_budget_bytes
+  del chunk_size, example_chunk_size, memory_budget_bytes, token_split
   _check_key(key, "token_sensitivity_loop")
   _check_positive_int("num_draws", num_draws)
   _check_sigma(sigma)
@@ -650,25 +613,28 @@ def global_sensitivity(
     key: PRNG key.
     num_draws: R draws per example.
     token_mask: [B, T] or [T] bool; masked tokens receive no noise.
-    chunk_size: draws per forward call: 'auto', None (all R) or an int.
+    chunk_size: draws per forward call: 'auto', 'tune', None (all R) or an int.
 
   Returns:
     dict: per_example [B] flip frequency, mean, stderr, stderr_noise, flips,
-    count (R trials per valid example).
+    count (R trials per valid example), plan (the sizes used).
   """
   _check_key(key, "global_sensitivity")
   _check_positive_int("num_draws", num_draws)
   _check_sigma(sigma)
   token_fn, tokens = tokens_lib.token_view(apply_fn, inputs, patch_size)
   b, t, d = tokens.shape
-  c, e = _plan(b, num_draws, (t, d), _noise_dtype(tokens), chunk_size,
-               example_chunk_size, memory_budget_bytes)
+  c, e, plan = planning.resolve("global_sensitivity", token_fn, variables, (tokens,),
+                                num_draws, chunk_size, example_chunk_size,
+                                memory_budget_bytes)
   unit_mask = _unit_mask(token_mask, b, t)
   flips = _global_flips(_bind(token_fn, variables), tokens, key, labels,
                         unit_mask, sigma=sigma, num_draws=num_draws,
                         chunk_size=c, example_chunk_size=e)
-  return _draw_result(flips, jnp.any(unit_mask, -1, keepdims=True), num_draws,
-                      mask)
+  out = _draw_result(flips, jnp.any(unit_mask, -1, keepdims=True), num_draws,
+                     mask)
+  out["plan"] = plan
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -767,10 +733,10 @@ def scattered_pixel_sensitivity(
     key: PRNG key; see `scattered_pixel_perturb` / `scattered_pixel_masks`.
     num_draws: R.
     num_pixels: indices drawn per mask (about num_pixels unique positions).
-    chunk_size: draws per forward call: 'auto', None (all R) or an int.
+    chunk_size: draws per forward call: 'auto', 'tune', None (all R) or an int.
 
   Returns:
-    dict: per_example [B], mean, stderr, stderr_noise, flips, count.
+    dict: per_example [B], mean, stderr, stderr_noise, flips, count, plan.
   """
   if inputs.ndim != 4:
     raise ValueError(
@@ -781,8 +747,9 @@ def scattered_pixel_sensitivity(
   _check_positive_int("num_pixels", num_pixels)
   _check_sigma(sigma)
   b = inputs.shape[0]
-  c, e = _plan(b, num_draws, inputs.shape[1:], _noise_dtype(inputs),
-               chunk_size, example_chunk_size, memory_budget_bytes)
+  c, e, plan = planning.resolve("scattered_pixel_sensitivity", apply_fn, variables,
+                                (inputs,), num_draws, chunk_size, example_chunk_size,
+                                memory_budget_bytes)
   fn = _bind(apply_fn, variables)
   y = _clean_labels(fn, inputs, labels, e)
 
@@ -793,7 +760,9 @@ def scattered_pixel_sensitivity(
     return jnp.argmax(logits, axis=-1) != y[:, None]
 
   flips = _map_chunks(chunk_flips, num_draws, c)                 # [B, R]
-  return _draw_result(flips, jnp.ones((b, 1), bool), num_draws, mask)
+  out = _draw_result(flips, jnp.ones((b, 1), bool), num_draws, mask)
+  out["plan"] = plan
+  return out
 
 
 # ----------------------------------------------------------------------------
@@ -855,7 +824,7 @@ def smooth_token_sensitivity(
   Returns:
     dict: per_token [B, T] mean distance over draws (0 where masked),
     per_example [B] (mean over valid tokens), mean (weighted over examples),
-    and for images per_patch_map [B, H/p, W/p].
+    plan (the sizes used), and for images per_patch_map [B, H/p, W/p].
   """
   del labels
   if norm not in ("l1", "l2", "sq_l2"):
@@ -869,9 +838,9 @@ def smooth_token_sensitivity(
   b, t, d = tokens.shape
   dtype = _noise_dtype(tokens)
   num_pairs = t * num_draws
-  chunk_size, example_chunk_size = _plan(
-      b, num_pairs, (t, d), dtype, chunk_size, example_chunk_size,
-      memory_budget_bytes)
+  chunk_size, example_chunk_size, plan = planning.resolve(
+      "smooth_token_sensitivity", token_fn, variables, (tokens,), num_pairs,
+      chunk_size, example_chunk_size, memory_budget_bytes)
 
   def g(x):
     out = token_fn(variables, x)
@@ -899,7 +868,8 @@ def smooth_token_sensitivity(
       jnp.asarray(mask).astype(per_example.dtype))
   w = w * (n_units > 0)
   mean = jnp.sum(w * per_example) / jnp.maximum(jnp.sum(w), 1e-12)
-  out = dict(per_token=per_token * m, per_example=per_example, mean=mean)
+  out = dict(per_token=per_token * m, per_example=per_example, mean=mean,
+             plan=plan)
   return _with_patch_map(out, inputs, patch_size)
 
 
@@ -1002,32 +972,73 @@ def boolean_sensitivity(
 # ----------------------------------------------------------------------------
 
 
+def _is_static(value: Any) -> bool:
+  """Hashable and free of arrays: a size, a name, a function, None."""
+  if any(isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+         for leaf in jax.tree.leaves(value)):
+    return False
+  try:
+    hash(value)
+  except TypeError:
+    return False
+  return True
+
+
+def _sweep(fn: Callable[..., Any], static_args: tuple, static_kwargs: tuple,
+           vectorize: bool, dyn_args: dict, dyn_kwargs: dict, sigmas: Array) -> Any:
+  args = dict(static_args) | dyn_args
+  kwargs = dict(static_kwargs) | dyn_kwargs
+  call = lambda s: fn(*(args[i] for i in range(len(args))), sigma=s, **kwargs)
+  return jax.vmap(call)(sigmas) if vectorize else jax.lax.map(call, sigmas)
+
+
+_sweep_jit = jax.jit(_sweep, static_argnums=(0, 1, 2, 3))
+
+
 def sigma_sweep(fn: Callable[..., Any], sigmas: Iterable[float], *args: Any,
                 vectorize: bool = False, **kwargs: Any) -> Any:
   """Evaluates fn(*args, sigma=s, **kwargs) for each s and stacks the results.
 
   The same key (kwargs['key']) is reused for every sigma: common random
   numbers, so the curve is smooth in sigma and differences between sigmas
-  carry less Monte-Carlo noise.
+  carry less Monte-Carlo noise. The sweep is one program, jitted here with fn,
+  its `convention.static_argnames` and every array-free hashable argument
+  (functions, sizes, names) static: called eagerly it compiles once per (fn,
+  static values, shapes), and inside a caller's jit it is part of that program.
 
   Args:
     fn: an estimator of this module (or anything taking `sigma=`).
-    sigmas: S noise scales.
+    sigmas: S noise scales (a sequence or a [S] array, may be traced).
     *args: fn's positional arguments (apply_fn, variables, inputs).
-    vectorize: False runs a Python loop (S forward passes in sequence, memory
-      of one); True vmaps over a traced sigma array (one program, S times the
-      memory, which the 'auto' chunk sizes do not see; the model is then
-      batched by vmap rather than reshaped).
-    **kwargs: fn's other keyword arguments (functions and ints stay static).
+    vectorize: False maps over sigma with `lax.map` (S evaluations in
+      sequence, memory of one); True vmaps over sigma (S times the memory,
+      which the 'auto' chunk sizes do not see; the model is then batched by
+      vmap rather than reshaped).
+    **kwargs: fn's other keyword arguments.
 
   Returns:
     fn's output pytree with a leading [S] axis on every leaf.
   """
-  if vectorize:
-    return jax.vmap(lambda s: fn(*args, sigma=s, **kwargs))(
-        jnp.asarray(list(sigmas), jnp.float32))
-  results = [fn(*args, sigma=s, **kwargs) for s in sigmas]
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *results)
+  values = sigmas if hasattr(sigmas, "shape") else list(sigmas)
+  traced = any(isinstance(v, jax.core.Tracer)
+               for v in (values if isinstance(values, list) else [values]))
+  sig = jnp.asarray(values, jnp.float32) if traced else np.asarray(values, np.float32)
+  if sig.ndim != 1:
+    raise ValueError(f"sigmas must be a sequence or a [S] array, got shape {sig.shape}.")
+  if not traced and np.any(sig < 0):
+    raise ValueError(f"sigma is a standard deviation and must be >= 0, got "
+                     f"{sig.tolist()}.")
+  names = set(convention.static_argnames(fn))
+  static_kw = {k: v for k, v in kwargs.items() if k in names or _is_static(v)}
+  static_pos = {i: a for i, a in enumerate(args) if _is_static(a)}
+  parts = (tuple(static_pos.items()), tuple(sorted(static_kw.items())), bool(vectorize),
+           {i: a for i, a in enumerate(args) if i not in static_pos},
+           {k: v for k, v in kwargs.items() if k not in static_kw}, sig)
+  try:
+    hash((fn,) + parts[:3])
+  except TypeError:                                # e.g. an unhashable size list.
+    return jax.jit(functools.partial(_sweep, fn, *parts[:3]))(*parts[3:])
+  return _sweep_jit(fn, *parts)
 
 
 def num_draws_for_stderr(target_stderr: float, pilot_mean: float,

@@ -17,6 +17,22 @@ apply_fn(variables, embeddings [B', T, D], token_mask [B', T] bool) -> logits [B
 e.g. `functools.partial(model.apply, method=model.encode)`. `token_mask` [B, T] (or [T]) is
 that padding mask; `mask` [B] the example mask of a padded batch.
 
+>>> import functools
+>>> import jax
+>>> from xsens import measures
+>>> from xsens.models import get_model, text
+>>> model = get_model("roberta", 2, (6,), vocab_size=32, max_length=6, width=16, depth=1,
+...                   num_heads=2, mlp_dim=32)
+>>> ids = jax.numpy.array([[1, 7, 9, 2, 0, 0], [1, 5, 6, 8, 3, 2]])   # 0: padding.
+>>> variables = model.init(jax.random.key(0), ids)
+>>> embeddings = model.apply(variables, ids, method=model.embed)      # [B, T, D]
+>>> encode = functools.partial(model.apply, method=model.encode)
+>>> out = measures.jit(measures.text_token_sensitivity)(
+...     encode, variables, embeddings, key=jax.random.key(1),
+...     token_mask=text.padding_mask(ids), sigma=0.5, num_draws=2)
+>>> out["per_token"].shape
+(2, 6)
+
 The generic estimators of `xsens.measures.sensitivity` do not pass a mask to the model, so
 these wrappers run them under `jax.vmap` over examples, each example binding its own mask;
 the estimator, its noise scheme and its chunking are reused unchanged. Example b draws its
@@ -37,6 +53,7 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from xsens.measures import planning
 from xsens.measures import sensitivity as sens
 
 Array = jax.Array
@@ -86,20 +103,21 @@ def text_token_sensitivity(
     measure_mask: [B, T] bool, positions to perturb and count; default token_mask.
     example_ids: [B] int, the examples' indices in the measured set (noise keys);
       default 0..B-1.
-    chunk_size: (position, draw) pairs per forward call: 'auto' (from
-      memory_budget_bytes, for the whole vmapped batch), None (all T * R) or an int.
-    memory_budget_bytes: as in `xsens.measures.sensitivity.plan_chunks`.
+    chunk_size: (position, draw) pairs per forward call: 'auto' or 'tune'
+      (`xsens.measures.planning`, for the whole vmapped batch: a forward call sees
+      B * chunk_size inputs), None (all T * R) or an int.
+    memory_budget_bytes: as in `xsens.measures.planning.plan_chunks`.
 
   Returns:
     `token_sensitivity`'s dict over measure_mask: per_token [B, T] float32 flip
     frequency over the R draws (0 where not measured), per_example [B], mean, stderr,
-    stderr_noise, flips, count.
+    stderr_noise, flips, count, plan (the sizes used).
   """
-  b, t, d = inputs.shape
-  chunk_size, _ = sens.plan_chunks(
-      b, t * num_draws, t * d * jnp.dtype(sens._noise_dtype(inputs)).itemsize,
-      chunk_size=chunk_size, example_chunk_size=None,
-      memory_budget_bytes=memory_budget_bytes)
+  sens._check_positive_int("num_draws", num_draws)
+  sens._check_sigma(sigma)
+  b, t, _ = inputs.shape
+  chunk_size, plan = _plan("text_token_sensitivity", apply_fn, variables, inputs,
+                           token_mask, t * num_draws, chunk_size, memory_budget_bytes)
 
   def flips(fn, tok, lab, meas, k):
     del meas
@@ -111,6 +129,7 @@ def text_token_sensitivity(
   counts = flips_bp.reshape(b, t, num_draws).sum(-1, dtype=jnp.int32)
   out = sens._summarize(counts, measure_mask, num_draws, mask)
   out["per_token"] = out.pop("per_unit")
+  out["plan"] = plan
   return out
 
 
@@ -137,13 +156,13 @@ def text_global_sensitivity(
 
   Returns:
     `global_sensitivity`'s dict: per_example [B] float32 in [0, 1] (flips over the R
-    draws / R), mean, stderr, stderr_noise, flips, count.
+    draws / R), mean, stderr, stderr_noise, flips, count, plan (the sizes used).
   """
-  b, t, d = inputs.shape
-  chunk_size, _ = sens.plan_chunks(
-      b, num_draws, t * d * jnp.dtype(sens._noise_dtype(inputs)).itemsize,
-      chunk_size=chunk_size, example_chunk_size=None,
-      memory_budget_bytes=memory_budget_bytes)
+  sens._check_positive_int("num_draws", num_draws)
+  sens._check_sigma(sigma)
+  b, t, _ = inputs.shape
+  chunk_size, plan = _plan("text_global_sensitivity", apply_fn, variables, inputs,
+                           token_mask, num_draws, chunk_size, memory_budget_bytes)
 
   def flips(fn, tok, lab, meas, k):
     return sens._global_flips(fn, tok, k, lab, meas, sigma=sigma, num_draws=num_draws,
@@ -151,8 +170,22 @@ def text_global_sensitivity(
 
   flips_br, measure_mask = _per_example(flips, apply_fn, variables, inputs, labels, key,
                                         token_mask, measure_mask, example_ids)
-  return sens._draw_result(flips_br, jnp.any(measure_mask, -1, keepdims=True), num_draws,
-                           mask)
+  out = sens._draw_result(flips_br, jnp.any(measure_mask, -1, keepdims=True), num_draws,
+                          mask)
+  out["plan"] = plan
+  return out
+
+
+def _plan(name: str, apply_fn: TextApplyFn, variables: Any, inputs: Array,
+          token_mask: Array, num_items: int, chunk_size: sens.ChunkSize,
+          memory_budget_bytes: int) -> tuple[Optional[int], dict[str, int]]:
+  """(chunk_size, plan entry) for the vmapped batch: B examples times chunk_size
+  copies per forward call (`planning.resolve` with the whole batch in one block)."""
+  b, t, _ = inputs.shape
+  mask = jnp.broadcast_to(jnp.asarray(token_mask).astype(bool), (b, t))
+  c, _, plan = planning.resolve(name, apply_fn, variables, (inputs, mask), num_items,
+                                chunk_size, None, memory_budget_bytes, vmapped_batch=b)
+  return c, plan
 
 
 def _per_example(flips_fn, apply_fn: TextApplyFn, variables: Any, inputs: Array,

@@ -26,9 +26,11 @@ from typing import ClassVar, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from xsens.models import _checks
 from xsens.models import precision
+from xsens.models import token_split as split_lib
 
 
 class OneLayerAttention(nn.Module):
@@ -48,6 +50,35 @@ class OneLayerAttention(nn.Module):
       if getattr(self, field) is not None:
         _checks.positive_int(field, getattr(self, field))
     _checks.dtype(self.dtype)
+
+  @nn.nowrap
+  def token_split(self, patch_size, input_shape):
+    """The split at the attention (`xsens.models.token_split`) for token inputs (n, d):
+    prefix = [x W_Q, x W_K, x W_V] [N, 2 qk_dim + v_dim]; None for images."""
+    if patch_size is not None or len(input_shape) != 2:
+      return None
+    n, d = input_shape
+    dt = precision.compute_dtype(self.dtype)
+    sizes = {"w_q": self.qk_dim or d, "w_k": self.qk_dim or d, "w_v": self.v_dim or d}
+
+    def prefix(variables, tokens, positions):
+      del positions
+      return jnp.concatenate([
+          nn.Dense(size, use_bias=False, dtype=dt).apply(
+              {"params": variables["params"][name]}, tokens)
+          for name, size in sizes.items()], -1)
+
+    def rest(variables, feats):
+      cuts = np.cumsum([0] + list(sizes.values()))
+      replace = {(name,): split_lib.rows_then(0, feats[..., a:b])
+                 for name, a, b in zip(sizes, cuts[:-1], cuts[1:])}
+      with split_lib.intercept(replace):
+        return self.apply(variables, jnp.zeros((feats.shape[0], n, d), jnp.float32))
+
+    dk, dv = sizes["w_k"], sizes["w_v"]
+    per_token = d * (2 * dk + dv)
+    total = n * per_token + n * n * (dk + dv) + dv * self.num_outputs
+    return split_lib.TokenSplit(prefix, rest, split_lib.share(per_token, n, total))
 
   @nn.compact
   def __call__(self, x, train: bool = False):

@@ -29,6 +29,7 @@ import optax
 
 from xsens.models import _checks
 from xsens.models import precision
+from xsens.models import token_split as split_lib
 
 INITS = ("torch_scaled", "gaussian")
 
@@ -122,6 +123,19 @@ def _apply_bwd(residuals, g):
 apply_hand_vjp.defvjp(_apply_fwd, _apply_bwd)
 
 
+def token_features(params, w_o, x):
+  """The per-token part of `apply`: x [..., d] -> [x W_Q, x W_K, x W_V w_O] [..., 2d_h+1]."""
+  return jnp.concatenate([x @ params["wq"], x @ params["wk"],
+                          token_values(params, w_o, x)[..., None]], -1)
+
+
+def from_token_features(features, d_h: int):
+  """The rest of `apply`: features [..., M, 2 d_h + 1] (`token_features`) -> f [...]."""
+  q, k, v = features[..., :d_h], features[..., d_h:2 * d_h], features[..., 2 * d_h]
+  a = jax.nn.softmax(jnp.einsum("...lh,...jh->...lj", q, k), axis=-1).mean(axis=-2)
+  return jnp.sum(a * v, axis=-1)
+
+
 def apply_matrix_form(params, w_o, x):
   """f(X) written as (1/M) Σ_l softmax(x_lᵀ W_Q W_Kᵀ Xᵀ) X W_V w_O (the first form of §2)."""
   s = jax.nn.softmax(attention_logits(params, x), axis=-1)  # [..., M, M]
@@ -157,6 +171,31 @@ class OneLayerViT(nn.Module):
     _checks.positive_float("init_divisor", self.init_divisor)
     _checks.positive_float("init_std", self.init_std)
     _checks.dtype(self.dtype)
+
+  @nn.nowrap
+  def token_split(self, patch_size, input_shape):
+    """The split at the attention (`xsens.models.token_split`) for token inputs (M, d):
+    prefix = `token_features` [N, 2 d_h + 1], rest = `from_token_features`; None for
+    images. The rest returns the score f [B'], as the module does."""
+    if patch_size is not None or len(input_shape) != 2:
+      return None
+    m, d = input_shape
+    dt = precision.compute_dtype(self.dtype)
+
+    def prefix(variables, tokens, positions):
+      del positions
+      params = variables["params"]
+      w = {k: params[k] for k in ("wq", "wk", "wv")}
+      w, w_o, x = jax.tree.map(lambda a: precision.cast(a, dt), (w, params["w_o"], tokens))
+      return token_features(w, w_o, x)
+
+    def rest(variables, feats):
+      del variables
+      return from_token_features(feats, self.d_h).astype(jnp.float32)
+
+    per_token = d * (2 * self.d_h + 1)
+    total = m * per_token + m * m * self.d_h
+    return split_lib.TokenSplit(prefix, rest, split_lib.share(per_token, m, total))
 
   @nn.compact
   def __call__(self, x, train: bool = False):

@@ -66,6 +66,7 @@ from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import attention as attention_lib
 from xsens.models import position as position_lib
+from xsens.models import token_split as split_lib
 
 POOLINGS = ("cls", "mean")
 POSEMBS = ("learned", "sincos", "none")
@@ -387,6 +388,15 @@ class ViT(nn.Module):
     skipped_parts(layers, self.depth)  # Validates.
     return self.clone(skip=layers)
 
+  @nn.nowrap
+  def token_split(self, patch_size, input_shape):
+    """The forward split at the first attention (`xsens.models.token_split`) for tokens
+    that are this ViT's own patches, or None (another patch size, SPT tokens, a subclass)."""
+    if (type(self) is not ViT or patch_size != self.patch_size or self.tokenizer != "patch"
+        or len(input_shape) != 3):
+      return None
+    return vit_token_split(self, tuple(input_shape))
+
   @nn.compact
   def __call__(self, x, train: bool = False):
     x, dt, skipped = encoder_input(self, x, train)
@@ -407,3 +417,64 @@ class ViT(nn.Module):
                 attention_impl=self.attention_impl, dtype=dt,
                 name=f"encoderblock_{i}")(x, train, bias)
     return classifier_head(self, x, dt)
+
+
+def vit_token_split(vit: ViT, image_shape: tuple[int, int, int]) -> split_lib.TokenSplit:
+  """The ViT split at its first attention, tokens = its p x p pixel patches (D = p*p*C).
+
+  prefix: patch embedding (the conv on one patch), position embedding, and, where block 0
+  keeps its attention, that block's LayerNorm and Q/K/V projections; features
+  [N, (1 or 4) * width] = [embedding before the position term, q, k, v].
+  rest: the ViT's own forward with those submodules replaced by the features (the CLS
+  token, when pooling='cls', goes through them as usual).
+  """
+  h, w, c = image_shape
+  p, width, heads = vit.patch_size, vit.width, vit.num_heads
+  grid_h, grid_w = h // p, w // p
+  t = grid_h * grid_w
+  dt = attention_lib.compute_dtype(vit.dtype)
+  qkv = "attention" not in skipped_parts(vit.skip, vit.depth).get(0, ())
+  extra = 1 if vit.pooling == "cls" else 0
+  names = ("query", "key", "value") if qkv else ()
+  model = vit.clone(remat=False)   # Same forward; interception needs the plain blocks.
+
+  def prefix(variables, tokens, positions):
+    params = variables["params"]
+    n = tokens.shape[0]
+    emb = nn.Conv(width, (p, p), strides=(p, p), padding="VALID", dtype=dt).apply(
+        {"params": params["embedding"]}, tokens.reshape(n, p, p, c)).reshape(n, width)
+    if not qkv:
+      return emb
+    x = emb
+    if vit.posemb == "learned":
+      x = x + attention_lib.cast(params["pos_embedding"][0], dt)[positions]
+    elif vit.posemb == "sincos":
+      x = x + attention_lib.cast(posemb_sincos_2d(grid_h, grid_w, width)[0], dt)[positions]
+    block = params["encoderblock_0"]
+    y = nn.LayerNorm(dtype=dt).apply({"params": block["LayerNorm_0"]}, x)
+    dense = nn.DenseGeneral(features=(heads, width // heads), axis=-1, dtype=dt)
+    proj = [dense.apply({"params": block["MultiHeadDotProductAttention_0"][name]}, y)
+            for name in names]
+    return jnp.concatenate([emb] + [a.reshape(n, width).astype(emb.dtype) for a in proj], -1)
+
+  def rest(variables, feats):
+    n = feats.shape[0]
+    parts = [feats[..., i * width:(i + 1) * width] for i in range(1 + len(names))]
+    replace = {("embedding",): lambda *_: parts[0].reshape(n, grid_h, grid_w, width)}
+    if qkv:
+      block = ("encoderblock_0",)
+      replace[block + ("LayerNorm_0",)] = split_lib.rows_then(
+          extra, jnp.zeros_like(parts[0]))
+      for name, part in zip(names, parts[1:]):
+        replace[block + ("MultiHeadDotProductAttention_0", name)] = split_lib.rows_then(
+            extra, part.reshape(n, t, heads, width // heads))
+    with split_lib.intercept(replace):
+      return model.apply(variables, jnp.zeros((n, h, w, c), jnp.float32), train=False)
+
+  # Multiply-adds per example: the prefix per token, and one forward.
+  tm = t + extra
+  per_token = p * p * c * width + (3 * width * width if qkv else 0)
+  blocks = vit.depth * (tm * (4 * width * width + 2 * width * vit.mlp_dim)
+                        + 2 * tm * tm * width)
+  total = t * p * p * c * width + blocks + width * vit.num_classes
+  return split_lib.TokenSplit(prefix, rest, split_lib.share(per_token, t, total))

@@ -118,11 +118,13 @@ def classification_sums(apply_fn, loss_fn, variables, batch) -> dict:
 
 
 def measure_sums(measure, options: dict, apply_fn, variables, batch, key) -> dict:
-  """Each scalar of `measure(...)` times the batch's count of real examples, and the count."""
+  """Each scalar of `measure(...)` times the batch's count of real examples, and the count
+  (entries that are not arrays, e.g. an estimator's `plan`, are left out)."""
   out = measure(apply_fn, variables, batch["image"], labels=batch["label"], key=key,
                 mask=batch["mask"], **options)
   count = jnp.sum(batch["mask"])
-  sums = {k: v * count for k, v in out.items() if jnp.ndim(v) == 0 and k != "count"}
+  sums = {k: v * count for k, v in out.items()
+          if not isinstance(v, dict) and jnp.ndim(v) == 0 and k != "count"}
   sums["count"] = count
   return sums
 
