@@ -908,3 +908,33 @@ def test_sigma_sweep_compiles_once_eagerly():
         assert out["plan"]["forward_batch"].shape == (3,)
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_example_ids_key_each_example_so_any_slice_draws_what_the_batch_draws():
+  tok = random_tokens(61, b=6, t=5, d=4)
+  params = mlp_params(jax.random.key(62), 5, 4)
+  ids = jnp.arange(6, dtype=jnp.int32) + 100
+  kw = dict(key=KEY, sigma=1.5, num_draws=3)
+  for fn in (sens.token_sensitivity, sens.token_sensitivity_loop,
+             sens.global_sensitivity, sens.smooth_token_sensitivity):
+    whole = fn(mlp_apply, params, tok, example_ids=ids, **kw)
+    parts = [fn(mlp_apply, params, tok[i:j], example_ids=ids[i:j], **kw)
+             for i, j in ((0, 1), (1, 4), (4, 6))]
+    got = np.concatenate([np.asarray(p["per_example"]) for p in parts])
+    if fn is sens.smooth_token_sensitivity:
+      np.testing.assert_allclose(got, whole["per_example"], rtol=1e-5, err_msg=fn.__name__)
+    else:
+      np.testing.assert_array_equal(got, whole["per_example"], err_msg=fn.__name__)
+      assert sum(int(p["flips"]) for p in parts) == int(whole["flips"])
+      assert 0 < float(whole["mean"]) < 1, fn.__name__   # Not vacuous.
+    # Chunking does not change the per-example draws either; the batch-level scheme
+    # (no example_ids) draws other noise.
+    if fn is not sens.token_sensitivity_loop:
+      chunked = fn(mlp_apply, params, tok, example_ids=ids, chunk_size=2,
+                   example_chunk_size=4, **kw)
+      np.testing.assert_allclose(chunked["per_example"], whole["per_example"], rtol=1e-5)
+  loop = sens.token_sensitivity_loop(mlp_apply, params, tok, example_ids=ids, **kw)
+  vec = sens.token_sensitivity(mlp_apply, params, tok, example_ids=ids, **kw)
+  np.testing.assert_array_equal(loop["per_token"], vec["per_token"])
+  plain = sens.token_sensitivity(mlp_apply, params, tok, **kw)
+  assert not np.array_equal(plain["per_token"], vec["per_token"])

@@ -119,27 +119,30 @@ _SCRIPT = textwrap.dedent("""
     assert (int(flips), int(count)) == (int(text_ref["flips"]), int(text_ref["count"]))
     print("text_shard_map ok")
 
-    # Images: a slice is a batch of its own (its noise depends on its rows and size), so a
-    # device gives the one-device numbers of its slice; pooled flips / count their sums.
+    # Images: example_ids (global row numbers) key each example's noise, so each device's
+    # slice draws what the one-device batch draws: the one-device numbers exactly.
     variables = models["vit"].init(jax.random.key(1), x[:1])
     apply_fn = functools.partial(models["vit"].apply, train=False)
-    token_kw = {"sigma": 1.0, "num_draws": 2, "patch_size": 7}
+    for name, fn, kw in (("token", measures.token_sensitivity,
+                          {"sigma": 1.0, "num_draws": 2, "patch_size": 7}),
+                         ("global", measures.global_sensitivity,
+                          {"sigma": 1.0, "num_draws": 4, "patch_size": 7})):
 
-    @jax.jit
-    @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data"), P()),
-                       out_specs=(P("data"), P()))
-    def per_device(v, x, k):
-      out = measures.token_sensitivity(apply_fn, v, x, key=k, **token_kw)
-      return out["per_example"], jax.lax.psum((out["flips"], out["count"]), "data")
+      @jax.jit
+      @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data"), P("data"),
+                         P()), out_specs=(P("data"), P()))
+      def per_device(v, x, ids, k):
+        out = fn(apply_fn, v, x, key=k, example_ids=ids, **kw)
+        return out["per_example"], jax.lax.psum((out["flips"], out["count"]), "data")
 
-    per_example, (flips, count) = per_device(variables, split(x), key)
-    run = jax.jit(lambda v, x, k: measures.token_sensitivity(apply_fn, v, x, key=k,
-                                                             **token_kw))
-    slices = [run(variables, whole(x[2 * i:2 * i + 2]), key) for i in range(8)]
-    np.testing.assert_array_equal(
-        per_example, np.concatenate([np.asarray(s["per_example"]) for s in slices]))
-    assert int(flips) == sum(int(s["flips"]) for s in slices)
-    assert int(count) == sum(int(s["count"]) for s in slices) == 16 * 16 * 2
+      ids = jnp.arange(16, dtype=jnp.int32)
+      per_example, (flips, count) = per_device(variables, split(x), split(ids), key)
+      ref = jax.jit(lambda v, x, ids, k: fn(apply_fn, v, x, key=k, example_ids=ids, **kw))(
+          variables, whole(x), whole(ids), key)
+      assert per_example.sharding.is_equivalent_to(sharding.batch_sharding(mesh), 1)
+      np.testing.assert_array_equal(per_example, ref["per_example"], err_msg=name)
+      assert (int(flips), int(count)) == (int(ref["flips"]), int(ref["count"])), name
+      assert 0 < float(ref["mean"]) < 1, name
     print("image_shard_map ok")
 
     # The README snippet as written, on the names the README's example defines.

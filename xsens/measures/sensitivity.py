@@ -70,7 +70,13 @@ shape (`xsens.measures.planning`). The result's `plan` says which sizes ran.
 Noise scheme (all token-wise estimators): the (token t, draw r) pair has index
 q = t * num_draws + r and noise `normal(fold_in(key, q), [B, D])`. Results are
 therefore independent of `chunk_size` and `example_chunk_size` and equal to a
-Python loop over (t, r) with the same keys (`token_sensitivity_loop`).
+Python loop over (t, r) with the same keys (`token_sensitivity_loop`). With
+`example_ids` [B] (the examples' indices in the measured set), example b draws
+`normal(fold_in(fold_in(key, example_ids[b]), q), [D])` instead, independent of
+its row and of the batch size, so a slice of a batch (one device's under
+`shard_map`, or a smaller batch) draws what the whole batch draws for it (the
+text estimators' scheme). The global estimator's draw r is q = r, [T, D] per
+example.
 
 Returned dictionaries (hard estimators) hold:
   per_example [B]: flip frequency of each example (0 where fully masked);
@@ -160,9 +166,31 @@ def _unit_mask(token_mask: Optional[Array], batch: int, units: int) -> Array:
   return jnp.broadcast_to(jnp.asarray(token_mask).astype(bool), (batch, units))
 
 
+def _is_key_batch(key: Array) -> bool:
+  """True for a [B] batch of keys (`example_keys`), False for one key."""
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return key.ndim == 1
+  return key.ndim == 2                             # Raw uint32 keys: [B, 2].
+
+
+def example_keys(key: Array, example_ids: Optional[Array]) -> Array:
+  """Per-example noise keys [B]: fold_in(key, example_ids[b]); key itself when
+  example_ids is None (the batch-level scheme)."""
+  if example_ids is None:
+    return key
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(
+      jnp.asarray(example_ids, jnp.int32))
+
+
 def _pair_noise(key: Array, ids: Array, shape: tuple[int, ...],
                 dtype: Any) -> Array:
-  """Standard normal noise [c, *shape]; row j uses fold_in(key, ids[j])."""
+  """Standard normal noise [c, *shape] (shape = (B, ...)); row j uses
+  fold_in(key, ids[j]). With per-example keys key [B] (`example_keys`), example b of
+  row j draws its shape[1:] from fold_in(key[b], ids[j]) instead."""
+  if _is_key_batch(key):
+    one = lambda k: jax.vmap(
+        lambda i: jax.random.normal(jax.random.fold_in(k, i), shape[1:], dtype))(ids)
+    return jnp.swapaxes(jax.vmap(one)(key), 0, 1)
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
   return jax.vmap(lambda k: jax.random.normal(k, shape, dtype))(keys)
 
@@ -400,6 +428,7 @@ def token_sensitivity(
     num_draws: int,
     patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
+    example_ids: Optional[Array] = None,
     chunk_size: ChunkSize = AUTO,
     example_chunk_size: ChunkSize = AUTO,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
@@ -432,6 +461,9 @@ def token_sensitivity(
     patch_size: p for images (must divide H and W); None for tokens.
     token_mask: [B, T] or [T] bool; False marks padding, which is still
       evaluated but counts nowhere.
+    example_ids: [B] int, the examples' indices in the measured set: example b's
+      noise then comes from fold_in(key, example_ids[b]) (module docstring), so
+      a slice of the batch draws what the whole batch draws; None: batch-level.
     chunk_size: (token, draw) pairs per forward call: 'auto', 'tune', None
       (all T * R) or an int (`xsens.measures.planning`).
     example_chunk_size: examples per forward call: 'auto', None (all B) or an
@@ -458,7 +490,8 @@ def token_sensitivity(
                                 t * num_draws, chunk_size, example_chunk_size,
                                 memory_budget_bytes)
   split = token_prefix.resolve(token_split, apply_fn, patch_size, inputs.shape[1:])
-  flips = _token_flips(_bind(token_fn, variables), tokens, key, labels,
+  flips = _token_flips(_bind(token_fn, variables), tokens,
+                       example_keys(key, example_ids), labels,
                        sigma=sigma, num_draws=num_draws, chunk_size=c,
                        example_chunk_size=e, perturbed_fn=None if split is None else
                        token_prefix.perturbed_logits_fn(split, variables, tokens, e))
@@ -479,6 +512,7 @@ def token_sensitivity_loop(
     num_draws: int,
     patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
+    example_ids: Optional[Array] = None,
     chunk_size: ChunkSize = AUTO,
     example_chunk_size: ChunkSize = AUTO,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
@@ -514,7 +548,8 @@ def token_sensitivity_loop(
                                         *static, num_draws))
   y = jnp.asarray(labels) if labels is not None else clean_fn(variables,
                                                                tokens)
-  flips = [pair_fn(variables, tokens, key, y, sigma,
+  noise_key = example_keys(key, example_ids)
+  flips = [pair_fn(variables, tokens, noise_key, y, sigma,
                    jnp.int32(tok * num_draws + r))
            for tok in range(t) for r in range(num_draws)]
   out = _token_result(jnp.stack(flips, axis=1), _unit_mask(token_mask, b, t),
@@ -549,7 +584,7 @@ def _loop_pair_flips(apply_fn: ApplyFn, patch_size: Optional[int],
   """Flips [B] of the single (token, draw) pair q."""
   b, t, d = x.shape
   dtype = _noise_dtype(x)
-  noise = jax.random.normal(jax.random.fold_in(key, q), (b, d), dtype)
+  noise = _pair_noise(key, q[None], (b, d), dtype)[0]
   scaled = (sigma * noise).astype(dtype)
   onehot = jax.nn.one_hot(q // num_draws, t, dtype=dtype)
   logits = _loop_logits(apply_fn, patch_size, image_shape, variables,
@@ -597,6 +632,7 @@ def global_sensitivity(
     num_draws: int,
     patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
+    example_ids: Optional[Array] = None,
     chunk_size: ChunkSize = AUTO,
     example_chunk_size: ChunkSize = AUTO,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
@@ -613,6 +649,9 @@ def global_sensitivity(
     key: PRNG key.
     num_draws: R draws per example.
     token_mask: [B, T] or [T] bool; masked tokens receive no noise.
+    example_ids: [B] int, the examples' indices in the measured set: example b's
+      noise then comes from fold_in(key, example_ids[b]) (module docstring), so
+      a slice of the batch draws what the whole batch draws; None: batch-level.
     chunk_size: draws per forward call: 'auto', 'tune', None (all R) or an int.
 
   Returns:
@@ -628,7 +667,8 @@ def global_sensitivity(
                                 num_draws, chunk_size, example_chunk_size,
                                 memory_budget_bytes)
   unit_mask = _unit_mask(token_mask, b, t)
-  flips = _global_flips(_bind(token_fn, variables), tokens, key, labels,
+  flips = _global_flips(_bind(token_fn, variables), tokens,
+                        example_keys(key, example_ids), labels,
                         unit_mask, sigma=sigma, num_draws=num_draws,
                         chunk_size=c, example_chunk_size=e)
   out = _draw_result(flips, jnp.any(unit_mask, -1, keepdims=True), num_draws,
@@ -795,6 +835,7 @@ def smooth_token_sensitivity(
     on: str = "logits",
     patch_size: Optional[int] = None,
     token_mask: Optional[Array] = None,
+    example_ids: Optional[Array] = None,
     chunk_size: ChunkSize = AUTO,
     example_chunk_size: ChunkSize = AUTO,
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
@@ -813,8 +854,9 @@ def smooth_token_sensitivity(
 
   Args:
     apply_fn, variables, inputs, mask, key, sigma, num_draws, patch_size,
-      token_mask, chunk_size, example_chunk_size, memory_budget_bytes: as in
-      `token_sensitivity` (the example blocks bound forward memory; backward
+      token_mask, example_ids, chunk_size, example_chunk_size,
+      memory_budget_bytes: as in `token_sensitivity` (the example blocks bound
+      forward memory; backward
       memory is bounded by chunk_size only).
     labels: unused (the distance has no reference label); accepted so every
       measure takes the same arguments.
@@ -849,8 +891,10 @@ def smooth_token_sensitivity(
   clean = _forward_copies(g, tokens[:, None],
                           example_chunk_size)[:, 0]              # [B, K]
 
+  noise_key = example_keys(key, example_ids)
+
   def chunk_dist(ids):                             # ids [c] -> dist [B, c]
-    noise = jnp.swapaxes(_pair_noise(key, ids, (b, d), dtype), 0, 1)
+    noise = jnp.swapaxes(_pair_noise(noise_key, ids, (b, d), dtype), 0, 1)
     delta = _token_delta(noise, ids // num_draws, t, sigma, dtype)
     out = _forward_copies(g, tokens[:, None] + delta,
                           example_chunk_size)                    # [B, c, K]

@@ -62,7 +62,7 @@ TextApplyFn = Callable[[Any, Array, Array], Array]
 
 def _example_keys(key: Array, example_ids: Optional[Array], batch: int) -> Array:
   ids = jnp.arange(batch, dtype=jnp.int32) if example_ids is None else example_ids
-  return jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+  return sens.example_keys(key, ids)
 
 
 def last_index(mask: Array) -> Array:
