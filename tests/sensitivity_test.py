@@ -294,9 +294,9 @@ def test_example_chunk_size_does_not_change_results():
 
 def test_plan_chunks():
   mib = 2**20
-  per_input = sens.FORWARD_BYTES_PER_INPUT_BYTE
+  per_input = planning.FORWARD_BYTES_PER_INPUT_BYTE
   # 1 KiB inputs, a budget of 8 inputs per forward call.
-  plan = lambda **kw: sens.plan_chunks(
+  plan = lambda **kw: planning.plan_chunks(
       4, 100, 1024, memory_budget_bytes=8 * 1024 * per_input, **kw)
   assert plan() == (2, None)                           # 4 examples x 2 copies
   assert plan(chunk_size=None) == (None, 1)            # 100 copies: 1 example
@@ -305,17 +305,17 @@ def test_plan_chunks():
   assert plan(example_chunk_size=None) == (2, None)
   assert plan(chunk_size=5, example_chunk_size=None) == (5, None)  # explicit
   # The whole batch does not fit: one copy per call, blocks of 8 examples.
-  assert sens.plan_chunks(20, 100, 1024,
+  assert planning.plan_chunks(20, 100, 1024,
                           memory_budget_bytes=8 * 1024 * per_input) == (1, 8)
   # Everything fits: all copies in one call (clipped to num_items).
-  assert sens.plan_chunks(4, 10, 1024, memory_budget_bytes=mib * per_input) \
+  assert planning.plan_chunks(4, 10, 1024, memory_budget_bytes=mib * per_input) \
       == (10, None)
   # A budget below one input still evaluates one input per call.
-  assert sens.plan_chunks(4, 10, 1024, memory_budget_bytes=1) == (1, 1)
+  assert planning.plan_chunks(4, 10, 1024, memory_budget_bytes=1) == (1, 1)
   for bad in (dict(chunk_size=0), dict(chunk_size="big"),
               dict(memory_budget_bytes=0), dict(example_chunk_size=-1)):
     with pytest.raises(ValueError):
-      sens.plan_chunks(4, 10, 1024, **bad)
+      planning.plan_chunks(4, 10, 1024, **bad)
 
 
 @pytest.mark.slow
@@ -325,7 +325,7 @@ def test_auto_chunks_are_bounded_and_match_explicit():
   params = mlp_params(jax.random.key(41), t, d)
   item = t * d * 4                                    # float32 bytes per copy
   # Room for 10 inputs per forward call.
-  budget = 10 * item * sens.FORWARD_BYTES_PER_INPUT_BYTE
+  budget = 10 * item * planning.FORWARD_BYTES_PER_INPUT_BYTE
   kw = dict(sigma=1.5, num_draws=draws)
   ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY, **kw)
   assert 0.05 < float(ref["mean"]) < 0.95
@@ -340,13 +340,13 @@ def test_auto_chunks_are_bounded_and_match_explicit():
         counting, v, x, key=key, memory_budget_bytes=budget_bytes,
         chunk_size=c, example_chunk_size=e, **kw)
         for c, e in (("auto", "auto"),
-                     sens.plan_chunks(b, t * draws, item,
+                     planning.plan_chunks(b, t * draws, item,
                                       memory_budget_bytes=budget_bytes))])
     auto, explicit = run(params, tok, KEY)
     # budget: the batch fits, 10 // 6 = 1 copy per call (6 inputs); a quarter
     # of it: 2 inputs per call, blocks of 2 examples.
     assert max(batches) == expect, batches
-    assert max(batches) * item * sens.FORWARD_BYTES_PER_INPUT_BYTE <= \
+    assert max(batches) * item * planning.FORWARD_BYTES_PER_INPUT_BYTE <= \
         budget_bytes
     for out in (auto, explicit):
       for name in ("per_token", "flips", "count"):
@@ -354,7 +354,7 @@ def test_auto_chunks_are_bounded_and_match_explicit():
       np.testing.assert_allclose(out["per_example"], ref["per_example"],
                                  rtol=1e-6)
   # The default budget does not cut a small problem: one forward call.
-  assert sens.plan_chunks(b, t * draws, item) == (t * draws, None)
+  assert planning.plan_chunks(b, t * draws, item) == (t * draws, None)
 
 
 def test_key_is_required():
@@ -781,7 +781,7 @@ def test_num_draws_for_stderr():
 
 
 def test_plan_chunks_near_a_target_within_the_memory_cap():
-  per_input = sens.FORWARD_BYTES_PER_INPUT_BYTE
+  per_input = planning.FORWARD_BYTES_PER_INPUT_BYTE
   budget = 1000 * 1024 * per_input                     # 1000 inputs of 1 KiB.
   plan = lambda b, n, target, **kw: planning.plan_chunks(
       b, n, 1024, memory_budget_bytes=budget, target_batch=target, **kw)

@@ -270,7 +270,11 @@ def matmul_rows_per_example(fn: Callable[..., Array], variables: Any,
   Returns:
     rows, or None where fn has no such matmul or cannot be traced on abstract values.
   """
-  closed = _forward_jaxpr(fn, variables, inputs)
+  return _rows_of(_forward_jaxpr(fn, variables, inputs), variables)
+
+
+def _rows_of(closed: Optional[jex_core.ClosedJaxpr], variables: Any) -> Optional[int]:
+  """`matmul_rows_per_example` of the forward's jaxpr (None: None)."""
   if closed is None:
     return None
   jaxpr = closed.jaxpr
@@ -342,13 +346,16 @@ def _time_forward_batches(fn: Callable[..., Array], variables: Any,
 
 def tuned_forward_batch(fn: Callable[..., Array], variables: Any, inputs: Sequence[Array],
                         *, capacity: int, target: Optional[int], name: str = "forward",
-                        vmapped_batch: Optional[int] = None) -> int:
+                        vmapped_batch: Optional[int] = None,
+                        closed: Optional[jex_core.ClosedJaxpr] = None) -> int:
   """The fastest forward batch of fn among `TUNE_FACTORS` times `target` (None:
   `capacity`; the target itself unless another is faster by more than `TUNE_MARGIN`),
   all <= capacity (multiples of vmapped_batch, when given: see
   `_time_forward_batches`); timed once per (backend, model, input shapes, capacity,
-  vmapped_batch) and cached in `TUNED_FORWARD_BATCH`."""
-  closed = _forward_jaxpr(fn, variables, inputs)
+  vmapped_batch) and cached in `TUNED_FORWARD_BATCH`. closed: fn's jaxpr at batch 1
+  (`_forward_jaxpr`) where the caller has it."""
+  if closed is None:
+    closed = _forward_jaxpr(fn, variables, inputs)
   backend = jax.default_backend()
   key = (backend, hash(str(closed)) if closed is not None else id(fn),
          tuple((tuple(x.shape[1:]), str(x.dtype)) for x in inputs), capacity,
@@ -399,13 +406,14 @@ def resolve(name: str, fn: Callable[..., Array], variables: Any, inputs: Sequenc
   x = inputs[0]
   batch = x.shape[0]
   item_bytes = math.prod(x.shape[1:]) * jnp.dtype(x.dtype).itemsize
-  target = None
+  target = closed = None
   if AUTO in (chunk_size, example_chunk_size) or chunk_size == TUNE:
-    target = forward_batch_target(matmul_rows_per_example(fn, variables, inputs))
+    closed = _forward_jaxpr(fn, variables, inputs)
+    target = forward_batch_target(_rows_of(closed, variables))
   if chunk_size == TUNE:
     capacity = max(1, memory_budget_bytes // max(1, item_bytes * FORWARD_BYTES_PER_INPUT_BYTE))
     target = tuned_forward_batch(fn, variables, inputs, capacity=capacity, target=target,
-                                 name=name, vmapped_batch=vmapped_batch)
+                                 name=name, vmapped_batch=vmapped_batch, closed=closed)
     chunk_size = AUTO
   c, e = plan_chunks(batch, num_items, item_bytes, chunk_size=chunk_size,
                      example_chunk_size=example_chunk_size,

@@ -107,9 +107,8 @@ from xsens.measures import convention
 from xsens.measures import planning
 from xsens.measures import token_prefix
 from xsens.measures import tokens as tokens_lib
-from xsens.measures.planning import (AUTO, DEFAULT_MEMORY_BUDGET_BYTES,  # pylint: disable=unused-import
-                                     FORWARD_BYTES_PER_INPUT_BYTE, TUNE, ChunkSize,
-                                     _check_chunk_size, _check_positive_int, plan_chunks)
+from xsens.measures.planning import (AUTO, DEFAULT_MEMORY_BUDGET_BYTES, ChunkSize,
+                                     _check_positive_int)
 
 Array = jax.Array
 ApplyFn = Callable[[Any, Array], Array]
@@ -470,7 +469,7 @@ def token_sensitivity(
       int; the batch is split into ceil(B / example_chunk_size) strided
       blocks, so a batch sharding stays a batch sharding.
     memory_budget_bytes: the memory cap of one forward call for 'auto' and
-      'tune' (`plan_chunks`).
+      'tune' (`planning.plan_chunks`).
     token_split: reuse of the clean pass's per-token first-layer work
       (`xsens.measures.token_prefix`): 'auto' (where the model offers it and it
       pays), 'always', None (off) or a `TokenSplit`; results are the same.

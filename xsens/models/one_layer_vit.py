@@ -60,7 +60,12 @@ def attention_logits(params, x):
 
 def pooled_attention(params, x):
   """x [..., M, d] -> a [..., M]: softmax over keys, averaged over the M queries."""
-  return jax.nn.softmax(attention_logits(params, x), axis=-1).mean(axis=-2)
+  return pooled_attention_of(x @ params["wq"], x @ params["wk"])
+
+
+def pooled_attention_of(q, k):
+  """`pooled_attention` of queries q and keys k [..., M, d_h] -> a [..., M]."""
+  return jax.nn.softmax(jnp.einsum("...lh,...jh->...lj", q, k), axis=-1).mean(axis=-2)
 
 
 def value_readout(params, w_o):
@@ -132,8 +137,7 @@ def token_features(params, w_o, x):
 def from_token_features(features, d_h: int):
   """The rest of `apply`: features [..., M, 2 d_h + 1] (`token_features`) -> f [...]."""
   q, k, v = features[..., :d_h], features[..., d_h:2 * d_h], features[..., 2 * d_h]
-  a = jax.nn.softmax(jnp.einsum("...lh,...jh->...lj", q, k), axis=-1).mean(axis=-2)
-  return jnp.sum(a * v, axis=-1)
+  return jnp.sum(pooled_attention_of(q, k) * v, axis=-1)
 
 
 def apply_matrix_form(params, w_o, x):
