@@ -137,13 +137,16 @@ def main(argv) -> None:
   configure_logging(flags.FLAGS["verbosity"].present)
   # Outside the loop (which saves first); the caller's handlers are back on return, so
   # calling main() from Python (tests, experiments/main.py) leaves no handler behind.
-  previous = {signum: signal.signal(signum, _stop_on_signal)
+  from xsens.train import stop_signals  # pylint: disable=g-import-not-at-top
+  previous = {signum: signal.signal(signum, stop_signals.stop_outside_loop)
               for signum in (signal.SIGTERM, signal.SIGINT)}
   try:
     _run_study(config, workdir)
+    stop_signals.exit_if_stopped_outside_loop()   # Its SystemExit was swallowed (a gc callback).
   finally:
     for signum, handler in previous.items():
       signal.signal(signum, handler)
+    stop_signals.forget_signals_outside_loop()
 
 
 def _several_processes() -> bool:
@@ -429,16 +432,6 @@ def _describe(e: Exception, where: str) -> str:
 
 def _one_line(message) -> str:
   return " ".join(str(message).split())
-
-
-def _stop_on_signal(signum, frame) -> None:
-  """SIGTERM / SIGINT outside the training loop: nothing to save (the newest checkpoint
-  and every file written so far are complete); exits with 128 + the signal number, running
-  `finally` blocks (the workdir lock is released)."""
-  del frame
-  print(f"xsens: {signal.Signals(signum).name} outside the training loop; stopped (nothing "
-        "unsaved is lost); rerun the same command to resume", file=sys.stderr, flush=True)
-  sys.exit(128 + signum)
 
 
 def _fail(message: str) -> None:

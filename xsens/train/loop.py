@@ -61,6 +61,7 @@ import jax.numpy as jnp
 from xsens import errors, paths
 from xsens.report import progress as progress_lib
 from xsens.train import multihost
+from xsens.train import stop_signals
 from xsens.train import workdir as workdir_lib
 from xsens.train.metrics import flat_hparams
 from xsens.train.workdir import CHECKPOINT_DIR, CONFIG_FILE, Workdir
@@ -145,6 +146,7 @@ class _SignalFlag:
     self._wakeup = (read_fd, write_fd, previous_fd, reader)
     self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     try:
+      stop_signals.exit_if_stopped_outside_loop()
       yield self
     finally:
       self.uninstall()
