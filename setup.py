@@ -45,6 +45,7 @@ setup(
                 "sensitivity, benign overfitting, robustness (JAX/Flax).",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.11",
     packages=find_packages(include=["xsens", "xsens.*", "mlcollections_configs"]),
     install_requires=CORE,

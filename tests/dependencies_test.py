@@ -103,3 +103,21 @@ def test_declared_packages_that_xsens_does_not_import_are_listed_with_a_reason()
   core, _ = declared()
   imported = {_normalize(DISTRIBUTION.get(m, m)) for m in imports()}
   assert core - imported == {_normalize(n) for n in NOT_IMPORTED}
+
+
+def test_license_and_citation_file_agree_with_setup_py():
+  """LICENSE is the Apache License 2.0 that setup.py declares; CITATION.cff is valid CFF 1.2
+  naming the same license and version, with the two papers it reproduces as references."""
+  import yaml  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, "LICENSE"), encoding="utf-8") as f:
+    assert "Apache License\n                           Version 2.0, January 2004" in f.read()
+  with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as f:
+    setup_py = f.read()
+  with open(os.path.join(REPO, "CITATION.cff"), encoding="utf-8") as f:
+    cff = yaml.safe_load(f)
+  assert 'license="Apache-2.0"' in setup_py and cff["license"] == "Apache-2.0"
+  assert f'version="{cff["version"]}"' in setup_py
+  assert cff["cff-version"] == "1.2.0" and cff["title"] and cff["authors"]
+  titles = [r["title"] for r in cff["references"]]
+  assert any("Low Sensitivity Functions" in t for t in titles)
+  assert any("Benign Overfitting for Transformer in Vision" in t for t in titles)
