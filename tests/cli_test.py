@@ -26,7 +26,11 @@ def _write(tmp_path, text: str) -> str:
 # (args, the whole stderr line). Each fails before any study module (or JAX backend) loads.
 BAD_INPUT = {
     "missing_file": (["--config=mlcollections_configs/nope.py"],
-                     "--config: no such file 'mlcollections_configs/nope.py'"),
+                     "--config: no such file 'mlcollections_configs/nope.py'; packaged "
+                     "configs (usable by name from anywhere): " + ", ".join(
+                         sorted(n for n in os.listdir(os.path.join(REPO, "mlcollections_configs"))
+                                if n.endswith(".py") and not n.startswith("_")
+                                and n != "common.py"))),
     "directory": (["--config=mlcollections_configs"],
                   "--config: mlcollections_configs is a directory, not a config file"),
     "no_config": ([], "--config: missing, e.g. --config=mlcollections_configs/train.py:model=vit"),
@@ -239,3 +243,18 @@ def test_unusable_workdir_is_one_line_and_exit_code_2(tmp_path, kind):
   [got] = proc.stderr.splitlines()
   assert got.startswith("xsens: error: " + line), got
   assert (tmp_path / "f").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("spec", ["train.py:model=mlp,smoke", "train:model=mlp,smoke",
+                                  "mlcollections_configs/train.py:model=mlp,smoke"])
+def test_a_packaged_config_by_name_from_any_directory(tmp_path, spec):
+  """Outside a checkout (here: a temporary working directory), a config given by its file
+  name, its name, or its path in the repository is the packaged one."""
+  env = {**os.environ, "PYTHONPATH": REPO}
+  for form in ([f"--config={spec}"], ["--config", spec]):
+    proc = subprocess.run([sys.executable, "-m", "xsens", *form, "--print_config"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "study: train" in proc.stdout and "name: mlp" in proc.stdout, proc.stdout[:500]
+  assert main.resolve_config_path("nope.py") == "nope.py"
+  assert main.resolve_config_path("elsewhere/train.py") == "elsewhere/train.py"

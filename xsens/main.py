@@ -76,7 +76,8 @@ def help_text(flag_values: flags.FlagValues = flags.FLAGS, config_dir: str = CON
   lines = [
       "Usage: xsens --config=mlcollections_configs/FILE.py[:VARIANT,...] [--workdir=DIR] "
       "[--overwrite] [--config.FIELD=VALUE ...]",
-      "       (or python -m xsens ...)", "",
+      "       (or python -m xsens ...; from any directory FILE.py or FILE names a packaged "
+      "config)", "",
       "Runs the study a config names; results.md, results.json, plots, metrics.jsonl, "
       "TensorBoard events (tb/) and checkpoints go to the workdir. Rerunning the same "
       "command resumes.", "",
@@ -252,6 +253,7 @@ def parse_or_raise(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS)
     args = flag_values.read_flags_from_files(argv, force_gnu=False)
   except flags.Error as e:
     raise UsageError(_one_line(e)) from None
+  argv = args = _resolve_config_args(args)
   spec, overrides = _scan(args)
   config = None
   if spec is not None:
@@ -281,6 +283,36 @@ def parse_or_raise(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS)
   return rest
 
 
+def resolve_config_path(path: str, config_dir: str = CONFIG_DIR) -> str:
+  """`path` if it exists; else the packaged config of that name, so `train.py`,
+  `train` and `mlcollections_configs/train.py` work from any working directory; else `path`."""
+  if os.path.exists(path):
+    return path
+  head, name = os.path.split(path)
+  if head not in ("", "mlcollections_configs") or not name:
+    return path
+  packaged = os.path.join(config_dir, name if name.endswith(".py") else name + ".py")
+  return packaged if os.path.isfile(packaged) else path
+
+
+def _resolve_config_args(args: list[str]) -> list[str]:
+  """`args` with the PATH of every `--config=PATH[:arg]` and `--config PATH[:arg]` resolved
+  by `resolve_config_path`."""
+  out = list(args)
+  for i, arg in enumerate(args):
+    if arg == "--":
+      break
+    if m := re.match(r"^(--?config=)(.*)$", arg, re.S):
+      prefix, spec, at = m.group(1), m.group(2), i
+    elif arg in ("--config", "-config") and i + 1 < len(args):
+      prefix, spec, at = "", args[i + 1], i + 1
+    else:
+      continue
+    path, colon, variant = spec.partition(":")
+    out[at] = prefix + resolve_config_path(path) + colon + variant
+  return out
+
+
 def _scan(args: list[str]) -> tuple[str | None, dict[str, str | None]]:
   """The last `--config` value (None if absent) and {override path: its last raw value}."""
   spec, overrides = None, {}
@@ -305,7 +337,9 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   if os.path.isdir(path):
     raise UsageError(f"--config: {path} is a directory, not a config file")
   if not os.path.isfile(path):
-    raise UsageError(f"--config: no such file {path!r}")
+    names = [name for name, _ in _config_summaries(CONFIG_DIR)]
+    raise UsageError(f"--config: no such file {path!r}; packaged configs (usable by name "
+                     f"from anywhere): {', '.join(names)}")
   loader = importlib.machinery.SourceFileLoader("xsens_cli_config", path)
   module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
   try:
