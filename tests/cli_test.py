@@ -134,6 +134,35 @@ def test_override_each_kind_of_field(args, path, value):
   assert got == value and type(got) is type(value)
 
 
+@pytest.mark.parametrize("args, path, other", [
+    # A steps-based config switched to epochs; a None-default field set back to None, in
+    # both spellings, after a value (the last one wins).
+    ([TRAIN, "--config.train.total_steps=None", "--config.train.total_epochs=2"],
+     "train.total_steps", ("train.total_epochs", 2.0)),
+    ([TRAIN, "--config.train.init_seed=3", "--config.train.init_seed=None"],
+     "train.init_seed", None),
+    ([TRAIN, "--config.train.target_train_accuracy", "None", "--config.train.seed=5"],
+     "train.target_train_accuracy", ("train.seed", 5)),
+])
+def test_none_sets_an_optional_field_to_none(args, path, other):
+  config = _parse(*args)
+  node = config
+  for part in path.split("."):
+    node = node[part]
+  assert node is None
+  if other:
+    got = config
+    for part in other[0].split("."):
+      got = got[part]
+    assert got == other[1]
+
+
+def test_none_for_a_required_field_is_one_line():
+  with pytest.raises(main.UsageError, match=r"^--config\.train\.batch_size: cannot be None "
+                     r"\(a required int field"):
+    _parse(TRAIN, "--config.train.batch_size=None")
+
+
 def test_every_sequence_in_every_config_is_a_tuple():
   """ml_collections overrides tuples but not lists (`Type <class 'list'> ... is not
   supported for overriding`)."""

@@ -87,7 +87,9 @@ def help_text(flag_values: flags.FlagValues = flags.FLAGS, config_dir: str = CON
       f"  --[no]overwrite\n      {flag_values['overwrite'].help}",
       f"  --[no]print_config\n      {flag_values['print_config'].help}",
       "  --config.FIELD=VALUE\n      Override one field of the config, e.g. "
-      "--config.train.total_steps=200 (a typo is refused with the closest field names).",
+      "--config.train.total_steps=200 (a typo is refused with the closest field names); "
+      "=None sets an optional field to None (e.g. --config.train.total_steps=None "
+      "--config.train.total_epochs=10).",
       "  --verbosity=N\n      Log level: by default xsens logs INFO lines (training: step/total, "
       "loss, accuracy, steps/s, ETA every log_every steps; progress of long sweeps) and "
       "other libraries only warnings; -1: warnings only; 0: INFO of every library; "
@@ -261,9 +263,13 @@ def parse_or_raise(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS)
     for path, value in overrides.items():
       check_field(config, path)
       check_tuple(config, path, value)
+      if value == NONE:
+        check_nullable(config, path)
   elif overrides:
     raise UsageError(f"--config: missing (needed by --config.{next(iter(overrides))}), "
                      f"e.g. {EXAMPLE}")
+  nulls = [path for path, value in overrides.items() if value == NONE]
+  argv = _without_overrides(argv, nulls)
   try:
     rest = flag_values(argv)
   except flags.IllegalFlagValueError as e:
@@ -280,7 +286,53 @@ def parse_or_raise(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS)
     raise UsageError(f"--config: {spec} did not load")  # A config that loads only once.
   if len(rest) > 1:
     raise UsageError(f"unexpected argument {rest[1]!r} (flags are written --name=value)")
+  for path in nulls:
+    _set_field(flag_values["config"].value, path, None)
   return rest
+
+
+# `--config.FIELD=None` sets an optional field (see `check_nullable`) to None.
+NONE = "None"
+
+
+def check_nullable(config: ml_collections.ConfigDict, path: str) -> None:
+  """UsageError unless `config.<path>` may be None: its default is None, or it is declared
+  optional (a typed `ml_collections.FieldReference`, e.g. `total_steps` beside
+  `total_epochs`)."""
+  *parents, leaf = path.split(".")
+  node = config
+  for part in parents:
+    node = node[part]
+  if node[leaf] is None or isinstance(node._fields.get(leaf), ml_collections.FieldReference):  # pylint: disable=protected-access
+    return
+  raise UsageError(f"--config.{path}: cannot be None (a required "
+                   f"{type(node[leaf]).__name__} field; None is allowed where the default "
+                   "is None or the field is optional)")
+
+
+def _set_field(config: ml_collections.ConfigDict, path: str, value) -> None:
+  *parents, leaf = path.split(".")
+  for part in parents:
+    config = config[part]
+  config[leaf] = value
+
+
+def _without_overrides(args: list[str], paths: list[str]) -> list[str]:
+  """`args` without the `--config.<path>=VALUE` / `--config.<path> VALUE` of `paths`."""
+  out, skip = [], False
+  for i, arg in enumerate(args):
+    if skip:
+      skip = False
+      continue
+    if arg == "--":
+      out += args[i:]
+      break
+    m = re.match(r"^--?config\.([^=]+)(=.*)?$", arg, re.S)
+    if m and m.group(1) in paths:
+      skip = m.group(2) is None
+      continue
+    out.append(arg)
+  return out
 
 
 def resolve_config_path(path: str, config_dir: str = CONFIG_DIR) -> str:
