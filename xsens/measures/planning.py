@@ -74,7 +74,7 @@ TUNED_FORWARD_BATCH: dict[tuple, int] = {}
 log = logging.getLogger("xsens.measures")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
+def check_positive_int(name: str, value: Any) -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
 
@@ -87,7 +87,7 @@ def _check_chunk_size(chunk_size: ChunkSize, name: str = "chunk_size",
     names = " or ".join(repr(a) for a in allowed)
     raise ValueError(f"{name} must be {names}, None or a positive int, got "
                      f"{chunk_size!r}.")
-  _check_positive_int(name, chunk_size)
+  check_positive_int(name, chunk_size)
 
 
 def plan_chunks(
@@ -133,11 +133,11 @@ def plan_chunks(
   """
   _check_chunk_size(chunk_size)
   _check_chunk_size(example_chunk_size, "example_chunk_size")
-  _check_positive_int("memory_budget_bytes", memory_budget_bytes)
-  _check_positive_int("batch", batch)
-  _check_positive_int("num_items", num_items)
+  check_positive_int("memory_budget_bytes", memory_budget_bytes)
+  check_positive_int("batch", batch)
+  check_positive_int("num_items", num_items)
   if target_batch is not None:
-    _check_positive_int("target_batch", target_batch)
+    check_positive_int("target_batch", target_batch)
   capacity = max(1, memory_budget_bytes //
                  max(1, item_bytes * FORWARD_BYTES_PER_INPUT_BYTE))
   if target_batch is not None and AUTO in (chunk_size, example_chunk_size):
@@ -402,7 +402,7 @@ def resolve(name: str, fn: Callable[..., Array], variables: Any, inputs: Sequenc
   """
   _check_chunk_size(chunk_size, allowed=(AUTO, TUNE))
   _check_chunk_size(example_chunk_size, "example_chunk_size")
-  _check_positive_int("memory_budget_bytes", memory_budget_bytes)
+  check_positive_int("memory_budget_bytes", memory_budget_bytes)
   x = inputs[0]
   batch = x.shape[0]
   item_bytes = math.prod(x.shape[1:]) * jnp.dtype(x.dtype).itemsize
