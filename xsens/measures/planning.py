@@ -54,9 +54,8 @@ DEFAULT_MEMORY_BUDGET_BYTES = 256 * 2**20
 # docs/benchmarks.md memory table), rounded up.
 FORWARD_BYTES_PER_INPUT_BYTE = 128
 # CPU speed target: matmul rows (inputs per forward call times the rows per example of the
-# forward's largest matmul) per core. Measured with `experiments/bench_sensitivity.py
-# --plans` (docs/benchmarks.md, 2-core AMD EPYC): the ViT p4 (50 rows) is flat from 400 to
-# 1,600 rows per core, the text RoBERTa (26 rows) best at 830 and 9 % slower at 1,660.
+# forward's largest matmul) per core, inside the range where the ViT's and RoBERTa's
+# forwards run fastest in `experiments/bench_sensitivity.py --plans` (docs/benchmarks.md).
 CPU_MATMUL_ROWS_PER_CORE = 1000
 # "tune": candidate forward batches (multiples of the speed target, or of the memory cap
 # where there is no target), timing rounds (best of).
@@ -64,7 +63,7 @@ TUNE_FACTORS = (0.25, 0.5, 1, 2, 4)
 TUNE_ROUNDS = 3
 # "tune" keeps the speed target unless another candidate's forward is faster by more than
 # this: the forward timed alone differs from the estimator's by run-to-run noise of about
-# that size (docs/benchmarks.md: 'tune' picked a forward 6-11 % slower without it).
+# that size (docs/benchmarks.md).
 TUNE_MARGIN = 0.1
 
 # "tune"'s choices in this process: (backend, model fingerprint, per-example input shapes

@@ -185,9 +185,8 @@ def token_sensitivity(
   (token, draw) pairs are vectorised: a chunk of c pairs is c perturbed copies
   of the batch, [B, c, T, D] -> [B * c, T, D], one forward call; with
   example_chunk_size = e each call sees at most e * c inputs (see the module
-  docstring). Results do not depend on either size. Speed does: on CPU a
-  small ViT runs fastest at forward batches of about 64
-  (docs/benchmarks.md); accelerators prefer larger ones.
+  docstring). Results do not depend on either size; speed does ('auto' picks
+  them, `xsens.measures.planning`).
 
   For images (patch_size = p) the tokens are the p x p patches of the
   normalised images; any classifier (ViT, CNN, MLP) is measured the same way.
