@@ -416,10 +416,6 @@ def test_sharded_batch_matches_unsharded():
       import jax, jax.numpy as jnp, numpy as np
       from jax.sharding import NamedSharding, PartitionSpec as P
       from xsens.measures import sensitivity as sens
-from xsens.measures import sensitivity_loop
-from xsens.measures import sensitivity_stats
-from xsens.measures import smooth_sensitivity
-from xsens.measures import sweep
       assert jax.device_count() == 4
       k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
       w = dict(w1=jax.random.normal(k1, (5, 3, 8)),
