@@ -73,6 +73,7 @@ import numpy as np
 
 from experiments import hlo_profile, machine
 from xsens.measures import sensitivity as sens
+from xsens.measures import sensitivity_loop
 from xsens.measures import text_sensitivity as ts
 from xsens.measures import tokens as tokens_lib
 from xsens.models import get_model
@@ -210,7 +211,7 @@ def estimator_fn(apply, patch_size: int, num_draws: int,
 
 def loop_thunk(apply, variables, images, key, patch_size, num_draws):
   """Baseline (a): `token_sensitivity_loop`, T * R jitted batch forwards."""
-  return lambda: sens.token_sensitivity_loop(
+  return lambda: sensitivity_loop.token_sensitivity_loop(
       apply, variables, images, key=key, patch_size=patch_size, sigma=SIGMA,
       num_draws=num_draws)["per_token"]
 

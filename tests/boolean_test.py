@@ -9,7 +9,6 @@ import pytest
 import scipy.linalg
 
 from xsens.measures import boolean
-from xsens.measures import sensitivity as sens_lib
 
 
 def _table_fn(table: np.ndarray, n: int):
@@ -91,7 +90,7 @@ def test_average_sensitivity_from_spectrum_equals_direct_counting(seed):
   table = np.random.default_rng(seed).choice([-1.0, 1.0], size=2**n).astype(np.float32)
   f = _table_fn(table, n)
   coeffs = boolean.fourier_coefficients(jnp.asarray(table))
-  direct = sens_lib.boolean_sensitivity(f, None, boolean.all_inputs(n))
+  direct = boolean.boolean_sensitivity(f, None, boolean.all_inputs(n))
   assert float(boolean.fourier_average_sensitivity(coeffs)) == pytest.approx(
       float(direct["mean"]), abs=1e-5)
   # Parseval: sum fhat^2 = E f^2 = 1 for a ±1 function; the spectrum sums to it.
@@ -119,3 +118,79 @@ def test_bad_inputs():
     boolean.subset_index(3, [3])
   with pytest.raises(ValueError, match="n must be"):
     boolean.all_inputs(0)
+
+
+# Average sensitivity counted at points (boolean_sensitivity).
+
+parity = lambda v, x: jnp.prod(x, -1)
+
+
+dictator = lambda v, x: x[:, 0]
+
+
+majority = lambda v, x: jnp.sign(jnp.sum(x, -1))
+
+
+def test_boolean_exact():
+  bs = jax.jit(lambda f, n, **kw: boolean.boolean_sensitivity(
+      f, None, boolean.all_inputs(n), **kw), static_argnums=(0, 1),
+               static_argnames="normalize")
+  out = bs(parity, 6)
+  assert float(out["mean"]) == 6.0 and float(out["stderr"]) == 0.0
+  np.testing.assert_array_equal(out["influence"], np.ones(6))
+  np.testing.assert_array_equal(out["per_example"], np.full(64, 6.0))
+  assert int(out["count"]) == 64
+  assert float(bs(dictator, 4)["mean"]) == 1.0
+  # Majority on n = 5: n * C(n-1, (n-1)/2) / 2^(n-1) = 5 * 6 / 16.
+  np.testing.assert_allclose(bs(majority, 5)["mean"], 5 * 6 / 16)
+  np.testing.assert_allclose(bs(parity, 6, normalize=True)["mean"], 1.0)
+  np.testing.assert_allclose(bs(majority, 5, normalize=True)["mean"], 6 / 16)
+
+
+def test_boolean_sampled():
+
+  @jax.jit
+  def run(key):
+    return (boolean.boolean_sensitivity(majority, None,
+                                        boolean.random_inputs(key, 4000, 5)),
+            boolean.boolean_sensitivity(parity, None,
+                                        boolean.random_inputs(key, 64, 30),
+                                        normalize=True))
+
+  out, par = run(jax.random.key(42))
+  assert float(out["stderr"]) > 0
+  assert abs(float(out["mean"]) - 1.875) < 4 * float(out["stderr"])
+  assert int(out["count"]) == 4000
+  assert float(par["mean"]) == 1.0 and float(par["stderr"]) == 0.0
+
+
+def test_boolean_logits_labels_and_mask():
+  x = boolean.all_inputs(5)
+  logits = lambda v, x: jnp.stack([-v * jnp.sum(x, -1), v * jnp.sum(x, -1)],
+                                  -1)
+
+  @jax.jit
+  def run(v, x):
+    return (boolean.boolean_sensitivity(majority, None, x),
+            boolean.boolean_sensitivity(logits, v, x),
+            boolean.boolean_sensitivity(majority, None, x,
+                                        labels=majority(None, x)),
+            boolean.boolean_sensitivity(majority, None, x,
+                                        mask=jnp.arange(32) < 16))
+
+  ref, from_logits, given, half = run(2.0, x)
+  for out in (from_logits, given):
+    for name in ("per_example", "mean", "influence", "count"):
+      np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
+  s = np.asarray(ref["per_example"])
+  np.testing.assert_allclose(half["mean"], s[:16].mean(), rtol=1e-6)
+  np.testing.assert_allclose(half["stderr"],
+                             s[:16].std(ddof=1) / np.sqrt(16), rtol=1e-5)
+  assert int(half["count"]) == 16
+
+
+def test_boolean_errors():
+  with pytest.raises(ValueError, match="n must"):
+    boolean.all_inputs(21)
+  with pytest.raises(ValueError, match="inputs"):
+    boolean.boolean_sensitivity(parity, None, jnp.ones((2, 3, 4)))

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import run_cli
 from tests.loop_test import _counter_program
-from xsens.report import progress as progress_lib
+from xsens.train import progress as progress_lib
 from xsens.train import loop
 from xsens.train.workdir import Workdir
 

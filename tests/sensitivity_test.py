@@ -1,7 +1,7 @@
-"""Tests for xsens/measures/sensitivity.py and xsens/measures/tokens.py."""
+"""Tests for the sensitivity estimators (xsens/measures/sensitivity.py, sensitivity_loop.py,
+sensitivity_stats.py, sweep.py) and xsens/measures/tokens.py."""
 
 import functools
-import logging
 import math
 import os
 import subprocess
@@ -15,9 +15,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from xsens.measures import boolean
-from xsens.measures import planning
 from xsens.measures import sensitivity as sens
+from xsens.measures import sensitivity_loop
+from xsens.measures import sensitivity_stats
+from xsens.measures import smooth_sensitivity
+from xsens.measures import sweep
 from xsens.measures import tokens as tokens_lib
 
 jax.config.update("jax_disable_most_optimizations", True)
@@ -218,7 +220,7 @@ def test_vectorised_equals_loop_for_all_chunk_sizes():
   tok = random_tokens(9, b=3, t=5)
   params = mlp_params(jax.random.key(10), 5, 4)
   kw = dict(sigma=1.5, num_draws=4)
-  ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY, **kw)
+  ref = sensitivity_loop.token_sensitivity_loop(mlp_apply, params, tok, key=KEY, **kw)
   assert 0.05 < float(ref["mean"]) < 0.95
   sizes = (None, 1, 3, 7, "auto")
 
@@ -245,9 +247,9 @@ def test_loop_compiles_once_traces_variables_and_accepts_unhashable_models():
     return token0_model(None, x) * variables
 
   kw = dict(key=KEY, sigma=1.0, num_draws=2)
-  first = sens.token_sensitivity_loop(model, 1.0, tok, **kw)
+  first = sensitivity_loop.token_sensitivity_loop(model, 1.0, tok, **kw)
   # New variables of the same structure: traced, so no new compilation.
-  second = sens.token_sensitivity_loop(model, 2.0, tok, **kw)
+  second = sensitivity_loop.token_sensitivity_loop(model, 2.0, tok, **kw)
   assert len(traces) == 2, traces            # Clean labels + one pair step.
   np.testing.assert_array_equal(first["per_token"], second["per_token"])
 
@@ -257,7 +259,7 @@ def test_loop_compiles_once_traces_variables_and_accepts_unhashable_models():
     def __call__(self, variables, x):
       return token0_model(variables, x)
 
-  out = sens.token_sensitivity_loop(Unhashable(), None, tok, **kw)
+  out = sensitivity_loop.token_sensitivity_loop(Unhashable(), None, tok, **kw)
   np.testing.assert_array_equal(out["per_token"], first["per_token"])
 
 
@@ -266,8 +268,8 @@ def test_example_chunk_size_does_not_change_results():
   tok = random_tokens(28, b=5, t=4)
   params = mlp_params(jax.random.key(29), 4, 4)
   kw = dict(sigma=1.5, num_draws=3)
-  ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY,
-                                    example_chunk_size=2, **kw)
+  ref = sensitivity_loop.token_sensitivity_loop(mlp_apply, params, tok, key=KEY,
+                                                example_chunk_size=2, **kw)
   assert 0.05 < float(ref["mean"]) < 0.95
   sizes = [(None, 1), (3, 1), (4, 2), (5, None), (1, 7)]  # (pairs, examples)
   for c, e in sizes:
@@ -292,75 +294,10 @@ def test_example_chunk_size_does_not_change_results():
                            example_chunk_size=0, **kw)
 
 
-def test_plan_chunks():
-  mib = 2**20
-  per_input = planning.FORWARD_BYTES_PER_INPUT_BYTE
-  # 1 KiB inputs, a budget of 8 inputs per forward call.
-  plan = lambda **kw: planning.plan_chunks(
-      4, 100, 1024, memory_budget_bytes=8 * 1024 * per_input, **kw)
-  assert plan() == (2, None)                           # 4 examples x 2 copies
-  assert plan(chunk_size=None) == (None, 1)            # 100 copies: 1 example
-  assert plan(chunk_size=3) == (3, 2)
-  assert plan(example_chunk_size=1) == (8, 1)
-  assert plan(example_chunk_size=None) == (2, None)
-  assert plan(chunk_size=5, example_chunk_size=None) == (5, None)  # explicit
-  # The whole batch does not fit: one copy per call, blocks of 8 examples.
-  assert planning.plan_chunks(20, 100, 1024,
-                          memory_budget_bytes=8 * 1024 * per_input) == (1, 8)
-  # Everything fits: all copies in one call (clipped to num_items).
-  assert planning.plan_chunks(4, 10, 1024, memory_budget_bytes=mib * per_input) \
-      == (10, None)
-  # A budget below one input still evaluates one input per call.
-  assert planning.plan_chunks(4, 10, 1024, memory_budget_bytes=1) == (1, 1)
-  for bad in (dict(chunk_size=0), dict(chunk_size="big"),
-              dict(memory_budget_bytes=0), dict(example_chunk_size=-1)):
-    with pytest.raises(ValueError):
-      planning.plan_chunks(4, 10, 1024, **bad)
-
-
-@pytest.mark.slow
-def test_auto_chunks_are_bounded_and_match_explicit():
-  b, t, d, draws = 6, 5, 4, 4
-  tok = random_tokens(40, b, t, d)
-  params = mlp_params(jax.random.key(41), t, d)
-  item = t * d * 4                                    # float32 bytes per copy
-  # Room for 10 inputs per forward call.
-  budget = 10 * item * planning.FORWARD_BYTES_PER_INPUT_BYTE
-  kw = dict(sigma=1.5, num_draws=draws)
-  ref = sens.token_sensitivity_loop(mlp_apply, params, tok, key=KEY, **kw)
-  assert 0.05 < float(ref["mean"]) < 0.95
-  for budget_bytes, expect in ((budget, 6), (budget // 4, 2)):
-    batches = []
-
-    def counting(v, x):
-      batches.append(x.shape[0])
-      return mlp_apply(v, x)
-
-    run = jax.jit(lambda v, x, key: [sens.token_sensitivity(
-        counting, v, x, key=key, memory_budget_bytes=budget_bytes,
-        chunk_size=c, example_chunk_size=e, **kw)
-        for c, e in (("auto", "auto"),
-                     planning.plan_chunks(b, t * draws, item,
-                                      memory_budget_bytes=budget_bytes))])
-    auto, explicit = run(params, tok, KEY)
-    # budget: the batch fits, 10 // 6 = 1 copy per call (6 inputs); a quarter
-    # of it: 2 inputs per call, blocks of 2 examples.
-    assert max(batches) == expect, batches
-    assert max(batches) * item * planning.FORWARD_BYTES_PER_INPUT_BYTE <= \
-        budget_bytes
-    for out in (auto, explicit):
-      for name in ("per_token", "flips", "count"):
-        np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
-      np.testing.assert_allclose(out["per_example"], ref["per_example"],
-                                 rtol=1e-6)
-  # The default budget does not cut a small problem: one forward call.
-  assert planning.plan_chunks(b, t * draws, item) == (t * draws, None)
-
-
 def test_key_is_required():
   tok = random_tokens(42)
-  for fn in (sens.token_sensitivity, sens.token_sensitivity_loop,
-             sens.global_sensitivity, sens.smooth_token_sensitivity):
+  for fn in (sens.token_sensitivity, sensitivity_loop.token_sensitivity_loop,
+             sens.global_sensitivity, smooth_sensitivity.smooth_token_sensitivity):
     with pytest.raises(ValueError, match="key"):
       fn(token0_model, None, tok, sigma=1.0, num_draws=2)
   with pytest.raises(ValueError, match="key"):
@@ -388,7 +325,7 @@ def test_example_chunk_size_in_other_estimators():
               probe, None, im, num_pixels=3, **kw)["per_example"],
           img=sens.token_sensitivity(
               probe, None, im, patch_size=2, **kw)["per_token"],
-          smooth=sens.smooth_token_sensitivity(mlp_apply, v, x, **kw)["mean"]))
+          smooth=smooth_sensitivity.smooth_token_sensitivity(mlp_apply, v, x, **kw)["mean"]))
     return outs
 
   full, blocked = run(params, tok, images, KEY)
@@ -468,8 +405,8 @@ def test_image_token_sensitivity_on_cnn():
                                 out["per_token"])
   np.testing.assert_array_equal(out["per_token"], ref["per_token"])
   assert 0.0 < float(out["mean"]) < 1.0
-  loop = sens.token_sensitivity_loop(apply_fn, variables, images, key=KEY,
-                                     patch_size=4, sigma=2.0, num_draws=4)
+  loop = sensitivity_loop.token_sensitivity_loop(apply_fn, variables, images, key=KEY,
+                                                 patch_size=4, sigma=2.0, num_draws=4)
   np.testing.assert_array_equal(loop["per_patch_map"], out["per_patch_map"])
 
 
@@ -593,151 +530,7 @@ def test_scattered_pixel_sensitivity():
 
 
 # ----------------------------------------------------------------------------
-# Smooth variant.
-# ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("norm,on,chunk_size", [
-    ("l2", "logits", None), ("l1", "probs", 3), ("sq_l2", "logits", 7)])
-@pytest.mark.slow
-def test_smooth_gradient_matches_finite_difference(norm, on, chunk_size):
-  with jax.enable_x64(True):
-    params = jax.tree.map(lambda a: a.astype(jnp.float64),
-                          mlp_params(jax.random.key(21), 5, 4))
-    tok = random_tokens(22).astype(jnp.float64)
-
-    @jax.jit
-    def loss(scale, x):
-      v = dict(params, w2=params["w2"] * scale)      # Gradient via variables.
-      return sens.smooth_token_sensitivity(
-          mlp_apply, v, x, key=KEY, sigma=0.5, num_draws=3, norm=norm, on=on,
-          chunk_size=chunk_size)["mean"]
-
-    value, (g_scale, g_tok) = jax.jit(jax.value_and_grad(loss, (0, 1)))(
-        1.3, tok)
-    h = 1e-5
-    fd = (loss(1.3 + h, tok) - loss(1.3 - h, tok)) / (2 * h)
-    assert float(value) > 0
-    np.testing.assert_allclose(g_scale, fd, rtol=1e-6, atol=1e-9)
-    direction = jax.random.normal(jax.random.key(23), tok.shape, jnp.float64)
-    fd_tok = (loss(1.3, tok + h * direction) -
-              loss(1.3, tok - h * direction)) / (2 * h)
-    np.testing.assert_allclose(jnp.vdot(g_tok, direction), fd_tok, rtol=1e-6,
-                               atol=1e-9)
-
-
-@pytest.mark.slow
-def test_smooth_variant_chunking_masking_and_zero():
-  tok = random_tokens(24)
-  params = mlp_params(jax.random.key(25), 5, 4)
-
-  @jax.jit
-  def run(v, x, key):
-    sts = lambda f, **kw: sens.smooth_token_sensitivity(f, v, x, key=key, **kw)
-    return (sts(mlp_apply, sigma=1.0, num_draws=4, chunk_size=None),
-            sts(mlp_apply, sigma=1.0, num_draws=4, chunk_size=7),
-            # One copy per call: the perturbed forward has the clean one's batch
-            # size (B * T * R copies in one call may round differently: ~3e-7).
-            sts(mlp_apply, sigma=0.0, num_draws=2, chunk_size=1),
-            sts(token0_model, sigma=1.0, num_draws=2,
-                token_mask=jnp.arange(5) > 0))
-
-  unchunked, chunked, zero, masked = run(params, tok, KEY)
-  assert float(unchunked["mean"]) > 0
-  np.testing.assert_allclose(unchunked["mean"], chunked["mean"], rtol=1e-5)
-  assert float(zero["mean"]) == 0.0 and float(masked["mean"]) == 0.0
-  np.testing.assert_array_equal(masked["per_token"][:, 1:], 0.0)
-  assert unchunked["per_token"].shape == (3, 5)
-  np.testing.assert_allclose(unchunked["per_example"],
-                             unchunked["per_token"].mean(-1), rtol=1e-6)
-  np.testing.assert_allclose(unchunked["mean"],
-                             unchunked["per_example"].mean(), rtol=1e-6)
-  padded = jax.jit(lambda v, x, key: sens.smooth_token_sensitivity(
-      mlp_apply, v, x, key=key, sigma=1.0, num_draws=4, chunk_size=None,
-      mask=jnp.array([1.0, 1.0, 0.0])))(params, tok, KEY)
-  np.testing.assert_allclose(padded["mean"],
-                             unchunked["per_example"][:2].mean(), rtol=1e-6)
-  with pytest.raises(ValueError, match="norm"):
-    sens.smooth_token_sensitivity(mlp_apply, params, tok, key=KEY, sigma=1.0,
-                                  num_draws=2, norm="linf")
-
-
-# ----------------------------------------------------------------------------
-# Boolean sensitivity.
-# ----------------------------------------------------------------------------
-
-parity = lambda v, x: jnp.prod(x, -1)
-dictator = lambda v, x: x[:, 0]
-majority = lambda v, x: jnp.sign(jnp.sum(x, -1))
-
-
-def test_boolean_exact():
-  bs = jax.jit(lambda f, n, **kw: sens.boolean_sensitivity(
-      f, None, boolean.all_inputs(n), **kw), static_argnums=(0, 1),
-               static_argnames="normalize")
-  out = bs(parity, 6)
-  assert float(out["mean"]) == 6.0 and float(out["stderr"]) == 0.0
-  np.testing.assert_array_equal(out["influence"], np.ones(6))
-  np.testing.assert_array_equal(out["per_example"], np.full(64, 6.0))
-  assert int(out["count"]) == 64
-  assert float(bs(dictator, 4)["mean"]) == 1.0
-  # Majority on n = 5: n * C(n-1, (n-1)/2) / 2^(n-1) = 5 * 6 / 16.
-  np.testing.assert_allclose(bs(majority, 5)["mean"], 5 * 6 / 16)
-  np.testing.assert_allclose(bs(parity, 6, normalize=True)["mean"], 1.0)
-  np.testing.assert_allclose(bs(majority, 5, normalize=True)["mean"], 6 / 16)
-
-
-def test_boolean_sampled():
-
-  @jax.jit
-  def run(key):
-    return (sens.boolean_sensitivity(majority, None,
-                                     boolean.random_inputs(key, 4000, 5)),
-            sens.boolean_sensitivity(parity, None,
-                                     boolean.random_inputs(key, 64, 30),
-                                     normalize=True))
-
-  out, par = run(KEY)
-  assert float(out["stderr"]) > 0
-  assert abs(float(out["mean"]) - 1.875) < 4 * float(out["stderr"])
-  assert int(out["count"]) == 4000
-  assert float(par["mean"]) == 1.0 and float(par["stderr"]) == 0.0
-
-
-def test_boolean_logits_labels_and_mask():
-  x = boolean.all_inputs(5)
-  logits = lambda v, x: jnp.stack([-v * jnp.sum(x, -1), v * jnp.sum(x, -1)],
-                                  -1)
-
-  @jax.jit
-  def run(v, x):
-    return (sens.boolean_sensitivity(majority, None, x),
-            sens.boolean_sensitivity(logits, v, x),
-            sens.boolean_sensitivity(majority, None, x,
-                                     labels=majority(None, x)),
-            sens.boolean_sensitivity(majority, None, x,
-                                     mask=jnp.arange(32) < 16))
-
-  ref, from_logits, given, half = run(2.0, x)
-  for out in (from_logits, given):
-    for name in ("per_example", "mean", "influence", "count"):
-      np.testing.assert_array_equal(out[name], ref[name], err_msg=name)
-  s = np.asarray(ref["per_example"])
-  np.testing.assert_allclose(half["mean"], s[:16].mean(), rtol=1e-6)
-  np.testing.assert_allclose(half["stderr"],
-                             s[:16].std(ddof=1) / np.sqrt(16), rtol=1e-5)
-  assert int(half["count"]) == 16
-
-
-def test_boolean_errors():
-  with pytest.raises(ValueError, match="n must"):
-    boolean.all_inputs(21)
-  with pytest.raises(ValueError, match="inputs"):
-    sens.boolean_sensitivity(parity, None, jnp.ones((2, 3, 4)))
-
-
-# ----------------------------------------------------------------------------
-# Sweeps and planning.
+# Sweeps and the number of draws.
 # ----------------------------------------------------------------------------
 
 
@@ -749,14 +542,14 @@ def test_sigma_sweep_loop_and_vmap_agree():
   @jax.jit
   def run(v, x, key):
     kw = dict(key=key, num_draws=4)
-    return (sens.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, v, x,
-                             **kw),
-            sens.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, v, x,
-                             vectorize=True, **kw),
+    return (sweep.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, v, x,
+                              **kw),
+            sweep.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, v, x,
+                              vectorize=True, **kw),
             # chunk_size=1: exact 0 at sigma 0 (see the test above).
-            sens.sigma_sweep(sens.smooth_token_sensitivity, sigmas,
-                             apply_fn=mlp_apply, variables=v, inputs=x,
-                             chunk_size=1, **kw))
+            sweep.sigma_sweep(smooth_sensitivity.smooth_token_sensitivity, sigmas,
+                              apply_fn=mlp_apply, variables=v, inputs=x,
+                              chunk_size=1, **kw))
 
   loop, vec, smooth = run(params, tok, KEY)
   assert loop["per_token"].shape == (3, 3, 5)
@@ -767,113 +560,23 @@ def test_sigma_sweep_loop_and_vmap_agree():
 
 
 def test_num_draws_for_stderr():
-  r = sens.num_draws_for_stderr(0.01, 0.2, num_examples=10, num_tokens=4)
+  r = sensitivity_stats.num_draws_for_stderr(0.01, 0.2, num_examples=10, num_tokens=4)
   assert r == 40   # 0.16 / (40 * 1e-4) = 40.
   assert math.sqrt(0.16 / (40 * r)) <= 0.01 < math.sqrt(0.16 / (40 * (r - 1)))
-  assert sens.num_draws_for_stderr(0.5, 0.5, 100, 64) == 1
+  assert sensitivity_stats.num_draws_for_stderr(0.5, 0.5, 100, 64) == 1
   with pytest.raises(ValueError):
-    sens.num_draws_for_stderr(0.0, 0.2, 10, 4)
+    sensitivity_stats.num_draws_for_stderr(0.0, 0.2, 10, 4)
 
 
 # ----------------------------------------------------------------------------
-# Plans: speed target, tuning, the `plan` entry; clear edges.
+# Clear edges: vector sigma, one compiled sweep, per-example keys.
 # ----------------------------------------------------------------------------
-
-
-def test_plan_chunks_near_a_target_within_the_memory_cap():
-  per_input = planning.FORWARD_BYTES_PER_INPUT_BYTE
-  budget = 1000 * 1024 * per_input                     # 1000 inputs of 1 KiB.
-  plan = lambda b, n, target, **kw: planning.plan_chunks(
-      b, n, 1024, memory_budget_bytes=budget, target_batch=target, **kw)
-  assert plan(64, 49, 64) == (1, None)                 # 64 inputs per call.
-  assert plan(64, 16, 188) == (3, None)                # 192 is nearest.
-  assert plan(64, 10, 100) == (2, None)                # 128 (x1.28) beats 64 (x1.56).
-  assert plan(64, 49, 40) == (1, 32)                   # Two blocks of 32.
-  assert plan(64, 49, 5000) == (15, None)              # 960: the memory cap binds.
-  assert plan(64, 49, 50, chunk_size=2) == (2, 22)     # 2 x 22 = 44 inputs.
-  assert plan(64, 49, 50, example_chunk_size=16) == (3, 16)
-  assert plan(64, 49, 50, chunk_size=4, example_chunk_size=None) == (4, None)
-  assert plan(2000, 49, 5000) == (1, 1000)             # Nothing larger fits.
-  assert planning.plan_sizes(64, 49, None, None) == dict(
-      chunk_size=49, example_chunk_size=64, forward_batch=3136)
-  assert planning.plan_sizes(64, 49, 1, 40) == dict(
-      chunk_size=1, example_chunk_size=32, forward_batch=32)
-
-
-def test_speed_target_from_the_rows_of_the_models_matmuls():
-  tok = random_tokens(50, b=3, t=5, d=4)
-  v = dict(w=jax.random.normal(jax.random.key(51), (4, 8)),
-           h=jax.random.normal(jax.random.key(52), (8, 2)))
-
-  def per_token_dense(v, x):                 # [B, T, 4] @ [4, 8]: T rows each.
-    h = jnp.tanh(x @ v["w"])
-    att = jnp.einsum("btd,bsd->bts", h, h)   # Activations x activations: not rows.
-    return (att @ h).mean(1) @ v["h"]
-
-  rows = planning.matmul_rows_per_example
-  assert rows(per_token_dense, v, (tok,)) == 5
-  assert rows(mlp_apply, mlp_params(jax.random.key(53), 5, 4), (tok,)) == 1
-  assert rows(token0_model, None, (tok,)) is None      # No matmul: no target.
-  cores = len(os.sched_getaffinity(0))
-  assert planning.forward_batch_target(5, "cpu") == \
-      planning.CPU_MATMUL_ROWS_PER_CORE * cores // 5
-  assert planning.forward_batch_target(5, "gpu") is None
-  assert planning.forward_batch_target(None, "cpu") is None
-
-
-@pytest.mark.slow
-def test_every_plan_gives_the_same_numbers_and_the_result_says_its_sizes(
-    monkeypatch, caplog):
-  monkeypatch.setattr(planning, "TUNED_FORWARD_BATCH", {})
-  timings = []
-  timed = planning._time_forward_batches
-  monkeypatch.setattr(planning, "_time_forward_batches",
-                      lambda *a: timings.append(a[-1]) or timed(*a))
-  tok = random_tokens(54, b=6, t=5, d=4)
-  images = jax.random.normal(jax.random.key(55), (6, 4, 4, 1))
-  params = mlp_params(jax.random.key(56), 5, 4)
-  image_params = mlp_params(jax.random.key(57), 4, 4)
-  image_apply = lambda v, x: mlp_apply(v, x.reshape(x.shape[0], 4, 4))
-  plans = (("auto", "auto"), ("tune", "auto"), (1, 1), (None, None), (3, 4))
-  estimators = {
-      "token": (sens.token_sensitivity, mlp_apply, params, tok, {}),
-      "global": (sens.global_sensitivity, mlp_apply, params, tok, {}),
-      "smooth": (sens.smooth_token_sensitivity, mlp_apply, params, tok, {}),
-      "scattered": (sens.scattered_pixel_sensitivity, image_apply, image_params,
-                    images, dict(num_pixels=3)),
-  }
-  with caplog.at_level(logging.DEBUG, logger="xsens.measures"):
-    for name, (fn, apply, v, x, kw) in estimators.items():
-      run = jax.jit(lambda v, x, key: [fn(
-          apply, v, x, key=key, sigma=1.5, num_draws=4, chunk_size=c,
-          example_chunk_size=e, **kw) for c, e in plans])
-      outs = run(v, x, KEY)
-      n = 5 * 4 if name in ("token", "smooth") else 4
-      for (c, e), out in zip(plans, outs):
-        if c not in ("auto", "tune"):
-          assert {k: int(s) for k, s in out["plan"].items()} == \
-              planning.plan_sizes(6, n, c, e), (name, c, e)
-        for k in ("per_token", "per_example", "flips", "count"):
-          if k in out:
-            want, got = outs[3][k], out[k]
-            if name == "smooth":       # Batch-size dependent float rounding only.
-              np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
-            else:
-              np.testing.assert_array_equal(got, want, err_msg=f"{name} {c} {e}")
-  assert "token_sensitivity plan: chunk_size=" in caplog.text
-  assert "tuned forward batch" in caplog.text
-  # One timing per (model, input shape): token, global and smooth share the model.
-  assert len(timings) == 2, timings
-  jax.jit(lambda v, x, key: sens.token_sensitivity(
-      mlp_apply, v, x, key=key, sigma=1.0, num_draws=2, chunk_size="tune"))(
-          params, tok, KEY)
-  assert len(timings) == 2                            # Cached in the process.
 
 
 def test_vector_sigma_is_refused_in_one_line():
   tok = random_tokens(58)
   for fn in (sens.token_sensitivity, sens.global_sensitivity,
-             sens.smooth_token_sensitivity):
+             smooth_sensitivity.smooth_token_sensitivity):
     with pytest.raises(ValueError, match=r"^sigma must be a scalar, got shape "
                        r"\(2,\): for several sigmas use sigma_sweep or jax.vmap"):
       fn(token0_model, None, tok, key=KEY, sigma=jnp.array([0.5, 1.0]),
@@ -882,8 +585,8 @@ def test_vector_sigma_is_refused_in_one_line():
     sens.token_sensitivity(token0_model, None, tok, key=KEY, sigma=[0.5, 1.0],
                            num_draws=1)
   with pytest.raises(ValueError, match="must be >= 0"):
-    sens.sigma_sweep(sens.token_sensitivity, [0.5, -1.0], token0_model, None,
-                     tok, key=KEY, num_draws=1)
+    sweep.sigma_sweep(sens.token_sensitivity, [0.5, -1.0], token0_model, None,
+                      tok, key=KEY, num_draws=1)
 
 
 @pytest.mark.slow
@@ -898,8 +601,8 @@ def test_sigma_sweep_compiles_once_eagerly():
     for vectorize in (False, True):
       for sigmas in ([0.0, 0.5, 4.0], [0.1, 0.2, 0.3]):
         del lowerings[:]
-        out = sens.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, params,
-                               tok, key=KEY, num_draws=4, vectorize=vectorize)
+        out = sweep.sigma_sweep(sens.token_sensitivity, sigmas, mlp_apply, params,
+                                tok, key=KEY, num_draws=4, vectorize=vectorize)
         jax.block_until_ready(out)
         # One program the first time; the second sweep reuses it.
         assert len(lowerings) == (1 if sigmas[0] == 0.0 else 0), (
@@ -915,13 +618,13 @@ def test_example_ids_key_each_example_so_any_slice_draws_what_the_batch_draws():
   params = mlp_params(jax.random.key(62), 5, 4)
   ids = jnp.arange(6, dtype=jnp.int32) + 100
   kw = dict(key=KEY, sigma=1.5, num_draws=3)
-  for fn in (sens.token_sensitivity, sens.token_sensitivity_loop,
-             sens.global_sensitivity, sens.smooth_token_sensitivity):
+  for fn in (sens.token_sensitivity, sensitivity_loop.token_sensitivity_loop,
+             sens.global_sensitivity, smooth_sensitivity.smooth_token_sensitivity):
     whole = fn(mlp_apply, params, tok, example_ids=ids, **kw)
     parts = [fn(mlp_apply, params, tok[i:j], example_ids=ids[i:j], **kw)
              for i, j in ((0, 1), (1, 4), (4, 6))]
     got = np.concatenate([np.asarray(p["per_example"]) for p in parts])
-    if fn is sens.smooth_token_sensitivity:
+    if fn is smooth_sensitivity.smooth_token_sensitivity:
       np.testing.assert_allclose(got, whole["per_example"], rtol=1e-5, err_msg=fn.__name__)
     else:
       np.testing.assert_array_equal(got, whole["per_example"], err_msg=fn.__name__)
@@ -929,11 +632,11 @@ def test_example_ids_key_each_example_so_any_slice_draws_what_the_batch_draws():
       assert 0 < float(whole["mean"]) < 1, fn.__name__   # Not vacuous.
     # Chunking does not change the per-example draws either; the batch-level scheme
     # (no example_ids) draws other noise.
-    if fn is not sens.token_sensitivity_loop:
+    if fn is not sensitivity_loop.token_sensitivity_loop:
       chunked = fn(mlp_apply, params, tok, example_ids=ids, chunk_size=2,
                    example_chunk_size=4, **kw)
       np.testing.assert_allclose(chunked["per_example"], whole["per_example"], rtol=1e-5)
-  loop = sens.token_sensitivity_loop(mlp_apply, params, tok, example_ids=ids, **kw)
+  loop = sensitivity_loop.token_sensitivity_loop(mlp_apply, params, tok, example_ids=ids, **kw)
   vec = sens.token_sensitivity(mlp_apply, params, tok, example_ids=ids, **kw)
   np.testing.assert_array_equal(loop["per_token"], vec["per_token"])
   plain = sens.token_sensitivity(mlp_apply, params, tok, **kw)

@@ -2,7 +2,7 @@
 
 Paths stay strings everywhere (`os.path.join` keeps `gs://bucket/x/name` intact); every
 file operation goes through this module, which uses `etils.epath` for a remote path and
-plain `os` / `open` for a local one (so local runs behave exactly as before). A remote
+plain `os` / `open` for a local one. A remote
 object store has no rename and no append: `write_bytes` writes a remote object in one
 upload (atomic on GCS) and a local file through a temporary name and `os.replace`.
 
@@ -234,8 +234,8 @@ def bound_checkpoint_retries() -> None:
   """Makes orbax's TensorStore give up a GCS request after CHECKPOINT_RETRIES, so that a
   save to a bucket that stopped answering fails, and its (non-daemon) threads end, instead
   of retrying for minutes. Sets `gcs_request_retries` in the TensorStore context orbax
-  builds for every read and write (a dict of orbax's `tensorstore_utils`; skipped if it
-  moved); leaves a value already set."""
+  builds for every read and write (a dict of orbax's `tensorstore_utils`; skipped where
+  orbax has none); leaves a value already set."""
   try:
     from orbax.checkpoint._src.serialization import tensorstore_utils  # pylint: disable=g-import-not-at-top
   except ImportError:

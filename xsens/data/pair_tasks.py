@@ -1,4 +1,4 @@
-"""Offline sentence-pair tasks that need word order and segments (DIET study, issue 18 D).
+"""Offline sentence-pair tasks that need word order and segments (DIET study).
 
 Each example is RoBERTa's pair template "<s> A </s></s> B </s>" (ids [2m + 4]), where A
 is m distinct words drawn from `NUM_WORDS` (ids 4..4+NUM_WORDS−1, after the specials of

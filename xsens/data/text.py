@@ -210,7 +210,7 @@ def weak_sum_sentences(num_examples: int, seed: int, *, stream: int = 0,
   label alone, and a model must integrate the whole sentence: a running state of the
   polarity so far, as the polarity language allows, is not enough (a running sum is).
 
-  Our design, for issue 14 (the paper's language data are MRPC and QQP); deterministic
+  Our design (the paper's language data are MRPC and QQP); deterministic
   in (seed, stream); labels are balanced in expectation.
   """
   if not (np.isfinite(margin) and 0 <= margin <= MAX_WEAK_SUM_MARGIN):

@@ -59,8 +59,9 @@ from xsens.measures.attention_eigen import (explained_variance, merge_moments,
                                             subspace_overlap)
 from xsens.measures.attention_similarity import (attention_maps, batch_head_similarity,
                                                  head_similarity)
-from xsens.measures.boolean import (degree_spectrum, fourier_average_sensitivity,
-                                    fourier_coefficients, fourier_spectrum)
+from xsens.measures.boolean import (boolean_sensitivity, degree_spectrum,
+                                    fourier_average_sensitivity, fourier_coefficients,
+                                    fourier_spectrum)
 from xsens.measures.churn import prediction_churn
 from xsens.measures.convention import STATIC_ARGNAMES, jit, static_argnames
 from xsens.measures.corruption_eval import (corrupt_normalized_jax, corruption_accuracy, mce,
@@ -73,17 +74,18 @@ from xsens.measures.logit_rank import (attention_logit_rank, attention_logits,
 from xsens.measures.perturbations import (layer_removal_accuracy, sharpness,
                                           weight_noise_accuracy)
 from xsens.measures.planning import plan_chunks
-from xsens.measures.sensitivity import (boolean_sensitivity, global_sensitivity,
-                                        scattered_pixel_sensitivity, sigma_sweep,
-                                        smooth_token_sensitivity, token_sensitivity,
-                                        token_sensitivity_loop)
+from xsens.measures.sensitivity import (global_sensitivity, scattered_pixel_sensitivity,
+                                        token_sensitivity)
+from xsens.measures.sensitivity_loop import token_sensitivity_loop
 from xsens.measures.similarity import (cka_matrix, layer_features, linear_cka,
                                        linear_probe_accuracy, minibatch_cka)
 from xsens.measures.spectral import (boolean_tokens, degree_block_eigenvalues, empirical_ntk,
                                      init_ntks, linear_attention_model, ntk_degree_spectrum,
                                      relu_mlp_model, walsh_degree_spectrum, walsh_diagonal,
                                      walsh_kernel)
+from xsens.measures.smooth_sensitivity import smooth_token_sensitivity
 from xsens.measures.subgroups import subgroup_accuracy
+from xsens.measures.sweep import sigma_sweep
 from xsens.measures.text_sensitivity import text_global_sensitivity, text_token_sensitivity
 from xsens.measures.verification import duality_gap_trace, verified_accuracy
 

@@ -7,17 +7,18 @@ lower-order monomials indicate that simpler features are learned faster … Prop
 2.1 also implies a weak form of low sensitivity bias", Vasudeva et al., ICLR 2025,
 arXiv 2403.06925, authors' rebuttal).
 
-Indexing (`all_inputs`, the points `xsens.measures.sensitivity.boolean_sensitivity`
-enumerates for the exact average sensitivity): input number
-idx in [0, 2^n) has bit b_i = (idx >> (n - 1 - i)) & 1 for coordinate i (coordinate 0 is
-the most significant bit) and x_i = 1 - 2 b_i. A subset S is indexed by the integer
-with the same bit layout, so chi_S(x_idx) = (-1)^popcount(idx & S) and the coefficient
-vector is the Sylvester–Hadamard transform of the value vector divided by 2^n.
+Indexing (`all_inputs`, the points `boolean_sensitivity` enumerates for the exact average
+sensitivity): input number idx in [0, 2^n) has bit b_i = (idx >> (n - 1 - i)) & 1 for
+coordinate i (coordinate 0 is the most significant bit) and x_i = 1 - 2 b_i. A subset S is
+indexed by the integer with the same bit layout, so chi_S(x_idx) = (-1)^popcount(idx & S)
+and the coefficient vector is the Sylvester–Hadamard transform of the value vector divided
+by 2^n.
 
   coeffs = fourier_coefficients(values)        # values [..., 2^n] in input order
   w = degree_spectrum(coeffs)                  # W^k = sum_{|S|=k} fhat(S)^2, [..., n + 1]
   fourier_average_sensitivity(coeffs)          # sum_S |S| fhat(S)^2
   fourier_spectrum(apply_fn, variables, n)     # coeffs of a model, one call on all_inputs(n)
+  boolean_sensitivity(apply_fn, variables, x)  # s(f, x) counted at the points x [B, n]
 
 Every function is pure; n is static (read from the last axis), sizes up to
 `MAX_BITS` = 20 (2^20 values).
@@ -25,7 +26,8 @@ Every function is pure; n is static (read from the last axis), sizes up to
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -129,3 +131,91 @@ def fourier_average_sensitivity(coeffs: Array, *, normalize: bool = False) -> Ar
   total = jnp.square(coeffs) @ sizes
   return total / n if normalize else total
 
+
+def _differs(a: Array, b: Array) -> Array:
+  """a != b per leading index, any over trailing label axes."""
+  ne = a != b
+  return jnp.any(ne, axis=tuple(range(1, ne.ndim))) if ne.ndim > 1 else ne
+
+
+def _boolean_labels(out: Array) -> Array:
+  """Function values [M] as they are; logits [M, K] -> argmax [M]."""
+  return jnp.argmax(out, axis=-1) if out.ndim == 2 else out
+
+
+def boolean_sensitivity(
+    apply_fn: Callable[[Any, Array], Array],
+    variables: Any,
+    inputs: Array,
+    *,
+    labels: Optional[Array] = None,
+    key: Optional[Array] = None,
+    mask: Optional[Array] = None,
+    normalize: bool = False,
+) -> dict[str, Array]:
+  """Average sensitivity as(f) = E_x sum_i 1[f(x) != f(x^{+i})] at given points.
+
+  as(f) = sum_i Inf_i(f) = sum_S |S| fhat(S)^2 (O'Donnell, "Analysis of
+  Boolean Functions", 2014, §2.3). s(f, x) = #{i: f(x) != f(x^{+i})} is
+  counted at each row x of inputs (one call of apply_fn on the B * (n + 1)
+  points x and x^{+i}); `mean` averages it over the rows. The exact as(f) is
+  the mean over `xsens.measures.boolean.all_inputs(n)` (n <= 20); a
+  Monte-Carlo estimate the mean over `boolean.random_inputs(key, M, n)`.
+
+  Args:
+    apply_fn: (variables, x [M, n] of ±1) -> function values [M] (compared
+      exactly, e.g. ±1 labels) or logits [M, K] (compared by argmax).
+    variables: passed to apply_fn (any pytree, e.g. None for a plain f).
+    inputs: [B, n] points of {±1}^n (any float dtype).
+    labels: [B] reference values f(x); default apply_fn's value on inputs.
+    key: unused (the points are the caller's); accepted so every measure
+      takes the same arguments.
+    mask: [B] example mask (bool or weights).
+    normalize: divide per_example, mean and stderr by n (the mean influence,
+      in [0, 1]); whether the paper normalises is not known.
+
+  Returns:
+    dict: per_example [B] s(f, x) (or s / n); mean; stderr (std of
+    per_example over valid rows / sqrt(N), ddof 1, as for a uniform sample;
+    when inputs enumerate the cube the mean is exact and this is only their
+    spread); influence [n] (the weighted share of rows where flipping bit i
+    changes f: Pr_x[f(x) != f(x^{+i})] at uniform points, never normalised);
+    count (int32 number of valid rows).
+  """
+  del key
+  if inputs.ndim != 2:
+    raise ValueError(
+        f"inputs must be points [B, n] of {{±1}}^n, got shape "
+        f"{tuple(inputs.shape)}.")
+  b, n = inputs.shape
+  flip = 1 - 2 * jnp.eye(n, dtype=inputs.dtype)                  # [n, n]
+  x_flip = (inputs[:, None, :] * flip[None]).reshape(b * n, n)
+  if labels is None:
+    out = _boolean_labels(apply_fn(variables,
+                                   jnp.concatenate([inputs, x_flip], 0)))
+    fx, f_flip = out[:b], out[b:]
+  else:
+    fx, f_flip = jnp.asarray(labels), _boolean_labels(apply_fn(variables,
+                                                               x_flip))
+  f_flip = f_flip.reshape(b, n, *f_flip.shape[1:])
+  diff = jax.vmap(_differs, in_axes=(None, 1), out_axes=1)(fx, f_flip)
+  s = diff.sum(-1, dtype=jnp.float32)                            # [B]
+  if mask is None:
+    mean = s.mean()
+    influence = diff.mean(0, dtype=jnp.float32)
+    stderr = jnp.std(s, ddof=1 if b > 1 else 0) / math.sqrt(b)
+    count = jnp.asarray(b, jnp.int32)
+  else:
+    w = jnp.asarray(mask).astype(jnp.float32)
+    total = jnp.maximum(w.sum(), jnp.finfo(jnp.float32).tiny)
+    mean = jnp.sum(w * s) / total
+    influence = jnp.sum(w[:, None] * diff, 0) / total
+    valid = w > 0
+    wn = w / total
+    n_f = valid.sum().astype(jnp.float32)
+    stderr = jnp.sqrt(n_f / jnp.maximum(n_f - 1.0, 1.0) * jnp.sum(
+        jnp.where(valid, wn**2 * (s - mean)**2, 0.0)))
+    count = valid.sum(dtype=jnp.int32)
+  scale = 1.0 / n if normalize else 1.0
+  return dict(per_example=s * scale, mean=mean * scale, stderr=stderr * scale,
+              influence=influence, count=count)

@@ -54,9 +54,8 @@ DEFAULT_MEMORY_BUDGET_BYTES = 256 * 2**20
 # docs/benchmarks.md memory table), rounded up.
 FORWARD_BYTES_PER_INPUT_BYTE = 128
 # CPU speed target: matmul rows (inputs per forward call times the rows per example of the
-# forward's largest matmul) per core. Measured with `experiments/bench_sensitivity.py
-# --plans` (docs/benchmarks.md, 2-core AMD EPYC): the ViT p4 (50 rows) is flat from 400 to
-# 1,600 rows per core, the text RoBERTa (26 rows) best at 830 and 9 % slower at 1,660.
+# forward's largest matmul) per core, inside the range where the ViT's and RoBERTa's
+# forwards run fastest in `experiments/bench_sensitivity.py --plans` (docs/benchmarks.md).
 CPU_MATMUL_ROWS_PER_CORE = 1000
 # "tune": candidate forward batches (multiples of the speed target, or of the memory cap
 # where there is no target), timing rounds (best of).
@@ -64,7 +63,7 @@ TUNE_FACTORS = (0.25, 0.5, 1, 2, 4)
 TUNE_ROUNDS = 3
 # "tune" keeps the speed target unless another candidate's forward is faster by more than
 # this: the forward timed alone differs from the estimator's by run-to-run noise of about
-# that size (docs/benchmarks.md: 'tune' picked a forward 6-11 % slower without it).
+# that size (docs/benchmarks.md).
 TUNE_MARGIN = 0.1
 
 # "tune"'s choices in this process: (backend, model fingerprint, per-example input shapes
@@ -74,7 +73,7 @@ TUNED_FORWARD_BATCH: dict[tuple, int] = {}
 log = logging.getLogger("xsens.measures")
 
 
-def _check_positive_int(name: str, value: Any) -> None:
+def check_positive_int(name: str, value: Any) -> None:
   if not isinstance(value, int) or isinstance(value, bool) or value < 1:
     raise ValueError(f"{name} must be a positive Python int, got {value!r}.")
 
@@ -87,7 +86,7 @@ def _check_chunk_size(chunk_size: ChunkSize, name: str = "chunk_size",
     names = " or ".join(repr(a) for a in allowed)
     raise ValueError(f"{name} must be {names}, None or a positive int, got "
                      f"{chunk_size!r}.")
-  _check_positive_int(name, chunk_size)
+  check_positive_int(name, chunk_size)
 
 
 def plan_chunks(
@@ -133,11 +132,11 @@ def plan_chunks(
   """
   _check_chunk_size(chunk_size)
   _check_chunk_size(example_chunk_size, "example_chunk_size")
-  _check_positive_int("memory_budget_bytes", memory_budget_bytes)
-  _check_positive_int("batch", batch)
-  _check_positive_int("num_items", num_items)
+  check_positive_int("memory_budget_bytes", memory_budget_bytes)
+  check_positive_int("batch", batch)
+  check_positive_int("num_items", num_items)
   if target_batch is not None:
-    _check_positive_int("target_batch", target_batch)
+    check_positive_int("target_batch", target_batch)
   capacity = max(1, memory_budget_bytes //
                  max(1, item_bytes * FORWARD_BYTES_PER_INPUT_BYTE))
   if target_batch is not None and AUTO in (chunk_size, example_chunk_size):
@@ -402,7 +401,7 @@ def resolve(name: str, fn: Callable[..., Array], variables: Any, inputs: Sequenc
   """
   _check_chunk_size(chunk_size, allowed=(AUTO, TUNE))
   _check_chunk_size(example_chunk_size, "example_chunk_size")
-  _check_positive_int("memory_budget_bytes", memory_budget_bytes)
+  check_positive_int("memory_budget_bytes", memory_budget_bytes)
   x = inputs[0]
   batch = x.shape[0]
   item_bytes = math.prod(x.shape[1:]) * jnp.dtype(x.dtype).itemsize

@@ -53,8 +53,10 @@ from typing import Any, Callable, Optional
 import jax
 import jax.numpy as jnp
 
+from xsens.measures import perturbed
 from xsens.measures import planning
 from xsens.measures import sensitivity as sens
+from xsens.measures import sensitivity_stats
 
 Array = jax.Array
 TextApplyFn = Callable[[Any, Array, Array], Array]
@@ -62,7 +64,7 @@ TextApplyFn = Callable[[Any, Array, Array], Array]
 
 def _example_keys(key: Array, example_ids: Optional[Array], batch: int) -> Array:
   ids = jnp.arange(batch, dtype=jnp.int32) if example_ids is None else example_ids
-  return sens.example_keys(key, ids)
+  return perturbed.example_keys(key, ids)
 
 
 def last_index(mask: Array) -> Array:
@@ -84,8 +86,8 @@ def text_token_sensitivity(
     num_draws: int,
     measure_mask: Optional[Array] = None,
     example_ids: Optional[Array] = None,
-    chunk_size: sens.ChunkSize = sens.AUTO,
-    memory_budget_bytes: int = sens.DEFAULT_MEMORY_BUDGET_BYTES,
+    chunk_size: planning.ChunkSize = planning.AUTO,
+    memory_budget_bytes: int = planning.DEFAULT_MEMORY_BUDGET_BYTES,
 ) -> dict[str, Array]:
   """Per-token label-flip probabilities of a text model (one position noised at a time).
 
@@ -113,21 +115,21 @@ def text_token_sensitivity(
     frequency over the R draws (0 where not measured), per_example [B], mean, stderr,
     stderr_noise, flips, count, plan (the sizes used).
   """
-  sens._check_positive_int("num_draws", num_draws)
-  sens._check_sigma(sigma)
+  planning.check_positive_int("num_draws", num_draws)
+  perturbed.check_sigma(sigma)
   b, t, _ = inputs.shape
   chunk_size, plan = _plan("text_token_sensitivity", apply_fn, variables, inputs,
                            token_mask, t * num_draws, chunk_size, memory_budget_bytes)
 
   def flips(fn, tok, lab, meas, k):
     del meas
-    return sens._token_flips(fn, tok, k, lab, sigma=sigma, num_draws=num_draws,
-                             chunk_size=chunk_size, example_chunk_size=None)
+    return sens.token_flips(fn, tok, k, lab, sigma=sigma, num_draws=num_draws,
+                            chunk_size=chunk_size, example_chunk_size=None)
 
   flips_bp, measure_mask = _per_example(flips, apply_fn, variables, inputs, labels, key,
                                         token_mask, measure_mask, example_ids)
   counts = flips_bp.reshape(b, t, num_draws).sum(-1, dtype=jnp.int32)
-  out = sens._summarize(counts, measure_mask, num_draws, mask)
+  out = sensitivity_stats.summarize(counts, measure_mask, num_draws, mask)
   out["per_token"] = out.pop("per_unit")
   out["plan"] = plan
   return out
@@ -146,8 +148,8 @@ def text_global_sensitivity(
     num_draws: int,
     measure_mask: Optional[Array] = None,
     example_ids: Optional[Array] = None,
-    chunk_size: sens.ChunkSize = sens.AUTO,
-    memory_budget_bytes: int = sens.DEFAULT_MEMORY_BUDGET_BYTES,
+    chunk_size: planning.ChunkSize = planning.AUTO,
+    memory_budget_bytes: int = planning.DEFAULT_MEMORY_BUDGET_BYTES,
 ) -> dict[str, Array]:
   """Per-example flip frequency with noise on every measured token at once (App. A.2).
 
@@ -158,26 +160,26 @@ def text_global_sensitivity(
     `global_sensitivity`'s dict: per_example [B] float32 in [0, 1] (flips over the R
     draws / R), mean, stderr, stderr_noise, flips, count, plan (the sizes used).
   """
-  sens._check_positive_int("num_draws", num_draws)
-  sens._check_sigma(sigma)
+  planning.check_positive_int("num_draws", num_draws)
+  perturbed.check_sigma(sigma)
   b, t, _ = inputs.shape
   chunk_size, plan = _plan("text_global_sensitivity", apply_fn, variables, inputs,
                            token_mask, num_draws, chunk_size, memory_budget_bytes)
 
   def flips(fn, tok, lab, meas, k):
-    return sens._global_flips(fn, tok, k, lab, meas, sigma=sigma, num_draws=num_draws,
-                              chunk_size=chunk_size, example_chunk_size=None)
+    return sens.global_flips(fn, tok, k, lab, meas, sigma=sigma, num_draws=num_draws,
+                             chunk_size=chunk_size, example_chunk_size=None)
 
   flips_br, measure_mask = _per_example(flips, apply_fn, variables, inputs, labels, key,
                                         token_mask, measure_mask, example_ids)
-  out = sens._draw_result(flips_br, jnp.any(measure_mask, -1, keepdims=True), num_draws,
-                          mask)
+  out = sensitivity_stats.draw_result(flips_br, jnp.any(measure_mask, -1, keepdims=True),
+                                      num_draws, mask)
   out["plan"] = plan
   return out
 
 
 def _plan(name: str, apply_fn: TextApplyFn, variables: Any, inputs: Array,
-          token_mask: Array, num_items: int, chunk_size: sens.ChunkSize,
+          token_mask: Array, num_items: int, chunk_size: planning.ChunkSize,
           memory_budget_bytes: int) -> tuple[Optional[int], dict[str, int]]:
   """(chunk_size, plan entry) for the vmapped batch: B examples times chunk_size
   copies per forward call (`planning.resolve` with the whole batch in one block)."""

@@ -227,7 +227,7 @@ def get_model(name: str, num_classes: int, input_shape: Optional[Sequence[int]] 
     num_classes: size of the logits (2 for the binary one-score models).
     input_shape: per-example shape of the inputs: (H, W, C) images, (L,) token ids,
       (n, d) tokens (see the module docstring).
-    image_shape: the old name of `input_shape` (still accepted).
+    image_shape: another name of `input_shape` (give one of the two).
     **kwargs: config fields of that model (see `config_fields(name)`).
 
   Returns:

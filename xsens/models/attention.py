@@ -5,7 +5,7 @@ broadcastable to [B, H, T, S], True = may attend) to [B, T, H, Dh]; they differ 
 in how the arithmetic is laid out (the model field `attention_impl`):
 
 - "einsum": flax's `nn.dot_product_attention` (the einsums `bqhd,bkhd->bhqk` and
-  `bhqk,bkhd->bqhd`), the layout the models used before the field existed.
+  `bhqk,bkhd->bqhd`), the default.
 - "folded": heads folded into the batch, [B·H, T, Dh], and two `lax.batch_matmul`s;
   the same operations as "einsum" in a layout XLA:CPU runs faster (docs/benchmarks.md).
 - "xla_fused": `jax.nn.dot_product_attention` (implementation=None: XLA's fused
@@ -16,8 +16,8 @@ in how the arithmetic is laid out (the model field `attention_impl`):
 The query is divided by sqrt(Dh) first, as flax does, by every core (a scaled query
 such as LSA's is passed in already scaled). The explicit attention weights
 [B, H, T, S] are only formed where something reads them (a sown `attention_weights`,
-attention dropout, reused heads): `attention_fn` then falls back to "einsum", whose
-numbers are those of the models before `attention_impl` existed.
+attention dropout, reused heads): `attention_fn` then falls back to "einsum", the
+default core.
 """
 
 import flax.linen as nn

@@ -90,7 +90,7 @@ def apply_hand_vjp(params, w_o, x):
 
   Autodiff of `apply` runs many small XLA:CPU operations per GD step (softmax's JVP,
   broadcasts, transposes); the closed form below is fewer and makes the sweeps' GD step
-  about 1.2x faster on CPU (docs/benchmarks.md). With g = ∂L/∂f [...], S the softmax rows,
+  faster on CPU (docs/benchmarks.md). With g = ∂L/∂f [...], S the softmax rows,
   a = mean_l S_l·, v_j = x_jᵀ u, u = W_V w_O:
     ∂v = g a,  ∂a = g v,  ∂u = Σ ∂v_j x_j,
     ∂logits_lj = S_lj (∂a_j − Σ_j' S_lj' ∂a_j') / M,  ∂Q = ∂logits K,  ∂K = ∂logitsᵀ Q,

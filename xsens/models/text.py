@@ -37,8 +37,8 @@ Our design choices where the paper is silent (not confirmed from the paper):
 - initialisation follows HF (normal(0.02) for Dense/Embed, GPT-2's residual projections
   scaled by 1/sqrt(2 * depth)) and PyTorch's nn.LSTM (uniform(+-1/sqrt(H)), both biases).
 
-RoBERTa and GPT-2 take the launch fields of the ViT (issue 16; the defaults give the
-numbers of the models before them): `dtype` ("float32" | "bfloat16": compute dtype,
+RoBERTa and GPT-2 take the launch fields of the ViT (their defaults give the numbers of
+the models without them): `dtype` ("float32" | "bfloat16": compute dtype,
 params float32, logits float32), `remat` (rematerialised layers) and `attention_impl`
 (the softmax attention core, `xsens.models.attention`; ReLU attention always forms
 its weights explicitly, and "xla_fused" / "cudnn" use "folded" while attention dropout
@@ -211,7 +211,7 @@ class RoBERTa(nn.Module):
   + D^2 + D + D*K + K, with V vocab, P max_length, D width, F mlp_dim, K classes.
 
   `position` (`xsens.models.position.POSITIONS`) is where position information enters:
-  "absolute" (the default: the learned table above, the model as before the field),
+  "absolute" (the default: the learned table above),
   "sinusoidal", "none", or a term on the attention logits ("shaw", "t5", "diet_abs",
   "diet_rel"; P*D is then replaced by that term's parameters). `diet_dim` is DIET-ABS's
   d_p (None: the head width), `relative_clip` Shaw et al.'s clipping distance. Segment

@@ -7,14 +7,14 @@ p x p patch maps to exactly one token (row-major over the patch grid).
 Attention weights are sown into the `intermediates` collection; get them with
 `model.apply(variables, x, train=False, mutable=['intermediates'])`. They are formed only
 then: otherwise the attention core `attention_impl` runs (xsens/models/attention.py:
-"einsum", the default and the implementation before the field existed; "folded", heads
-folded into the batch, faster on CPU; "xla_fused" / "cudnn", `jax.nn.dot_product_attention`).
+"einsum", the default; "folded", heads folded into the batch, faster on CPU; "xla_fused" /
+"cudnn", `jax.nn.dot_product_attention`).
 
-Launch fields (issue 16), all off by default (the same numbers as without them): `dtype`
+Launch fields, all off by default (the same numbers as without them): `dtype`
 "bfloat16" computes in bfloat16 (flax `dtype=`; params stay float32, the logits are
 returned in float32); `remat=True` rematerialises each encoder block in the backward pass
-(`nn.remat`, `train` static). Neither changes the parameter tree, so checkpoints load as
-before.
+(`nn.remat`, `train` static). Neither changes the parameter tree, so checkpoints load with
+them or without them.
 
 Layer removal without retraining (Bhojanapalli et al. 2021, "Understanding
 Robustness of Transformers for Image Classification", arXiv 2103.14586): the
@@ -326,7 +326,7 @@ class ViT(nn.Module):
   tokenizer: str = "patch"
   spt_shifts: str = "diagonal"
   attention: str = "mha"
-  # Launch options (issue 16; the defaults are the numbers of the models before them):
+  # Launch options (the defaults give the numbers of the models without them):
   # the compute dtype ("float32" | "bfloat16"; params stay float32, logits float32),
   # rematerialised encoder blocks, and the attention core (`xsens.models.attention`).
   dtype: str = "float32"

@@ -1,6 +1,6 @@
 """PNG plots for study reports (matplotlib; saved to files, never shown).
 
-One style for every figure (issue 17 item 4): a title, labelled axes (with units where they
+One style for every figure: a title, labelled axes (with units where they
 have one), integer ticks on integer axes (`styled_axes`), lines told apart by colour, marker
 and line style with hollow markers of decreasing size so overlapping lines stay visible
 (`line_styles`), legends outside the axes so they cover no data (`legend_outside`), a dashed

@@ -38,7 +38,7 @@ from xsens.measures import corruption_eval
 from xsens.measures import perturbations as pert
 from xsens.measures import similarity
 from xsens.report import plots, tables
-from xsens.report.progress import progress
+from xsens.train.progress import progress
 from xsens.studies import compare
 from xsens.studies import robustness_common as common
 

@@ -34,7 +34,7 @@ from xsens.errors import ConfigError, is_finite_number, is_int, require
 from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
-from xsens.report.progress import progress
+from xsens.train.progress import progress
 from xsens.train import sharding
 from xsens.train import streams as streams_lib
 

@@ -76,7 +76,7 @@ from xsens.measures import perturbations as pert
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
-from xsens.report.progress import progress
+from xsens.train.progress import progress
 from xsens.studies import robustness_common as common
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.

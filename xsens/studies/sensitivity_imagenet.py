@@ -47,7 +47,7 @@ from xsens.errors import ConfigError
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
-from xsens.report.progress import progress
+from xsens.train.progress import progress
 from xsens.studies import robustness_imagenet
 from xsens.studies import sensitivity_vision as sv
 from xsens.train import sharding

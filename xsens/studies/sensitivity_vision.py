@@ -36,7 +36,7 @@ from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.measures import sensitivity as sens
 from xsens.report import plots, tables
-from xsens.report.progress import progress
+from xsens.train.progress import progress
 from xsens.studies import compare
 from xsens.train import sharding
 from xsens.train import streams as streams_lib

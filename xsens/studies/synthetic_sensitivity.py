@@ -89,7 +89,7 @@ from xsens.measures import boolean
 from xsens.measures import sensitivity as sens_lib
 from xsens.models import one_layer_attention as ola
 from xsens.report import plots, tables
-from xsens.report.progress import progress
+from xsens.train.progress import progress
 from xsens.train import loop
 from xsens.train.metrics import read_metrics
 from xsens.train.workdir import Workdir

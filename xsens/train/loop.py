@@ -20,7 +20,7 @@ written once); the run's config as TensorBoard hparams (on a fresh start); the s
 the log / evaluation / checkpoint schedule, with `advance` never crossing a boundary; the
 divergence stop that keeps the last good checkpoint; the training-data iterator state
 (`Program.data_state`, saved with every checkpoint and handed back on a resume); hooks;
-early stop; the progress bar (`xsens.report.progress`) and, at every log step, one INFO
+early stop; the progress bar (`xsens.train.progress`) and, at every log step, one INFO
 line `desc step s/total: loss l, accuracy a, r steps/s, ETA h:mm:ss` (process 0, logger
 `xsens.train`); preemption; the final commit of asynchronous saves and the release of the
 workdir lock.
@@ -59,8 +59,8 @@ import jax
 import jax.numpy as jnp
 
 from xsens import errors, paths
-from xsens.report import progress as progress_lib
 from xsens.train import multihost
+from xsens.train import progress as progress_lib
 from xsens.train import stop_signals
 from xsens.train import workdir as workdir_lib
 from xsens.train.metrics import flat_hparams
