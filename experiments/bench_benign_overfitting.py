@@ -7,7 +7,7 @@ Measures, for one chunk of `--runs` ViT runs (the config's dims, N padded to max
 exactly `--steps` full-batch GD steps (no early stop):
   * chunk: ONE jitted program over the runs of a `lax.while_loop` over steps (the study's
     `make_run_fn`, data draw and evaluation included), in the study's groups
-    (`bo.chunk_program`, `sweep.vmap_size`: on CPU one run at a time) and, as
+    (`gd_sweep.chunk_program`, `sweep.vmap_size`: on CPU one run at a time) and, as
     chunk_one_vmap, as one `vmap` over all runs;
   * vmapped GD: the GD loop alone on pre-drawn data (`vmap` of a `fori_loop` over all
     runs); grouped GD: the same loop in the study's groups (`lax.map`, batch_size =
@@ -18,7 +18,7 @@ exactly `--steps` full-batch GD steps (no early stop):
     the same rule on `--sweep_torch_runs` of them; rates in whole runs per second;
   * streams: the grouped GD loop and the sweep's programs with their runs cut into
     `sweep.streams` pieces of whole groups that run at once, one host thread each
-    (`bo.run_pieces`, as the study runs its chunks; default one per core on a CPU);
+    (`gd_sweep.run_pieces`, as the study runs its chunks; default one per core on a CPU);
   * sequential jitted: a Python loop over runs and steps calling a jitted GD step;
   * PyTorch (the authors' pattern, the real thing; needs `pip install -e ".[bench]"`): per
     run, nn.Linear W_Q, W_K, W_V (no bias) and a frozen w_O, torch.optim.SGD(lr=η),
@@ -55,6 +55,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 from experiments import hlo_profile  # pylint: disable=g-import-not-at-top
 from mlcollections_configs import benign_overfitting as bo_config  # pylint: disable=g-import-not-at-top,line-too-long
 from xsens.data import signal_noise as sn  # pylint: disable=g-import-not-at-top
+from xsens.lab import gd_sweep  # pylint: disable=g-import-not-at-top
 from xsens.models import one_layer_vit as vit  # pylint: disable=g-import-not-at-top
 from xsens.studies import benign_overfitting as bo  # pylint: disable=g-import-not-at-top
 from xsens.train import full_batch_gd as gd  # pylint: disable=g-import-not-at-top
@@ -244,10 +245,10 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0,
   apply_fn = gd_apply(config, autodiff)
   fit = lambda p, w, x, y, m: gd.fit(apply_fn, p, w, x, y, m, eta=eta,
                                      max_steps=max_steps, eps=eps)[1]
-  group = bo.resolved_vmap_size(config)
+  group = gd_sweep.resolved_vmap_size(config.sweep.get("vmap_size"))
   seconds, steps = {}, None
   for size in dict.fromkeys((group, 0)):
-    _, steps, seconds[size] = _compiled_and_timed(bo.chunk_program(fit, size), params, w_o,
+    _, steps, seconds[size] = _compiled_and_timed(gd_sweep.chunk_program(fit, size), params, w_o,
                                                   x, y, mask)
     steps = np.asarray(steps)
   # The study's chunks hold one N each (`sweep.pad_to` "chunk"): the same runs grouped by
@@ -257,7 +258,7 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0,
     rows = jnp.asarray(np.flatnonzero(n_grid[sel] == v))
     args = (jax.tree.map(lambda a, r=rows: a[r], params), w_o[rows], x[rows, :v],
             y[rows, :v], mask[rows, :v])
-    by_n[int(v)] = (bo.chunk_program(fit, group).lower(*args).compile(), args, rows)
+    by_n[int(v)] = (gd_sweep.chunk_program(fit, group).lower(*args).compile(), args, rows)
   per_n_steps = np.zeros_like(steps)
   for prog, args, rows in by_n.values():
     per_n_steps[np.asarray(rows)] = np.asarray(prog(*args))
@@ -269,17 +270,17 @@ def early_stop_sweep(variant: str, runs: int, torch_runs: int, seed: int = 0,
   num_streams = streams.resolve(config.sweep.get("streams"))
 
   def pieces_of(args):
-    fill, piece, pieces = bo.piece_indices(len(args[-1]), group, num_streams)
+    fill, piece, pieces = gd_sweep.piece_indices(len(args[-1]), group, num_streams)
     return jax.tree.map(lambda a: a[fill], args), piece, pieces
 
-  grouped = bo.chunk_program(fit, group)  # Jitted: compiles each pieces' shape once.
+  grouped = gd_sweep.chunk_program(fit, group)  # Jitted: compiles each pieces' shape once.
   whole = pieces_of((params, w_o, x, y, mask))
-  streams_steps = bo.run_pieces(grouped, *whole)[:runs]  # (Also the warm-up.)
-  streams_s = _best_time(lambda: bo.run_pieces(grouped, *whole), 3)
+  streams_steps = gd_sweep.run_pieces(grouped, *whole)[:runs]  # (Also the warm-up.)
+  streams_s = _best_time(lambda: gd_sweep.run_pieces(grouped, *whole), 3)
   per_n = [pieces_of(args) for _, args, _ in by_n.values()]
   for split in per_n:
-    bo.run_pieces(grouped, *split)
-  per_n_streams_s = _best_time(lambda: [bo.run_pieces(grouped, *split) for split in per_n], 3)
+    gd_sweep.run_pieces(grouped, *split)
+  per_n_streams_s = _best_time(lambda: [gd_sweep.run_pieces(grouped, *split) for split in per_n], 3)
   out = {"sweep_runs": runs, "sweep_vmap_size": group, "sweep_streams": num_streams,
          "sweep_streams_same_steps_frac": float(np.mean(streams_steps == steps)),
          "sweep_streams_runs_per_s": runs / streams_s,
@@ -337,11 +338,12 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(runs))
   ns = jnp.full((runs,), n_max, jnp.int32)
   mus = jnp.full((runs,), mu, jnp.float32)
-  group = bo.resolved_vmap_size(config)  # The study's runs per vmapped group.
+  # The study's runs per vmapped group.
+  group = gd_sweep.resolved_vmap_size(config.sweep.get("vmap_size"))
   chunk_s = {}
   for size in dict.fromkeys((group, 0)):  # The study's chunk, and one vmap over all runs.
     t0 = time.perf_counter()
-    compiled = bo.chunk_program(run_fn, size).lower(keys, ns, mus).compile()
+    compiled = gd_sweep.chunk_program(run_fn, size).lower(keys, ns, mus).compile()
     if size == group:
       compile_s = time.perf_counter() - t0
     out = jax.device_get(compiled(keys, ns, mus))  # (Also the warm-up.)
@@ -369,13 +371,13 @@ def bench(variant: str, runs: int, steps: int, eager_runs: int, eager_steps: int
   grouped_s = streams_s = gd_s
   num_streams = streams.resolve(config.sweep.get("streams"))
   if group:
-    grouped_prog = bo.chunk_program(gd_loop, group)
+    grouped_prog = gd_sweep.chunk_program(gd_loop, group)
     _, _, grouped_s = _compiled_and_timed(grouped_prog, *args)
-    # The same in the study's concurrent streams (`sweep.streams`, `bo.run_pieces`).
-    fill, piece, pieces = bo.piece_indices(runs, group, num_streams)
+    # The same in the study's concurrent streams (`sweep.streams`, `gd_sweep.run_pieces`).
+    fill, piece, pieces = gd_sweep.piece_indices(runs, group, num_streams)
     padded = jax.tree.map(lambda a: a[fill], args)
-    bo.run_pieces(grouped_prog, padded, piece, pieces)  # Compiles the pieces' shape.
-    streams_s = _best_time(lambda: bo.run_pieces(grouped_prog, padded, piece, pieces), 3)
+    gd_sweep.run_pieces(grouped_prog, padded, piece, pieces)  # Compiles the pieces' shape.
+    streams_s = _best_time(lambda: gd_sweep.run_pieces(grouped_prog, padded, piece, pieces), 3)
   top = gd_loop_profile(gd_only, args, steps, profile) if profile else []
 
   # The exact reduced-state solver (stretch): same updates, O(T² d_h) per step.

@@ -29,8 +29,8 @@ import numpy as np
 
 from mlcollections_configs import benign_overfitting as bo_config
 from xsens import studies
+from xsens.lab import phase_boundary
 from xsens.report import plots
-from xsens.studies import benign_overfitting as bo
 
 
 def config_for(eta: float, eps: float, a):
@@ -81,7 +81,7 @@ def main(argv=None):
       print(f"η={eta:g} ε={eps:g}: median steps {np.nanmedian(t[i, j]):.0f}, "
             f"converged {converged[i, j].mean():.2f}", flush=True)
   shape = t.shape
-  fit = bo.power_law_fit(t, {
+  fit = phase_boundary.power_law_fit(t, {
       "eta": np.reshape(etas, (-1, 1, 1, 1, 1)),
       "inv_eps": np.reshape(1.0 / np.asarray(epss), (1, -1, 1, 1, 1)),
       "n": np.reshape(ns, (1, 1, -1, 1, 1)), "mu": np.reshape(mus, (1, 1, 1, -1, 1))})

@@ -26,7 +26,7 @@ import numpy as np
 
 from mlcollections_configs import benign_overfitting as bo_config
 from xsens import studies
-from xsens.studies import benign_overfitting as bo
+from xsens.lab import phase_boundary
 
 
 def config_for(m: int, project: bool, d: int, trials: int, bootstrap: int):
@@ -70,8 +70,9 @@ def main():
       g = np.load(os.path.join(wd, "grid_vit.npz"))
       ns, snrs, loss = g["n_values"], g["snr"], g["test_loss"]
       for cutoff in cutoffs:
-        fi = bo.fit_boundary(ns, snrs, loss, cutoff, bootstrap=a.bootstrap, seed=0)
-        fl = bo.fit_boundary_logistic(ns, snrs, loss, cutoff, bootstrap=a.bootstrap, seed=0)
+        fi = phase_boundary.fit_boundary(ns, snrs, loss, cutoff, bootstrap=a.bootstrap, seed=0)
+        fl = phase_boundary.fit_boundary_logistic(ns, snrs, loss, cutoff,
+                                                  bootstrap=a.bootstrap, seed=0)
         cross = np.asarray(fi["crossings"])
         n_snr2 = ns * cross ** 2
         ok = np.isfinite(n_snr2)

@@ -12,8 +12,10 @@ from mlcollections_configs import benign_overfitting as bo_config
 from xsens import studies
 from xsens.data import signal_noise as sn
 from xsens.errors import ConfigError
+from xsens.lab import gd_sweep, phase_boundary
 from xsens.models import one_layer_vit as vit
 from xsens.models import two_layer_cnn as cnn
+from xsens.report import phase_diagram
 from xsens.studies import benign_overfitting as bo
 from xsens.train import full_batch_gd as gd
 from xsens.train.workdir import Workdir
@@ -321,7 +323,8 @@ def test_last_chunk_is_padded_to_the_chunk_size(tmp_path):
   files = Workdir(str(tmp_path / "sweep_cnn")).step_log_files()
   assert [f[:2] for f in files] == [(0, 5), (5, 10), (10, 12)]
   n, mu, _ = bo.grid_points(config)
-  run = bo.chunk_program(bo.make_run_fn(config, "cnn", 8), bo.resolved_vmap_size(config))
+  run = gd_sweep.chunk_program(bo.make_run_fn(config, "cnn", 8),
+                               gd_sweep.resolved_vmap_size(config.sweep.get("vmap_size")))
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(config.seed), i))(
       jnp.array([10, 11, 11, 11, 11]))
   last = run(keys, jnp.asarray(n[[10, 11, 11, 11, 11]]), jnp.asarray(mu[[10, 11, 11, 11, 11]]))
@@ -354,12 +357,13 @@ def test_vmap_groups_change_only_float_rounding_and_old_sweeps_resume_with_zero(
   whole-chunk vmap and its losses to float rounding; the size is fingerprinted, and a sweep
   written before the field (one vmap per chunk) resumes with vmap_size=0."""
   config = tiny_config(trials=3, chunk_size=6)
-  assert bo.resolved_vmap_size(config) == (1 if jax.default_backend() == "cpu" else 0)
+  assert gd_sweep.resolved_vmap_size(config.sweep.get("vmap_size")) == (
+      1 if jax.default_backend() == "cpu" else 0)
   n, mu, idx = bo.grid_points(config)
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(config.seed), i))(
       jnp.asarray(idx[:6]))
   run_fn = bo.make_run_fn(config, "vit", 8)
-  outs = {g: jax.device_get(bo.chunk_program(run_fn, g)(keys, jnp.asarray(n[:6]),
+  outs = {g: jax.device_get(gd_sweep.chunk_program(run_fn, g)(keys, jnp.asarray(n[:6]),
                                                         jnp.asarray(mu[:6])))
           for g in (0, 1, 4)}
   assert 1 < outs[0]["steps"].max() and outs[0]["steps"].min() < outs[0]["steps"].max()
@@ -430,12 +434,12 @@ def test_chunk_padding_sweep_equals_grid_padding(tmp_path):
 
 
 def test_stream_pieces_hold_whole_groups():
-  assert bo.stream_pieces(120, 1, 2) == (60, 2)
-  assert bo.stream_pieces(120, 1, 1) == (120, 1)
-  assert bo.stream_pieces(120, 0, 4) == (120, 1)  # One vmap over the chunk: one piece.
-  assert bo.stream_pieces(10, 4, 2) == (8, 2)  # Groups 4 + 4 | 2 (padded to 4).
-  assert bo.stream_pieces(5, 1, 3) == (2, 3)
-  assert bo.stream_pieces(3, 2, 8) == (2, 2)
+  assert gd_sweep.stream_pieces(120, 1, 2) == (60, 2)
+  assert gd_sweep.stream_pieces(120, 1, 1) == (120, 1)
+  assert gd_sweep.stream_pieces(120, 0, 4) == (120, 1)  # One vmap over the chunk: one piece.
+  assert gd_sweep.stream_pieces(10, 4, 2) == (8, 2)  # Groups 4 + 4 | 2 (padded to 4).
+  assert gd_sweep.stream_pieces(5, 1, 3) == (2, 3)
+  assert gd_sweep.stream_pieces(3, 2, 8) == (2, 2)
 
 
 @pytest.mark.slow
@@ -513,7 +517,7 @@ def test_fit_boundary_recovers_exponent():
   z = np.log(ns[:, None] * snrs[None] ** 2 / 100)
   loss = 0.7 / (1 + np.exp(3 * z))
   trials = loss[..., None] + 0.01 * rng.standard_normal((len(ns), len(snrs), 8))
-  fit = bo.fit_boundary(ns, snrs, trials, 0.2, bootstrap=50)
+  fit = phase_boundary.fit_boundary(ns, snrs, trials, 0.2, bootstrap=50)
   assert fit["k"] == pytest.approx(2.0, abs=0.1) and fit["num_points"] == len(ns)
   assert fit["k_ci95"][0] <= 2.0 <= fit["k_ci95"][1] or abs(fit["k"] - 2) < 0.05
 
@@ -528,14 +532,14 @@ def test_logistic_boundary_recovers_exponent(k_true):
   z = np.log(ns[:, None, None] * snrs[None, :, None] ** k_true / 50.0) * np.ones((1, 1, 40))
   benign = rng.random(z.shape) < 1 / (1 + np.exp(-6 * z))
   loss = np.where(benign, 0.05, 0.6)
-  k, c = bo.logistic_k(ns, snrs, loss, 0.2)
+  k, c = phase_boundary.logistic_k(ns, snrs, loss, 0.2)
   assert k == pytest.approx(k_true, rel=0.06) and c == pytest.approx(50.0, rel=0.3)
-  fit = bo.fit_boundary_logistic(ns, snrs, loss, 0.2, bootstrap=20)
+  fit = phase_boundary.fit_boundary_logistic(ns, snrs, loss, 0.2, bootstrap=20)
   assert fit["k"] == k and fit["k_ci95"][0] < fit["k_ci95"][1]
   # Separable labels (no noise) still give a finite line near the truth.
-  k_sep, _ = bo.logistic_k(ns, snrs, np.where(z > 0, 0.05, 0.6), 0.2)
+  k_sep, _ = phase_boundary.logistic_k(ns, snrs, np.where(z > 0, 0.05, 0.6), 0.2)
   assert k_sep == pytest.approx(k_true, rel=0.1)
-  assert np.isnan(bo.logistic_k(ns, snrs, np.full_like(loss, 0.6), 0.2)[0])
+  assert np.isnan(phase_boundary.logistic_k(ns, snrs, np.full_like(loss, 0.6), 0.2)[0])
 
 
 def test_paper_variant_pads_each_chunk_to_its_own_n():
@@ -552,11 +556,11 @@ def test_curves_draw_the_paper_n_snr2_1000_curve():
   ns, snrs = np.arange(2, 21, 2), np.geomspace(0.2, 40, 8)
   fit = {"k": 2.1, "c": 200.0, "crossings": list(np.sqrt(200 / ns)),
          "logistic": {"k": 2.0, "c": 180.0}}
-  curves = bo._curves(snrs, ns, fit, 2.0, paper_curve=True)
+  curves = phase_diagram.boundary_curves(snrs, ns, fit, 2.0, paper_curve=True)
   assert len(curves) == 4
   s, n = curves["paper N·SNR²=1000"]
   np.testing.assert_allclose(n * s ** 2, 1000.0)
-  assert "paper N·SNR²=1000" not in bo._curves(snrs, ns, fit, 3.0)
+  assert "paper N·SNR²=1000" not in phase_diagram.boundary_curves(snrs, ns, fit, 3.0)
 
 
 def test_power_law_fit_recovers_exponents_and_skips_unconverged():
@@ -566,14 +570,14 @@ def test_power_law_fit_recovers_exponents_and_skips_unconverged():
   mu = np.geomspace(1, 100, 6)[None, None, :]
   t = 3.0 / eta * inv_eps ** 0.8 * mu ** -0.5 * np.exp(0.01 * rng.standard_normal((5, 4, 6)))
   t[0, 0, 0] = np.nan  # A run that did not converge is left out, not fitted as 0.
-  fit = bo.power_law_fit(t, {"eta": eta, "inv_eps": inv_eps, "mu": mu})
+  fit = phase_boundary.power_law_fit(t, {"eta": eta, "inv_eps": inv_eps, "mu": mu})
   assert fit["runs"] == t.size - 1 and fit["r2"] > 0.99
   assert fit["b_eta"] == pytest.approx(-1.0, abs=0.02)
   assert fit["b_inv_eps"] == pytest.approx(0.8, abs=0.02)
   assert fit["b_mu"] == pytest.approx(-0.5, abs=0.02)
   assert fit["a"] == pytest.approx(np.log(3.0), abs=0.05)
-  assert np.isnan(bo.power_law_fit(t[:1, :1, :3], {"eta": eta[:1], "inv_eps": inv_eps[:, :1],
-                                                    "mu": mu[..., :3]})["b_eta"])
+  assert np.isnan(phase_boundary.power_law_fit(
+      t[:1, :1, :3], {"eta": eta[:1], "inv_eps": inv_eps[:, :1], "mu": mu[..., :3]})["b_eta"])
 
 
 def test_convergence_fit_uses_only_converged_runs():
@@ -581,7 +585,7 @@ def test_convergence_fit_uses_only_converged_runs():
   steps = (5.0 * ns[:, None, None] ** 1.5 * mus[None, :, None] ** -1.0) * np.ones((1, 1, 3))
   converged = np.ones_like(steps)
   steps[0, 0, 0], converged[0, 0, 0] = 300.0, 0.0  # Stopped at max_steps: not a time.
-  fit = bo.convergence_fit(steps, converged, ns, mus)
+  fit = phase_boundary.convergence_fit(steps, converged, ns, mus)
   assert fit["b_n"] == pytest.approx(1.5) and fit["b_mu"] == pytest.approx(-1.0)
   assert fit["runs"] == steps.size - 1 and fit["max_steps_seen"] < 300
 

@@ -1,6 +1,13 @@
-"""Evaluators (`xsens.train.evaluators`): padded batches, masked sums, config, trainer use."""
+"""Evaluators (`xsens.train.evaluators`): `over_split`, padded batches, masked sums, the
+registry of kinds, config, trainer use."""
 
 import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
 
 import flax.linen as nn
 import jax
@@ -9,6 +16,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from tests.helpers import REPO
 from tests.train_test import smoke_train
 from xsens.data import batching
 from xsens.errors import ConfigError
@@ -54,6 +62,202 @@ def test_accumulate_in_streams_sums_in_order_bit_for_bit():
 
 def _linear_apply(variables, inputs):
   return inputs @ variables["w"]
+
+
+# ---------------------------------------------------------------------------- over_split
+
+
+def _split(n=11):
+  rng = np.random.RandomState(3)
+  return {"image": rng.normal(size=(n, 5)).astype(np.float32),
+          "label": (np.arange(n) % 3).astype(np.int32)}
+
+
+def _per_example(batch, w):
+  logits = batch["image"] @ w
+  return {"correct": jnp.argmax(logits, -1) == batch["label"],
+          "loss": losses.cross_entropy(logits, batch["label"]),
+          "square": batch["image"] ** 2}
+
+
+@pytest.mark.parametrize("limit", [None, 7])
+def test_over_split_sums_per_example_statistics_over_the_real_examples(limit):
+  """11 examples in batches of 4: the padded rows of the last batch count for nothing."""
+  data = _split(11)
+  w = np.random.RandomState(4).normal(size=(5, 3)).astype(np.float32)
+  out = evaluators.over_split(_per_example, data, args=(jnp.asarray(w),), reduce="sum",
+                              batch_size=4, limit=limit)
+  m = 11 if limit is None else limit
+  x, y = data["image"][:m], data["label"][:m]
+  logits = x @ w
+  assert out["correct"] == np.sum(logits.argmax(-1) == y)
+  want_loss = np.sum(np.asarray(losses.cross_entropy(jnp.asarray(logits), jnp.asarray(y))))
+  assert out["loss"] == pytest.approx(want_loss, rel=1e-5)
+  np.testing.assert_allclose(out["square"], (x ** 2).sum(0), rtol=1e-5)
+  assert out["square"].shape == (5,) and out["square"].dtype == np.float64
+
+
+def test_over_split_concatenates_per_example_outputs_in_order_without_padding():
+  data = _split(11)
+  seen = []
+
+  def fn(batch):
+    seen.append(batch["image"].shape)
+    return {"index": batch["index"], "mask": batch["mask"], "x0": batch["image"][:, 0],
+            "label": batch["label"]}
+  out = evaluators.over_split(fn, data, reduce="concat", batch_size=4, streams=1)
+  np.testing.assert_array_equal(out["index"], np.arange(11))
+  np.testing.assert_array_equal(out["mask"], np.ones(11))
+  np.testing.assert_array_equal(out["x0"], data["image"][:, 0])
+  np.testing.assert_array_equal(out["label"], data["label"])
+  assert seen == [(4, 5)]  # One shape, traced once.
+  out = evaluators.over_split(fn, data, reduce="concat", batch_size=4, limit=6, streams=3)
+  np.testing.assert_array_equal(out["index"], np.arange(6))
+  assert len(seen) == 1    # The same function compiles once across calls.
+
+
+def test_over_split_results_do_not_depend_on_streams():
+  data = _split(23)
+  w = jnp.asarray(np.random.RandomState(5).normal(size=(5, 3)), jnp.float32)
+  for reduce in ("sum", "concat"):
+    one, three = (evaluators.over_split(_per_example, data, args=(w,), reduce=reduce,
+                                        batch_size=4, streams=s) for s in (1, 3))
+    for k in one:
+      np.testing.assert_array_equal(one[k], three[k])
+
+
+def test_over_split_sums_batch_totals_of_given_batches():
+  """reduce="batch_sum" over `batches` (the evaluators' iterator): fn masks its own totals."""
+  data = _split(10)
+  fn = lambda batch: {"count": jnp.sum(batch["mask"]),
+                      "x": jnp.sum(batch["image"] * batch["mask"][:, None], 0)}
+  out = evaluators.over_split(fn, evaluators.batches(
+      data["image"], data["label"], 4, sharding.data_mesh()), reduce="batch_sum")
+  assert out["count"] == 10.0
+  np.testing.assert_allclose(out["x"], data["image"].sum(0), rtol=1e-5)
+
+
+def test_over_split_refuses_bad_arguments():
+  data = _split(4)
+  with pytest.raises(ValueError, match="reduce must be one of"):
+    evaluators.over_split(_per_example, data, reduce="mean", batch_size=2)
+  with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+    evaluators.over_split(_per_example, data)
+  with pytest.raises(ValueError, match="no batch to evaluate"):
+    evaluators.over_split(lambda b: b["mask"], data, batch_size=2, limit=0)
+
+
+_OVER_SPLIT_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from xsens.train import evaluators, sharding
+    sharding.maybe_initialize_distributed()
+    seen = []
+
+    def fn(batch):
+      seen.append(batch["image"].shape)
+      return {"x": batch["image"].sum(-1) * 2.0, "index": batch["index"],
+              "hit": batch["label"] == 1}
+
+    rng = np.random.default_rng(0)
+    data = {"image": rng.normal(size=(37, 3)).astype(np.float32),
+            "label": (np.arange(37) % 3).astype(np.int32)}
+    cat = evaluators.over_split(fn, data, reduce="concat", batch_size=6)
+    tot = evaluators.over_split(fn, data, reduce="sum", batch_size=6)
+    np.testing.assert_allclose(cat["x"], data["image"].sum(-1) * 2.0, rtol=1e-6)
+    np.testing.assert_array_equal(cat["index"], np.arange(37))
+    assert tot["hit"] == 12.0, tot
+    print("RESULT " + json.dumps({"devices": jax.device_count(), "seen": sorted(set(
+        str(s) for s in seen)), "x": cat["x"].tolist(), "sum_x": float(tot["x"])}))
+""")
+
+
+def _run_over_split_script(num_processes: int, devices: int) -> list[dict]:
+  """The script above as `num_processes` CPU processes of `devices` devices each."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") +
+                       f" --xla_force_host_platform_device_count={devices}").strip()}
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+               "XSENS_DISTRIBUTED"):
+    env.pop(name, None)
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = []
+  for pid in range(num_processes):
+    penv = dict(env)
+    if num_processes > 1:
+      penv.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                  JAX_NUM_PROCESSES=str(num_processes), JAX_PROCESS_ID=str(pid))
+    procs.append(subprocess.Popen([sys.executable, "-c", _OVER_SPLIT_SCRIPT], cwd=REPO,
+                                  env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+  results = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=240)
+      assert p.returncode == 0, err[-3000:]
+      (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
+      results.append(json.loads(line[len("RESULT "):]))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  return results
+
+
+@pytest.mark.slow
+def test_over_split_on_eight_devices_and_two_processes_equals_one_device():
+  """Batches of 6 rounded up to 8 over 8 devices (one process) and over 2 processes of 2
+  devices each: every process returns the outputs of the one-device run."""
+  (one,) = _run_over_split_script(1, 1)
+  (eight,) = _run_over_split_script(1, 8)
+  assert one["seen"] == [str((6, 3))]
+  assert eight["devices"] == 8 and eight["seen"] == [str((8, 3))]
+  two = _run_over_split_script(2, 2)
+  assert [r["devices"] for r in two] == [4, 4]
+  assert two[0]["seen"] == [str((8, 3))]
+  for r in (eight, *two):
+    np.testing.assert_allclose(r["x"], one["x"], rtol=1e-6)
+    assert r["sum_x"] == pytest.approx(one["sum_x"], rel=1e-5)
+  assert two[0]["x"] == two[1]["x"] and two[0]["sum_x"] == two[1]["sum_x"]
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+def test_a_registered_kind_is_built_by_name_and_named_in_the_unknown_kind_error():
+  @evaluators.register("mean_x0", ("scale",))
+  def make(ec, path, ctx, common):
+    del path, ctx
+    fn = lambda batch, variables: {"x": jnp.sum(batch["image"][:, 0] * batch["mask"]),
+                                   "count": jnp.sum(batch["mask"])}
+    scale = ec.get("scale", 1.0)
+    return evaluators.Evaluator(**common, batch_fn=fn,
+                                finish=lambda s: {"mean": scale * float(s["x"] / s["count"])})
+  try:
+    x, y = _data(10)
+    (ev,) = evaluators.build({"m": {"kind": "mean_x0", "scale": 3.0, "limit": 5}},
+                             apply_fn=_linear_apply, loss_fn=losses.cross_entropy,
+                             default_every=2)
+    assert (ev.kind, ev.every, ev.limit) == ("mean_x0", 2, 5)
+    out = ev.run({"w": jnp.zeros((3, 2))}, x, y, 4, sharding.data_mesh(), step=0)
+    assert out == {"eval/m_mean": pytest.approx(3.0 * x[:5, 0].mean())}
+    with pytest.raises(ConfigError, match="config.evals.e.kind: unknown evaluator 'nope'; "
+                       "allowed: classification, measure, subgroup, churn, cka, mean_x0$"):
+      evaluators.build({"e": {"kind": "nope"}}, apply_fn=_linear_apply,
+                       loss_fn=losses.cross_entropy, default_every=1)
+    with pytest.raises(ConfigError, match="config.evals.e.worst_k: unknown field for a "
+                       "mean_x0 evaluator; allowed: kind, split, every, limit, scale$"):
+      evaluators.build({"e": {"kind": "mean_x0", "worst_k": 2}}, apply_fn=_linear_apply,
+                       loss_fn=losses.cross_entropy, default_every=1)
+  finally:
+    del evaluators.REGISTRY["mean_x0"]
+  assert tuple(evaluators.REGISTRY) == ("classification", "measure", "subgroup", "churn",
+                                        "cka")
 
 
 def test_classification_evaluator_matches_a_direct_computation():
@@ -160,7 +364,8 @@ def test_churn_and_subgroup_evaluators_match_whole_split_statistics():
 
 
 @pytest.mark.parametrize("block,field,match", [
-    ({"kind": "nope"}, "evals.e.kind", "unknown evaluator 'nope'"),
+    ({"kind": "nope"}, "evals.e.kind", "unknown evaluator 'nope'; allowed: "
+     "classification, measure, subgroup, churn, cka$"),
     ({"kind": "classification", "split": "val"}, "evals.e.split", "must be 'train' or"),
     ({"kind": "classification", "every": -1}, "evals.e.every", "must be an int >= 0"),
     ({"kind": "classification", "measure": "x"}, "evals.e.measure", "unknown field"),

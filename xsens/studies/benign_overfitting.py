@@ -10,29 +10,25 @@ What it does:
      train the model by full-batch GD on the logistic loss until the train loss < ε or
      `max_steps`, and record test loss/accuracy at the stop, the step and `converged`.
      All runs of a chunk are ONE jitted program (every run padded to the grid's largest N,
-     or with `sweep.pad_to` "chunk" the chunk's, with a sample mask): `vmap` over groups
-     of `sweep.vmap_size` runs, the groups in sequence (`lax.map`; on CPU one run at a
-     time, on an accelerator the whole chunk in one vmap). On CPU the chunk's groups are
-     split over `sweep.streams` pieces that run at once, one host thread each (default:
-     one per core; `xsens.train.streams`), with bit-identical results.
-     The sweep runs through the one loop (`xsens.train.loop`) with a run of the grid as
-     its step: each chunk's results are array logs of its `Workdir`
-     (`workdir/sweep_<model>/`) and each chunk is checkpointed, so an interrupted sweep
-     resumes from the chunks on disk.
+     or with `sweep.pad_to` "chunk" the chunk's, with a sample mask) of `xsens.lab.gd_sweep`:
+     `vmap` over groups of `sweep.vmap_size` runs, the groups in sequence (on CPU one run
+     at a time, split over `sweep.streams` host threads; on an accelerator the whole chunk
+     in one vmap), through the one loop, so an interrupted sweep resumes from the chunks
+     on disk (`workdir/sweep_<model>/`).
   2. Boundary: for each N the SNR where the trial-mean test loss crosses `cutoff` (0.2)
      by interpolation in log SNR, then least squares log N = log c − k log SNR
      (theory, `theory_exponent`: k = 2 for the ViT, Jiang et al. Thm 4.1/4.2; k = q for
      the CNN, Cao et al. Thm 4.3/4.4; k = 4 for the ReLU CNN, Kou et al. ICML 2023), with
      a bootstrap-over-trials 95 % interval for k. Beside it, a logistic
      fit of 1[test loss < cutoff] on (log N, log SNR) over all runs, whose decision line
-     gives k (`fit_boundary_logistic`); the plots also draw the paper's N·SNR² = 1000.
+     gives k (`xsens.lab.phase_boundary`); the plots also draw the paper's N·SNR² = 1000.
   3. Dynamics: for one harmful and one benign setting, every GD step logs the losses,
      pooled attention, V projections, QK logits and the stable rank of W_V (spec §6).
   4. Convergence time: a power-law fit of the recorded steps to train loss < ε over N and
-     ‖μ‖ (`convergence_fit`) and steps_<model>.png; the η and ε dependence is measured by
-     experiments/benign_convergence_time.py.
+     ‖μ‖ (`phase_boundary.convergence_fit`) and steps_<model>.png; the η and ε dependence
+     is measured by experiments/benign_convergence_time.py.
   5. Report: heat maps, cutoff maps with the fitted and theoretical curves, the ViT/CNN
-     overlay, dynamics figures, results.md / results.json.
+     overlay, dynamics figures (`xsens.report.phase_diagram`), results.md / results.json.
 
 Stopping: a run stops at the first step whose train loss (before the update) is < ε, and
 the test loss is evaluated at those same parameters (the authors' script evaluates it one
@@ -51,7 +47,6 @@ import json
 import math
 import os
 import time
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -59,14 +54,13 @@ import numpy as np
 
 from xsens import paths
 from xsens.data import signal_noise as sn
-from xsens.errors import ConfigError, require
+from xsens.errors import require
 from xsens.models import one_layer_vit as vit_lib
 from xsens.models import two_layer_cnn as cnn_lib
-from xsens.report import plots, tables
+from xsens.lab import gd_sweep, phase_boundary
+from xsens.report import phase_diagram, plots, tables
 from xsens.train import full_batch_gd as gd
-from xsens.train import loop
 from xsens.train import reduced_vit_gd
-from xsens.train import sharding
 from xsens.train import streams as streams_lib
 from xsens.train.workdir import Workdir
 
@@ -76,9 +70,6 @@ SOLVERS = ("auto", "direct", "reduced")
 PAD_TO = ("chunk", "grid")  # sweep.pad_to: a chunk's runs padded to its / the grid's max N.
 RESULT_FIELDS = ("test_loss", "test_accuracy", "train_loss", "train_accuracy", "steps",
                  "converged")
-# The pre-loop sweep format (refused with a message to rerun with --overwrite).
-LEGACY_INDEX_FILE = "index.json"
-_KEEP_CHECKPOINTS = 2  # The state is one int32: the number of runs done.
 
 # ------------------------------------------------------------------------------------------
 # Validation (before anything compiles or touches the workdir).
@@ -257,49 +248,6 @@ def theory_exponent(config, model: str) -> float:
   return 4.0 if q == 1.0 else q
 
 
-def power_law_fit(t, factors: dict) -> dict:
-  """Least squares log t = a + Σ_f b_f log f over the entries with t ≥ 1 and finite t.
-
-  Args:
-    t: [...] positive times (GD steps); NaN marks a run to leave out.
-    factors: {name: [...] positive values broadcastable to t's shape}.
-  Returns:
-    {"a", "b_<name>" per factor, "r2", "runs"}; NaN coefficients when fewer usable runs
-    than factors + 2.
-  """
-  t = np.asarray(t, float)
-  ok = np.isfinite(t) & (t >= 1)
-  cols = [np.log(np.broadcast_to(np.asarray(v, float), t.shape)[ok]) for v in factors.values()]
-  out = {"runs": int(ok.sum())}
-  if ok.sum() < len(factors) + 2:
-    return out | {"a": float("nan"), "r2": float("nan")} | {f"b_{k}": float("nan")
-                                                            for k in factors}
-  design = np.stack([np.ones(ok.sum())] + cols, 1)
-  target = np.log(t[ok])
-  coef, *_ = np.linalg.lstsq(design, target, rcond=None)
-  resid = target - design @ coef
-  r2 = 1.0 - float(resid @ resid) / max(float(((target - target.mean()) ** 2).sum()), 1e-12)
-  return out | {"a": float(coef[0]), "r2": r2} | {
-      f"b_{k}": float(b) for k, b in zip(factors, coef[1:])}
-
-
-def convergence_fit(steps, converged, n_values, mu_norms) -> dict:
-  """`power_law_fit` of the steps to train loss < ε on N and ‖μ‖ over the converged runs.
-
-  Args:
-    steps, converged: [nN, nMu, trials] GD steps to train loss < ε and the flag.
-    n_values [nN], mu_norms [nMu].
-  Returns:
-    {"a", "b_n", "b_mu", "r2", "runs", "median_steps", "max_steps_seen"}: t ∝ N^b_n ‖μ‖^b_mu.
-  """
-  steps = np.where(np.asarray(converged) > 0.5, np.asarray(steps, float), np.nan)
-  seen = steps[np.isfinite(steps)]
-  fit = power_law_fit(steps, {"n": np.asarray(n_values, float)[:, None, None],
-                              "mu": np.asarray(mu_norms, float)[None, :, None]})
-  return fit | {"median_steps": float(np.median(seen)) if seen.size else float("nan"),
-                "max_steps_seen": float(seen.max()) if seen.size else float("nan")}
-
-
 def uses_reduced_solver(config, n_max: int) -> bool:
   """`train.solver`: "reduced" (xsens.train.reduced_vit_gd), "direct", or "auto" = reduced
   when it is cheaper per step, i.e. d > N_max·M (the ViT's state lives in the token span)."""
@@ -358,17 +306,6 @@ def make_run_fn(config, model: str, n_max: int, pools=None, n_pad: int | None = 
   return run
 
 
-def resolved_vmap_size(config) -> int:
-  """Runs per vmapped group of a chunk: `sweep.vmap_size`, or for None 1 on CPU (XLA:CPU
-  runs a run's small GEMMs fastest alone, and a vmapped `while_loop` runs every run until
-  the group's slowest stops: 2-4x faster chunks, docs/benchmarks.md) and 0 (the whole
-  chunk in one vmap) on an accelerator."""
-  size = config.sweep.get("vmap_size")
-  if size is None:
-    return 1 if jax.default_backend() == "cpu" else 0
-  return int(size)
-
-
 def chunk_padding(config, chunk_n) -> int:
   """The N that a chunk's runs are padded to: the grid's largest for `sweep.pad_to` "grid"
   (the default: one program for every chunk), the chunk's largest for "chunk" (a chunk of
@@ -378,50 +315,6 @@ def chunk_padding(config, chunk_n) -> int:
   if config.sweep.get("pad_to", "grid") == "grid":
     return int(max(config.sweep.n_values))
   return int(np.max(chunk_n))
-
-
-def chunk_program(run_fn, vmap_size: int):
-  """Jitted chunk(*args [R, ...]) -> outputs [R, ...] (the sweep's: keys, n, mu ->
-  {field: [R]}): `run_fn` vmapped over groups of `vmap_size` runs in sequence (`lax.map`),
-  or over all R at once for `vmap_size` 0. Groups of one are not vmapped at all (a plain
-  `lax.map`), so the `lax.cond` in `full_batch_gd.fit` stays a branch.
-
-  Each run's numbers do not depend on its group but for float rounding (the batched
-  matmuls' shapes change), so `vmap_size` is part of the sweep's fingerprint."""
-  if vmap_size == 0:
-    return jax.jit(jax.vmap(run_fn))
-  batch_size = None if vmap_size == 1 else vmap_size
-  return jax.jit(lambda *args: jax.lax.map(lambda a: run_fn(*a), args, batch_size=batch_size))
-
-
-def stream_pieces(size: int, vmap_size: int, streams: int) -> tuple[int, int]:
-  """(runs per piece, pieces): a chunk of `size` runs split into at most `streams` equal
-  pieces of whole groups of `vmap_size` runs (one piece for `vmap_size` 0 or one stream),
-  so that every group holds the runs it holds in the unsplit chunk; the last piece is
-  padded by repeating the chunk's last run."""
-  if vmap_size == 0 or streams <= 1:
-    return size, 1
-  groups = -(-size // vmap_size)
-  piece = -(-groups // min(streams, groups)) * vmap_size
-  return piece, -(-size // piece)
-
-
-def piece_indices(size: int, vmap_size: int, streams: int):
-  """(indices [piece·pieces] into a chunk of `size` runs, the last repeated as padding,
-  piece, pieces): the `stream_pieces` layout as the rows to take."""
-  piece, pieces = stream_pieces(size, vmap_size, streams)
-  return np.minimum(np.arange(piece * pieces), size - 1), piece, pieces
-
-
-def run_pieces(program, args, piece: int, num_pieces: int):
-  """`program` (a `chunk_program`) on `args` ([piece·num_pieces, ...] each) cut into
-  `num_pieces` pieces that run at once, one host thread each (`xsens.train.streams`); its
-  outputs as NumPy [piece·num_pieces, ...]. Every run's numbers are those of one call on
-  all of `args` when the pieces hold whole groups (`stream_pieces`)."""
-  parts = streams_lib.ordered_map(
-      lambda i: jax.device_get(program(*jax.tree.map(
-          lambda a: a[i * piece:(i + 1) * piece], args))), range(num_pieces), num_pieces)
-  return jax.tree.map(lambda *p: np.concatenate(p), *parts)
 
 
 # ------------------------------------------------------------------------------------------
@@ -454,249 +347,62 @@ def sweep_dir(workdir: str, model: str) -> str:
   return os.path.join(workdir, f"sweep_{model}")
 
 
-def _legacy_files(path: str) -> list[str]:
-  """The files of a sweep written before the one loop: index.json + chunk_*.npz."""
-  if not paths.isdir(path):
-    return []
-  return [os.path.join(path, f) for f in sorted(paths.listdir(path))
-          if f.startswith(LEGACY_INDEX_FILE) or (f.startswith("chunk_") and ".npz" in f)]
+_SWEEP_ADDED_DEFAULTS = {"grid.vmap_size": 0, "grid.pad_to": "grid"}
+_SWEEP_HINTS = {
+    "grid.vmap_size": ("a sweep written before sweep.vmap_size existed (one vmap per chunk) "
+                       "resumes with --config.sweep.vmap_size=0"),
+    "grid.pad_to": ("a sweep written before sweep.pad_to existed (every chunk padded to the "
+                    "grid's largest N) resumes with --config.sweep.pad_to=grid (the default)")}
 
 
 def check_sweep(config, workdir: str, model: str, overwrite: bool = False) -> Workdir:
   """The (unprepared) `Workdir` of `model`'s sweep; ConfigError on `workdir`, nothing
-  written, if it holds a sweep of another config or one in the pre-loop format."""
-  path = sweep_dir(workdir, model)
-  if not overwrite and paths.exists(os.path.join(path, LEGACY_INDEX_FILE)):
-    raise ConfigError(
-        "workdir", f"{path!r} holds a sweep in the old format ({LEGACY_INDEX_FILE} + "
-        "chunk_*.npz); rerun with --overwrite to recompute it there, or choose another "
-        "--workdir")
-  wd = Workdir(path, keep_checkpoints=_KEEP_CHECKPOINTS,
-               added_defaults={"grid.vmap_size": 0, "grid.pad_to": "grid"}, hints={
-                   "grid.vmap_size": ("a sweep written before sweep.vmap_size existed (one "
-                                      "vmap per chunk) resumes with "
-                                      "--config.sweep.vmap_size=0"),
-                   "grid.pad_to": ("a sweep written before sweep.pad_to existed (every "
-                                   "chunk padded to the grid's largest N) resumes with "
-                                   "--config.sweep.pad_to=grid (the default)")})
-  # Array logs without a checkpoint (a run stopped before its first save) count as a run.
-  has_state = wd.latest_step() is not None or bool(wd.step_log_files())
-  wd.check(sweep_fingerprint(config, model), overwrite=overwrite, has_state=has_state)
-  return wd
+  written, if it holds a sweep of another config or one in the pre-loop format
+  (`gd_sweep.check`)."""
+  return gd_sweep.check(sweep_dir(workdir, model), sweep_fingerprint(config, model),
+                        overwrite, added_defaults=_SWEEP_ADDED_DEFAULTS, hints=_SWEEP_HINTS)
 
 
 def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
               max_chunks: int | None = None, pools=None, log=print) -> dict:
   """Runs (or resumes) the sweep of `model`; returns {field: [nN, nMu, trials]} + timing.
 
-  Through the one loop (`xsens.train.loop`): a step is one run of the flattened grid
-  (`grid_points`), a chunk is `sweep.chunk_size` runs computed as ONE program (the
-  last chunk padded to that size by repeating its last run), saved as the array logs of
-  those steps and checkpointed (state: the number of runs done), so an interrupted sweep
-  resumes at its last chunk. `max_chunks` stops after computing that many new chunks (to
-  simulate an interruption). Extra keys: "complete", "wall_s_computed", "chunks_computed".
+  `gd_sweep.run` over the flattened grid (`grid_points`: run r gets fold_in(key(seed), r),
+  N and ‖μ‖), `sweep.chunk_size` runs per program, one program per padded N
+  (`chunk_padding`), so an interrupted sweep resumes at its last chunk. `max_chunks` stops
+  after computing that many new chunks (to simulate an interruption). Extra keys:
+  "complete", "wall_s_computed", "chunks_computed".
   """
-  fp = sweep_fingerprint(config, model)
   wd = check_sweep(config, workdir, model, overwrite)
-  if overwrite and wd.is_writer:
-    for f in _legacy_files(wd.path):
-      paths.remove(f)
-  wd.prepare(fp, overwrite=overwrite)
-  n, mu, idx = grid_points(config)
-  num_runs, size = len(n), int(config.sweep.chunk_size)
-  num_chunks = -(-num_runs // size)
+  n, mu, _ = grid_points(config)
   n_max = int(max(config.sweep.n_values))
-  vmap_size = resolved_vmap_size(config)
-  fill, piece, num_pieces = piece_indices(size, vmap_size,
-                                          streams_lib.resolve(config.sweep.get("streams")))
+  vmap_size = gd_sweep.resolved_vmap_size(config.sweep.get("vmap_size"))
 
   @functools.cache
   def chunk_fn(n_pad: int):  # One program per padded N (`sweep.pad_to`).
-    return chunk_program(make_run_fn(config, model, n_max, pools, n_pad), vmap_size)
+    return gd_sweep.chunk_program(make_run_fn(config, model, n_max, pools, n_pad), vmap_size)
 
-  base = jax.random.key(int(config.seed))
-  repl = sharding.replicated(sharding.data_mesh())
-  # From NumPy: `device_put` of a jax.Array onto a multi-process sharding builds a broken
-  # array (jax 0.10; orbax cannot save it), of a NumPy value a correct one.
-  as_state = lambda runs: {"runs_done": jax.device_put(np.asarray(runs, np.int32), repl)}
-
-  def advance(state, start, length):
-    del state
-    # Always piece × pieces (≥ `size`) runs: the same program for every chunk; the last
-    # chunk, and the last piece, are padded by repeating their last run.
-    sel = np.minimum(start + fill, num_runs - 1)
-    valid = np.arange(len(fill)) < length
-    keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(idx[sel]))
-    out = run_pieces(chunk_fn(chunk_padding(config, n[sel])),
-                     (keys, jnp.asarray(n[sel]), jnp.asarray(mu[sel])), piece, num_pieces)
-    return as_state(start + length), None, {k: v[valid] for k, v in out.items()}
-
-  computed = 0
-
-  def on_chunk(start, end, logs, dt):
-    nonlocal computed
-    del end, logs
-    computed += 1
-    log(f"[{model}] chunk {start // size + 1}/{num_chunks}: {dt:.1f}s")
-
-  program = loop.Program(
-      init=lambda: as_state(0), advance=advance, on_chunk=on_chunk,
-      abstract_state={"runs_done": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl)})
-  schedule = loop.Schedule(num_runs, checkpoint_every=size, max_chunk=size)
-  out = loop.run(wd, program, schedule, desc=f"sweep {model}", max_chunks=max_chunks)
-  return load_sweep(config, wd.path) | {"wall_s_computed": out.wall_s,
+  wall_s, computed = gd_sweep.run(
+      wd, sweep_fingerprint(config, model), (n, mu), seed=int(config.seed),
+      chunk_size=int(config.sweep.chunk_size), vmap_size=vmap_size,
+      streams=config.sweep.get("streams"),
+      program_for=lambda n_rows, mu_rows: chunk_fn(chunk_padding(config, n_rows)),
+      name=model, overwrite=overwrite, max_chunks=max_chunks, log=log)
+  return load_sweep(config, wd.path) | {"wall_s_computed": wall_s,
                                         "chunks_computed": computed}
 
 
 def load_sweep(config, path: str) -> dict:
   """The sweep saved in `path` as {field: [nN, nMu, trials]} (NaN where missing), "complete"."""
-  num_runs = len(grid_points(config)[0])
   shape = (len(config.sweep.n_values), len(config.sweep.mu_norms), config.sweep.trials)
-  wd = Workdir(path)
-  # float64 like the results of the pre-loop sweeps (steps, converged as 0./1.).
-  flat = wd.read_step_log(num_runs, RESULT_FIELDS, dtype=np.float64)
-  done = np.zeros(num_runs, bool)
-  for start, end, _ in wd.step_log_files():
-    if end <= num_runs:
-      done[start:end] = True
-  out = {k: v.reshape(shape) for k, v in flat.items()}
-  out["complete"] = bool(done.all())
-  return out
-
-
-# ------------------------------------------------------------------------------------------
-# Boundary fit: N · SNR^k = c.
-
-
-def crossing_snr(snrs, mean_loss, cutoff: float) -> float:
-  """SNR where `mean_loss` (over increasing `snrs`) last crosses `cutoff` from above.
-
-  Linear interpolation of the loss in log SNR between the last grid point at or above the
-  cutoff and the next one; NaN if the loss is below the cutoff on the whole row or never
-  gets below it.
-  """
-  above = np.nonzero(np.asarray(mean_loss) >= cutoff)[0]
-  if len(above) == 0 or above[-1] == len(snrs) - 1:
-    return float("nan")
-  j = above[-1]
-  l0, l1 = mean_loss[j], mean_loss[j + 1]
-  s0, s1 = np.log(snrs[j]), np.log(snrs[j + 1])
-  w = (l0 - cutoff) / (l0 - l1) if l0 != l1 else 0.5
-  return float(np.exp(s0 + w * (s1 - s0)))
-
-
-def fit_power_law(n_values, crossings) -> tuple[float, float, float]:
-  """Least squares log N = log c − k log SNR* over finite crossings: (k, c, stderr of k)."""
-  n_values, crossings = np.asarray(n_values, float), np.asarray(crossings, float)
-  ok = np.isfinite(crossings)
-  if ok.sum() < 2:
-    return float("nan"), float("nan"), float("nan")
-  xs, ys = np.log(crossings[ok]), np.log(n_values[ok])
-  slope, intercept = np.polyfit(xs, ys, 1)
-  se = float("nan")
-  if ok.sum() > 2:
-    resid = ys - (slope * xs + intercept)
-    se = float(np.sqrt(resid @ resid / (ok.sum() - 2) / np.sum((xs - xs.mean()) ** 2)))
-  return float(-slope), float(np.exp(intercept)), se
-
-
-def fit_boundary(n_values, snrs, test_loss, cutoff: float, *, bootstrap: int = 200,
-                 seed: int = 0) -> dict:
-  """Fits N·SNR^k = c to the cutoff crossing of the trial-mean test loss.
-
-  Args:
-    n_values: [nN]; snrs: [nS] increasing; test_loss: [nN, nS, T].
-    cutoff: the loss level of the boundary (0.2 in Fig. 1b).
-    bootstrap: resamples of the trials (independently per cell) for a 95 % interval of k.
-
-  Returns:
-    {"k", "c", "k_stderr", "k_ci95": [lo, hi], "crossings": [nN], "num_points"}.
-  """
-  mean = np.nanmean(test_loss, axis=-1)
-  cross = np.array([crossing_snr(snrs, row, cutoff) for row in mean])
-  k, c, se = fit_power_law(n_values, cross)
-  ks = []
-  rng = np.random.default_rng(seed)
-  t = test_loss.shape[-1]
-  for _ in range(bootstrap):
-    pick = rng.integers(0, t, size=test_loss.shape)
-    m = np.take_along_axis(test_loss, pick, axis=-1).mean(-1)
-    kb = fit_power_law(n_values, [crossing_snr(snrs, row, cutoff) for row in m])[0]
-    if np.isfinite(kb):
-      ks.append(kb)
-  ci = [float(np.percentile(ks, 2.5)), float(np.percentile(ks, 97.5))] if len(ks) > 10 else [
-      float("nan")] * 2
-  return {"k": k, "c": c, "k_stderr": se, "k_ci95": ci, "crossings": cross.tolist(),
-          "num_points": int(np.isfinite(cross).sum()), "bootstrap_valid": len(ks)}
-
-
-def _logistic_coef(xs, ys, ridge: float) -> np.ndarray:
-  """Ridge-penalised logistic regression of ys ∈ {0, 1} on [1, xs]: the coefficients."""
-  from scipy import optimize  # pylint: disable=g-import-not-at-top
-  design = np.concatenate([np.ones((len(xs), 1)), xs], axis=1)
-  sign = 2.0 * ys - 1.0
-  pen = np.array([0.0] + [ridge] * xs.shape[1])
-
-  def f(w):
-    z = sign * (design @ w)
-    loss = np.logaddexp(0.0, -z).sum() + 0.5 * pen @ (w * w)
-    g = -(design * (sign * np.exp(-np.logaddexp(0.0, z)))[:, None]).sum(0) + pen * w
-    return loss, g
-
-  return optimize.minimize(f, np.zeros(design.shape[1]), jac=True, method="L-BFGS-B").x
-
-
-def logistic_k(n_values, snrs, test_loss, cutoff: float, *, ridge: float = 1e-3) -> tuple:
-  """k from a logistic fit of 1[test loss < cutoff] on (log N, log SNR) over all runs.
-
-  P(benign) = σ(a + b log N + c log SNR); the decision line a + b log N + c log SNR = 0 is
-  N·SNR^k = C with k = c / b and C = exp(−a / b) (i.e. SNR ∝ N^{−1/k}). A small ridge keeps
-  the fit finite on separable labels (it scales the coefficients, barely the ratio).
-
-  Args:
-    n_values: [nN]; snrs: [nS]; test_loss: [nN, nS, T] (NaN runs are left out).
-
-  Returns:
-    (k, C); NaN if the labels are all one class or b <= 0.
-  """
-  loss = np.asarray(test_loss, float)
-  ln = np.broadcast_to(np.log(np.asarray(n_values, float))[:, None, None], loss.shape)
-  ls = np.broadcast_to(np.log(np.asarray(snrs, float))[None, :, None], loss.shape)
-  ok = np.isfinite(loss)
-  lab = (loss[ok] < cutoff).astype(float)
-  if lab.min() == lab.max():
-    return float("nan"), float("nan")
-  feats = np.stack([ln[ok], ls[ok]], axis=1)
-  mu, sd = feats.mean(0), feats.std(0)
-  sd = np.where(sd > 0, sd, 1.0)
-  w = _logistic_coef((feats - mu) / sd, lab, ridge)
-  b, c = w[1] / sd[0], w[2] / sd[1]
-  a = w[0] - w[1] * mu[0] / sd[0] - w[2] * mu[1] / sd[1]
-  if not b > 0:
-    return float("nan"), float("nan")
-  return float(c / b), float(np.exp(-a / b))
-
-
-def fit_boundary_logistic(n_values, snrs, test_loss, cutoff: float, *, bootstrap: int = 200,
-                          seed: int = 0) -> dict:
-  """`logistic_k` with a bootstrap-over-trials 95 % interval (as `fit_boundary`)."""
-  test_loss = np.asarray(test_loss, float)
-  k, c = logistic_k(n_values, snrs, test_loss, cutoff)
-  ks = []
-  rng = np.random.default_rng(seed)
-  t = test_loss.shape[-1]
-  for _ in range(bootstrap):
-    pick = rng.integers(0, t, size=test_loss.shape)
-    kb = logistic_k(n_values, snrs, np.take_along_axis(test_loss, pick, axis=-1), cutoff)[0]
-    if np.isfinite(kb):
-      ks.append(kb)
-  ci = [float(np.percentile(ks, 2.5)), float(np.percentile(ks, 97.5))] if len(ks) > 10 else [
-      float("nan")] * 2
-  return {"k": k, "c": c, "k_ci95": ci, "bootstrap_valid": len(ks)}
+  # float64 (steps, converged as 0./1.).
+  flat, complete = gd_sweep.load(path, int(np.prod(shape)), RESULT_FIELDS)
+  return {k: v.reshape(shape) for k, v in flat.items()} | {"complete": complete}
 
 
 # ------------------------------------------------------------------------------------------
 # Training dynamics (spec §6).
+
 
 
 def dynamics_metrics_fn(params_frozen_data):
@@ -780,31 +486,6 @@ def snr_values(config) -> np.ndarray:
                      for m in config.sweep.mu_norms])
 
 
-def _dyn_figures(workdir: str, name: str, logs: dict) -> list[str]:
-  steps = np.arange(next(iter(logs.values())).shape[-1])
-  stat = lambda k: (np.mean(logs[k], 0), np.std(logs[k], 0))
-  groups = {
-      "loss": ["train_loss", "test_loss"],
-      "attention": ["attn_signal_s0", "attn_xi2_s0", "attn_other_s0", "attn_signal_mean",
-                    "attn_xi2_mean", "attn_other_mean"],
-      "value": ["gamma_plus", "gamma_minus", "rho_xi2_s0", "rho_xi2_mean", "rho_weak_mean"],
-      "margin": ["margin_signal_mean", "margin_noise_mean"],
-      "qk": ["qk_mu_mu", "qk_mu_xi2", "qk_xi3_mu", "qk_xi3_xi2"],
-      "rank": ["stable_rank_wv"],
-  }
-  ylabels = {"loss": "loss (logistic, nats)", "attention": "attention probability",
-             "value": "value-projection coefficient", "margin": "margin (logit units)",
-             "qk": "query–key inner product", "rank": "stable rank of W_V"}
-  files = []
-  for g, keys in groups.items():
-    series = {k: stat(k) for k in keys if k in logs}
-    files.append(plots.dynamics_plot(
-        os.path.join(workdir, f"dynamics_{name}_{g}.png"), steps, series,
-        xlabel="GD step", ylabel=ylabels[g],
-        title=f"{name}: {g} (mean ± std over {logs['train_loss'].shape[0]})"))
-  return files
-
-
 def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   """Sweeps every model of `config.models`, fits boundaries, runs dynamics, writes the report."""
   validate(config)
@@ -821,15 +502,14 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
     res = run_sweep(config, workdir, model, overwrite=overwrite, pools=pools, log=log)
     res["wall_s"] = time.perf_counter() - t0
     sweeps[model] = res
-    fit = fit_boundary(ns, snrs, res["test_loss"], cutoff,
-                       bootstrap=int(config.report.bootstrap), seed=int(config.seed))
-    fit["logistic"] = fit_boundary_logistic(ns, snrs, res["test_loss"], cutoff,
-                                            bootstrap=int(config.report.bootstrap),
-                                            seed=int(config.seed))
+    boot = dict(bootstrap=int(config.report.bootstrap), seed=int(config.seed))
+    fit = phase_boundary.fit_boundary(ns, snrs, res["test_loss"], cutoff, **boot)
+    fit["logistic"] = phase_boundary.fit_boundary_logistic(ns, snrs, res["test_loss"], cutoff,
+                                                           **boot)
     fits[model] = fit
     theory = theory_exponent(config, model)
-    fit["convergence"] = conv = convergence_fit(res["steps"], res["converged"], ns,
-                                                config.sweep.mu_norms)
+    fit["convergence"] = conv = phase_boundary.convergence_fit(
+        res["steps"], res["converged"], ns, config.sweep.mu_norms)
     lg = fit["logistic"]
     rows.append({"model": model, "runs": int(res["test_loss"].size),
                  "converged_frac": float(np.nanmean(res["converged"])),
@@ -843,25 +523,12 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       paths.save_npz(os.path.join(workdir, f"grid_{model}.npz"), dict(
           n_values=ns, mu_norms=np.asarray(list(config.sweep.mu_norms)), snr=snrs,
           **{k: res[k] for k in RESULT_FIELDS}))
-    mean = np.nanmean(res["test_loss"], -1)
-    curves = _curves(snrs, ns, fit, theory, paper_curve=model == "vit")
-    # Every run as its own row, like the authors' heat map (N repeated once per trial).
-    trials = res["test_loss"].shape[-1]
-    all_rows = np.transpose(res["test_loss"], (0, 2, 1)).reshape(-1, len(snrs))
-    plot_files.append(plots.phase_heatmap(
-        os.path.join(workdir, f"heatmap_{model}_all_runs.png"), all_rows,
-        np.repeat(ns, trials) + np.tile(np.linspace(-0.45, 0.45, trials), len(ns)) * (
-            np.min(np.diff(ns)) if len(ns) > 1 else 1.0), snrs,
-        title=f"{model}: test loss of every run ({trials} per N)", cbar_label="test loss",
-        curves=curves))
-    plot_files.append(plots.phase_heatmap(
-        os.path.join(workdir, f"heatmap_{model}.png"), mean, ns, snrs,
-        title=f"{model}: mean test loss", cbar_label="test loss", curves=curves))
-    plot_files.append(plots.phase_heatmap(
-        os.path.join(workdir, f"cutoff_{model}.png"), (mean < cutoff).astype(float), ns, snrs,
-        title=f"{model}: mean test loss < {cutoff}", cbar_label=f"loss < {cutoff}",
-        curves=curves, cmap="gray"))
-    plot_files.append(_steps_figure(workdir, model, res, ns, snrs, config))
+    curves = phase_diagram.boundary_curves(snrs, ns, fit, theory, paper_curve=model == "vit")
+    plot_files += phase_diagram.heatmaps(workdir, model, res["test_loss"], ns, snrs, cutoff,
+                                         curves)
+    plot_files.append(phase_diagram.steps_figure(
+        workdir, model, res, ns, snrs, loss_threshold=config.train.loss_threshold,
+        eta_label=_eta_label(config, model)))
   if len(fits) > 1:
     plot_files.append(plots.boundary_overlay(
         os.path.join(workdir, "boundary_overlay.png"),
@@ -879,7 +546,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
                                                 int(rc.d)) ** 2}
       if paths.is_writer():
         paths.save_npz(os.path.join(workdir, f"dynamics_{name}.npz"), logs)
-      plot_files += _dyn_figures(workdir, name, logs)
+      plot_files += phase_diagram.dynamics_figures(workdir, name, logs)
   extra = {"snr": snrs.tolist(), "n_values": ns.tolist(),
            "mu_norms": [float(m) for m in config.sweep.mu_norms], "fits": fits,
            "mean_test_loss": {m: np.nanmean(s["test_loss"], -1).tolist()
@@ -890,43 +557,6 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       f"M={config.data.num_tokens})", rows, notes=_notes(config, fits, dyn, snrs),
       extra=extra, plots=plot_files)
   return {"rows": rows, "markdown": md, "sweeps": sweeps, "fits": fits, "dynamics": dyn}
-
-
-PAPER_N_SNR2 = 1000.0  # Jiang et al. Fig. 1's red curve N·SNR² = 1000.
-
-
-def _curves(snrs, ns, fit, theory_k, *, paper_curve: bool = False) -> dict:
-  """Overlays (SNR, N): the interpolation fit, the theory slope through its crossings, the
-  logistic decision line and (ViT) the paper's fixed N·SNR² = 1000 (at most four styles)."""
-  s = np.geomspace(snrs.min(), snrs.max(), 100)
-  out = {}
-  if np.isfinite(fit["k"]):
-    out[f"fit N·SNR^{fit['k']:.2f}={fit['c']:.3g}"] = (s, fit["c"] / s ** fit["k"])
-    # Theory slope through the geometric mean of the crossings.
-    cr = np.asarray(fit["crossings"])
-    ok = np.isfinite(cr)
-    c_th = float(np.exp(np.mean(np.log(ns[ok]) + theory_k * np.log(cr[ok]))))
-    out[f"N·SNR^{theory_k:g}={c_th:.3g}"] = (s, c_th / s ** theory_k)
-  lg = fit.get("logistic") or {}
-  if np.isfinite(lg.get("k", np.nan)):
-    out[f"logistic N·SNR^{lg['k']:.2f}={lg['c']:.3g}"] = (s, lg["c"] / s ** lg["k"])
-  if paper_curve:
-    out[f"paper N·SNR²={PAPER_N_SNR2:g}"] = (s, PAPER_N_SNR2 / s ** 2)
-  return out
-
-
-def _steps_figure(workdir: str, model: str, res: dict, ns, snrs, config) -> str:
-  """Mean GD steps to train loss < ε (converged runs) against SNR, for three N."""
-  steps = np.where(res["converged"] > 0.5, res["steps"], np.nan)
-  picks = sorted({0, len(ns) // 2, len(ns) - 1})
-  with warnings.catch_warnings():  # A (N, ‖μ‖) with no converged run is NaN (no point).
-    warnings.simplefilter("ignore", RuntimeWarning)
-    series = {f"N={ns[i]}": np.nanmean(steps[i], -1) for i in picks}
-  return plots.line_plot(
-      os.path.join(workdir, f"steps_{model}.png"), snrs, series,
-      xlabel="SNR = ‖μ‖ / (σ_p √d), log scale", logx=True,
-      ylabel=f"GD steps to train loss < {config.train.loss_threshold}",
-      title=f"{model}: convergence time ({_eta_label(config, model)})", logy=True)
 
 
 def _eta_label(config, model: str) -> str:
