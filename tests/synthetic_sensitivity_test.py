@@ -165,7 +165,7 @@ def test_interrupted_training_resumes_bit_equal(tmp_path, monkeypatch):
   _assert_trees_equal(resumed[0], straight[0])
   assert resumed[2:4] == straight[2:4]
 
-  monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)  # Chunks of 2 logs × 5 steps.
+  monkeypatch.setattr(boolean_spectrum, "LOGS_PER_CHUNK", 2)  # Chunks of 2 logs × 5 steps.
   n = 4
   bmodel, tokens, target, bparams = _boolean_setup(n)
   mask = jnp.asarray(np.arange(2**n) % 3 != 0, jnp.float32)
@@ -295,8 +295,8 @@ def _report(path):
 def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch, smoke_study):
   """Cut into short checkpointed chunks, interrupted and rerun: the report of the
   uninterrupted, default-chunked smoke study (a copy of it; `smoke_study` stays intact)."""
-  monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)    # Boolean smoke: 2 chunks of 20 steps.
-  monkeypatch.setattr(syn, "CHECKPOINT_CHUNKS", 1)
+  monkeypatch.setattr(boolean_spectrum, "LOGS_PER_CHUNK", 2)  # Boolean smoke: 2 chunks of 20.
+  monkeypatch.setattr(full_batch, "CHECKPOINT_CHUNKS", 1)
   config = syn_config.get_config("smoke")
   quiet = lambda *_: None
   cut, straight = str(tmp_path / "cut"), str(tmp_path / "straight")

@@ -24,6 +24,7 @@ from xsens.train.sharding import abstract_with_shardings
 from xsens.train.workdir import Workdir
 
 SUMMARY_FILE = "train_summary.json"
+CHECKPOINT_CHUNKS = 20   # train_to_accuracy: a checkpoint every 20 chunks (and at the stop).
 _LOSS, _ACC = "eval/train_loss", "eval/train_accuracy"
 
 
@@ -100,14 +101,14 @@ def _ce_chunk(model, tx):
 
 def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
                       eval_every: int, max_steps: int, target_loss=None,
-                      checkpoint_chunks: int = 20, max_chunks: int | None = None):
+                      max_chunks: int | None = None):
   """Full-batch steps of `tx` on the cross-entropy of `model` on (x, y), through the one
   loop, resumed from `wd`.
 
   Chunks of `eval_every` steps (a `lax.scan`); after each, the train loss and accuracy;
   stops when the accuracy is >= target (and, when `target_loss` is set, the loss is <=
   target_loss) or after `max_steps` (rounded up to whole chunks). Checkpoints every
-  `checkpoint_chunks` chunks and at the stop. `max_chunks`: stop after that many chunks
+  `CHECKPOINT_CHUNKS` chunks and at the stop. `max_chunks`: stop after that many chunks
   (an interruption, for tests). Returns (params, steps, train accuracy, curve
   [(step, loss, accuracy)] of every chunk, train_s).
   """
@@ -129,7 +130,7 @@ def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
   out = run_one_device(
       wd, init, lambda state, step, length: (chunk(state, x, y, length), None, None),
       loop.Schedule(total, eval_every=eval_every, max_chunk=eval_every,
-                    checkpoint_every=eval_every * checkpoint_chunks),
+                    checkpoint_every=eval_every * CHECKPOINT_CHUNKS),
       evaluate=lambda state, step: {_LOSS: float(state["loss"]),
                                     _ACC: float(state["accuracy"])},
       should_stop=lambda step, scalars: "target_train_accuracy" if reached(scalars) else None,

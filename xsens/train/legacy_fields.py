@@ -8,10 +8,10 @@ from __future__ import annotations
 from xsens.errors import ConfigError
 
 LEGACY_FIELDS = {
-    "regularizer": "replaced by objective terms (xsens/train/objectives.py): e.g. "
-                   "--config.objective.ce.kind=cross_entropy --config.objective.ce.weight=0.5 "
-                   "--config.objective.penalty.kind=sensitivity (or min_entropy) "
-                   "--config.objective.penalty.weight=0.5"}
+    "regularizer": "replaced by objective terms (xsens/train/objectives.py): set "
+                   "config.objective, e.g. {'ce': {'kind': 'cross_entropy', 'weight': 0.5}, "
+                   "'penalty': {'kind': 'sensitivity', 'weight': 0.5}} (or kind "
+                   "'min_entropy', weight λ, beside a cross_entropy term of weight 1)"}
 
 
 def legacy_field_error(path: str) -> str | None:
