@@ -45,7 +45,8 @@ def churn_config() -> ml_collections.ConfigDict:
       "base_seed": 0,           # the value of the seeds that are held fixed
       "methods": {
           "baseline": {},
-          "min_entropy": {"regularizer": {"name": "min_entropy", "weight": 0.2}},
+          "min_entropy": {"objective": {"ce": {"kind": "cross_entropy", "weight": 1.0},
+                                        "penalty": {"kind": "min_entropy", "weight": 0.2}}},
           "codistill": {"codistill": common.codistill_config(beta=0.5).to_dict()},
       },
       "confidence_edges": (0.0, 0.5, 0.7, 0.9, 0.99, 1.0),

@@ -59,9 +59,6 @@ def train_config() -> ml_collections.ConfigDict:
   c.loss = "cross_entropy"
   # Gaussian pixel-noise augmentation (off at std 0).
   c.augment = ml_collections.ConfigDict({"gaussian_std": 0.0, "gaussian_prob": 1.0})
-  # The sensitivity paper's regulariser (§6.1): (1-p)·loss + p·MSE(f(x~), f(x)).
-  c.regularizer = ml_collections.ConfigDict({
-      "name": "none", "weight": 0.5, "sigma": 1.0, "patch_size": 4, "grid_aligned": False})
   c.optimizer = ml_collections.ConfigDict({
       "name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
       "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,

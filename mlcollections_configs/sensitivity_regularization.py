@@ -47,8 +47,9 @@ def get_config(arg=None):
   config.runs = ml_collections.ConfigDict({
       "vit": {"model": vit},
       "vit_gaussian_aug": {"model": vit, "augment": {"gaussian_std": 0.5}},
-      "vit_sensitivity_reg": {"model": vit, "regularizer": {
-          "name": "sensitivity", "weight": 0.5, "sigma": 1.0, "patch_size": 4}},
+      "vit_sensitivity_reg": {"model": vit, "objective": {
+          "ce": {"kind": "cross_entropy", "weight": 0.5},
+          "penalty": {"kind": "sensitivity", "weight": 0.5, "sigma": 1.0, "patch_size": 4}}},
       "resnet18": {"model": resnet},
   })
   if arg.smoke:

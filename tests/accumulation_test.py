@@ -34,8 +34,8 @@ def test_accumulated_step_equals_the_full_batch_step(k):
   """Loss, accuracy, gradient (through the SGD update) and params to float32 rounding, with
   two deterministic terms (their values are batch means too)."""
   model = get_model("mlp", 10, SHAPE, hidden_dims=(16,))
-  config = ml_collections.ConfigDict({"loss": "cross_entropy", "regularizer": {
-      "name": "min_entropy", "weight": 0.1}})
+  config = ml_collections.ConfigDict({"loss": "cross_entropy", "objective": {
+      "ce": {"kind": "cross_entropy"}, "penalty": {"kind": "min_entropy", "weight": 0.1}}})
   terms = objectives.terms_from_config(config, SHAPE, losses.cross_entropy)
   tx = optax.sgd(1.0)   # new params = params - grads: equal params mean equal grads.
   state = trainer.init_state(model, tx, SHAPE, jax.random.key(0))

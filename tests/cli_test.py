@@ -207,6 +207,11 @@ def _leaves(config, prefix=""):
     (["--config.train.batch_size=3"], "--config: missing (needed by "
      "--config.train.batch_size), e.g. --config=mlcollections_configs/train.py:model=vit"),
     ([TRAIN, "--wokrdir=/tmp/x"], "--wokrdir: unknown flag; did you mean --workdir?"),
+    ([TRAIN, "--config.train.regularizer.name=sensitivity"],
+     "regularizer: replaced by objective terms (xsens/train/objectives.py): set "
+     "config.objective, e.g. {'ce': {'kind': 'cross_entropy', 'weight': 0.5}, 'penalty': "
+     "{'kind': 'sensitivity', 'weight': 0.5}} (or kind 'min_entropy', weight λ, beside a "
+     "cross_entropy term of weight 1)"),
     ([TRAIN, "extra"], "unexpected argument 'extra' (flags are written --name=value)"),
     (["--config=mlcollections_configs/robustness.py",
       "--config.robustness.corruptions.names=(fog,contrast)"],

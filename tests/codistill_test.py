@@ -122,7 +122,7 @@ def test_bad_codistill_config_is_refused_before_writing(tmp_path, change, field)
   config.codistill.update(change)
   with pytest.raises(ConfigError, match=f"config.{field}"):
     codistill.train_and_evaluate(config, str(tmp_path / "wd"))
-  config = _config(0.5, **{"regularizer.name": "min_entropy"})
-  with pytest.raises(ConfigError, match="config.regularizer.name"):
+  config = _config(0.5, objective={"ce": {"kind": "cross_entropy"}})
+  with pytest.raises(ConfigError, match="config.objective: co-distillation"):
     codistill.train_and_evaluate(config, str(tmp_path / "wd"))
   assert not (tmp_path / "wd").exists()

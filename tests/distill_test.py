@@ -142,9 +142,10 @@ def test_min_entropy_regulariser_adds_lambda_times_entropy():
   state = trainer.init_state(model, tx, (8, 8, 1), jax.random.key(0))
   batch = {"image": jax.random.normal(jax.random.key(1), (16, 8, 8, 1)),
            "label": jnp.arange(16) % 10}
-  reg = ml_collections.ConfigDict({"name": "min_entropy", "weight": 0.3})
-  def step(regularizer):
-    config = ml_collections.ConfigDict({"loss": "cross_entropy", "regularizer": regularizer})
+  reg = ml_collections.ConfigDict({"ce": {"kind": "cross_entropy"},
+                                   "penalty": {"kind": "min_entropy", "weight": 0.3}})
+  def step(objective):
+    config = ml_collections.ConfigDict({"loss": "cross_entropy", "objective": objective})
     terms = objectives.terms_from_config(config, (8, 8, 1), losses.cross_entropy)
     return jax.jit(trainer.make_train_step(model, tx, terms))(state, batch, jax.random.key(2))
   _, plain = step(None)
@@ -248,9 +249,11 @@ def test_bad_teacher_runs_are_refused(tmp_path, runs):
 @pytest.mark.parametrize("overrides,field", [
     ({"init_seed": -1}, "init_seed"),
     ({"augment_seed": -3}, "augment_seed"),
-    ({"regularizer.name": "min_entropy", "regularizer.weight": -0.1}, "regularizer.weight"),
+    ({"objective": {"penalty": {"kind": "min_entropy", "weight": -0.1}}},
+     "objective.penalty.weight"),
+    ({"regularizer": {"name": "min_entropy"}}, "regularizer: replaced by objective terms"),
 ])
-def test_bad_seed_and_regularizer_fields(tmp_path, overrides, field):
+def test_bad_seed_and_objective_fields(tmp_path, overrides, field):
   with pytest.raises(ConfigError, match=f"config.{field}"):
     trainer.train_and_evaluate(smoke_train("mlp", **overrides), str(tmp_path / "wd"))
   assert not os.path.exists(tmp_path / "wd")

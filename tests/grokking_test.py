@@ -13,7 +13,9 @@ import pytest
 
 from mlcollections_configs import grokking as grok_config
 from xsens import studies
+from xsens.data import modular_addition
 from xsens.errors import ConfigError
+from xsens.lab import modular_addition as addition_model
 from xsens.models import grokking_transformer as gt
 from xsens.studies import grokking
 from xsens.train.workdir import Workdir
@@ -24,7 +26,7 @@ from xsens.train.workdir import Workdir
 
 @pytest.mark.parametrize("p,seed", [(11, 0), (23, 42)])
 def test_split_covers_every_pair_exactly_once(p, seed):
-  s = grokking.split(p, 0.3, seed)
+  s = modular_addition.split(p, 0.3, seed)
   tr, te = s["train_index"], s["test_index"]
   assert len(tr) == int(0.3 * p * p) and len(tr) + len(te) == p * p
   assert len(np.intersect1d(tr, te)) == 0
@@ -43,11 +45,11 @@ def test_split_covers_every_pair_exactly_once(p, seed):
   finally:
     np.random.set_state(state)
   np.testing.assert_array_equal(tr, order[:len(tr)])
-  assert not np.array_equal(tr, grokking.split(p, 0.3, seed + 1)["train_index"])
+  assert not np.array_equal(tr, modular_addition.split(p, 0.3, seed + 1)["train_index"])
 
 
 def test_official_sizes_for_p113():
-  s = grokking.split(113, 0.3, 42)
+  s = modular_addition.split(113, 0.3, 42)
   assert len(s["train_ids"]) == 3830 and len(s["test_ids"]) == 12769 - 3830
 
 
@@ -293,7 +295,7 @@ def test_official_layout_round_trip_and_forward_match_the_official_forward(tmp_p
   np.testing.assert_array_equal(ours["fc1"]["kernel"], st["fc1.weight"].T)
   # The study loads the file: every seed gets the arrays, float32, in model.init's tree.
   path = _write_npz(tmp_path / "init.npz", st)
-  loaded = grokking.load_init_npz(_init_npz_config(path))
+  loaded = addition_model.load_init_npz(_init_npz_config(path))
   model = grokking.make_model(config)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 3), jnp.int32)))
   assert jax.tree.structure(loaded) == jax.tree.structure(shapes["params"])
@@ -349,7 +351,7 @@ def test_adamw_steps_from_init_npz_follow_the_official_update(tmp_path):
   assert int(state["step"][0]) == steps
   got = gt.to_official(state["params"])
   for i, (seed, st) in enumerate(zip(grokking.seeds_of(config), seeds)):
-    sp = grokking.split(11, 0.3, seed)
+    sp = modular_addition.split(11, 0.3, seed)
     ref, losses = _official_adamw(st, sp["train_ids"], sp["train_labels"], heads, steps,
                                   lr=1e-3, wd=1.0)
     np.testing.assert_allclose(np.asarray(logs["train_loss"][i]), losses, rtol=2e-6)
@@ -389,7 +391,7 @@ def test_sensitivity_perturbs_only_positions_0_and_1(reads, expect_flips):
   tokens = jnp.zeros((b, 3, d)).at[:, :, 0].set(1e-3)  # clean class 0 everywhere
   apply_fn = lambda v, t: jnp.stack([t[:, reads, 0], -t[:, reads, 0]], -1) * v
   clean = jnp.argmax(apply_fn(1.0, tokens), -1)
-  s = float(grokking.embedding_sensitivity(apply_fn, 1.0, tokens, labels=clean,
+  s = float(addition_model.embedding_sensitivity(apply_fn, 1.0, tokens, labels=clean,
                                            key=jax.random.key(0), sigma=1.0,
                                            token_mask=jnp.array([True, True, False])))
   if expect_flips:
@@ -404,7 +406,7 @@ def test_sensitivity_noise_is_one_draw_on_both_operands_together():
   tokens = jax.random.normal(jax.random.key(1), (b, 3, d))
   key = jax.random.key(5)
   seen = []
-  grokking.embedding_sensitivity(
+  addition_model.embedding_sensitivity(
       lambda v, t: (seen.append(t), t[:, 0, :2])[1], None, tokens,
       labels=jnp.zeros(b, jnp.int32), key=key, sigma=0.1,
       token_mask=jnp.array([True, True, False]))
@@ -566,7 +568,7 @@ def test_smoke_study_writes_logs_table_and_plot(smoke):
   model, init_state, _, _ = grokking.make_fns(config)
   init_keys, _ = grokking.seed_keys(config)
   p0 = init_state(init_keys[0])["params"]
-  assert float(grokking.weight_norm(p0)) == pytest.approx(float(logs["weight_norm"][0, 0]),
+  assert float(addition_model.weight_norm(p0)) == pytest.approx(float(logs["weight_norm"][0, 0]),
                                                           rel=1e-5)
   # The noise-to-signal columns: σ over the RMS coordinate of the token + position
   # embeddings at the noised positions (NumPy), at epoch 0 and at the end.
@@ -680,7 +682,7 @@ def test_official_init_script_writes_pytorchs_weights_that_our_model_reproduces(
   for k in ("pos_embed", "attention.in_proj_bias", "attention.out_proj.bias"):
     np.testing.assert_array_equal(state[k], 0, err_msg=k)  # PyTorch's zero inits
   path = _write_npz(tmp_path / "official.npz", state)
-  params = grokking.load_init_npz(_init_npz_config(path))
+  params = addition_model.load_init_npz(_init_npz_config(path))
   config = grok_config.get_config("smoke")
   model = grokking.make_model(config)
   ids = np.array([[0, 1, p], [7, 3, p], [10, 10, p], [5, 0, p]], np.int32)

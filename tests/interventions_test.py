@@ -56,13 +56,13 @@ def test_penalty_is_zero_for_a_constant_model():
   assert float(interventions.sensitivity_penalty(const(x), const(noisy))) == 0.0
 
 
-def _one_step(regularizer, augment=None):
+def _one_step(objective, augment=None):
   model = get_model("mlp", 10, (8, 8, 1), hidden_dims=(16,))
   tx = optax.sgd(0.1)
   state = trainer.init_state(model, tx, (8, 8, 1), jax.random.key(0))
   batch = {"image": jax.random.normal(jax.random.key(1), (16, 8, 8, 1)),
            "label": jnp.arange(16) % 10}
-  config = ml_collections.ConfigDict({"loss": "cross_entropy", "regularizer": regularizer,
+  config = ml_collections.ConfigDict({"loss": "cross_entropy", "objective": objective,
                                       "augment": augment})
   step = jax.jit(trainer.make_train_step(
       model, tx, objectives.terms_from_config(config, (8, 8, 1), losses.cross_entropy),
@@ -70,10 +70,12 @@ def _one_step(regularizer, augment=None):
   return step(state, batch, jax.random.key(2))
 
 
-def _reg(**kw):
-  return ml_collections.ConfigDict(dict(
-      {"name": "sensitivity", "weight": 0.5, "sigma": 1.0, "patch_size": 4,
-       "grid_aligned": False}, **kw))
+def _reg(weight=0.5):
+  """(1 − p)·CE + p·MSE(f(x̃), f(x)) as objective terms."""
+  return ml_collections.ConfigDict({
+      "ce": {"kind": "cross_entropy", "weight": 1.0 - weight},
+      "penalty": {"kind": "sensitivity", "weight": weight, "sigma": 1.0, "patch_size": 4,
+                  "grid_aligned": False}})
 
 
 @pytest.mark.slow
@@ -89,18 +91,18 @@ def test_regularised_loss_equals_cross_entropy_at_p_zero():
 @pytest.mark.slow
 def test_regularised_loss_weights_task_and_penalty():
   _, m = _one_step(_reg(weight=0.3))
-  assert float(m["loss"]) == pytest.approx(0.7 * float(m["task_loss"]) + 0.3 * float(m["penalty"]),
+  assert float(m["loss"]) == pytest.approx(0.7 * float(m["ce"]) + 0.3 * float(m["penalty"]),
                                            rel=1e-5)
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("regularizer.name", "l2", "unknown regularizer 'l2'"),
-    ("regularizer.weight", 1.5, "must be in \\[0, 1\\]"),
-    ("regularizer.patch_size", 40, "40 must be in \\[1, 28\\]"),
+    ("objective.penalty.kind", "l2", "unknown term kind 'l2'"),
+    ("objective.penalty.weight", -1.5, "must be a finite number >= 0"),
+    ("objective.penalty.patch_size", 40, "40 must be an int in \\[1, 28\\]"),
     ("augment.gaussian_std", -1.0, "must be >= 0"),
 ])
 def test_bad_intervention_settings_are_refused(tmp_path, field, value, match):
-  config = smoke_train("mlp", **{"regularizer.name": "sensitivity", field: value})
+  config = smoke_train("mlp", **{"objective": _reg(), field: value})
   with pytest.raises(ConfigError, match=f"config.{field}: {match}"):
     trainer.train_and_evaluate(config, str(tmp_path / "wd"))
   assert not (tmp_path / "wd").exists()
@@ -108,8 +110,7 @@ def test_bad_intervention_settings_are_refused(tmp_path, field, value, match):
 
 @pytest.mark.slow
 def test_trainer_runs_with_regulariser_and_augmentation(tmp_path):
-  config = smoke_train("vit", **{"regularizer.name": "sensitivity",
-                                 "augment.gaussian_std": 0.1})
+  config = smoke_train("vit", **{"objective": _reg(), "augment.gaussian_std": 0.1})
   result = trainer.train_and_evaluate(config, str(tmp_path))
   assert result.summary["steps"] == 4
   from xsens.train.metrics import read_metrics  # pylint: disable=g-import-not-at-top

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from mlcollections_configs import modify_memories as mm_config
-from xsens.data import knowledge
+from xsens.data import cloze_batches, knowledge
 from xsens.errors import ConfigError
 from xsens.models import mlm
 from xsens.studies import modify_memories as mm
@@ -278,7 +278,7 @@ def _edit_arrays():
   corp = {"facts": data.train, "para": data.heldout,
           "bg_test": knowledge.background_cloze(8, 0, stream=1, length=11)}
   chosen, new = knowledge.choose_modified(data, np.ones(60, bool), 5, seed=0)
-  return data, chosen, new, mm.edit_sets(corp, data, chosen, new, 40, seed=0)
+  return data, chosen, new, cloze_batches.edit_sets(corp, data, chosen, new, 40, seed=0)
 
 
 @pytest.mark.parametrize("ratio", [0.5, 1.0, 2.0])
@@ -288,7 +288,7 @@ def test_replay_mixes_the_stated_ratio(ratio):
   assert n_s == 5 * 3   # Every training template of every modified fact.
   n_replay = knowledge.replay_count(n_s, ratio)
   key = jax.random.key(0)
-  ids, pos, tgt, replay = mm.edit_batch(arrays, 3, key, n_replay)
+  ids, pos, tgt, replay = cloze_batches.edit_batch(arrays, 3, key, n_replay)
   assert int(replay.sum()) == round(ratio * n_s) and int((~replay).sum()) == n_s
   np.testing.assert_array_equal(tgt[:n_s], np.repeat(new, 3))
   # Replayed rows are unmodified facts with their old objects.
@@ -298,9 +298,9 @@ def test_replay_mixes_the_stated_ratio(ratio):
   old = dict(zip(map(tuple, data.train["ids"].tolist()), data.facts[data.train["fact"], 2]))
   assert all(old[tuple(r)] == t for r, t in zip(np.asarray(ids[n_s:]).tolist(),
                                                 np.asarray(tgt[n_s:])))
-  again = mm.edit_batch(arrays, 3, key, n_replay)
+  again = cloze_batches.edit_batch(arrays, 3, key, n_replay)
   np.testing.assert_array_equal(again[0], ids)   # A pure function of the step.
-  assert not np.array_equal(mm.edit_batch(arrays, 4, key, n_replay)[0], ids)
+  assert not np.array_equal(cloze_batches.edit_batch(arrays, 4, key, n_replay)[0], ids)
 
 
 def test_edit_evaluation_sets_do_not_mix_modified_and_unmodified_facts():

@@ -15,9 +15,11 @@ from mlcollections_configs import synthetic_sensitivity as syn_config
 from xsens import studies
 from xsens.data import sparse_tokens as st
 from xsens.errors import ConfigError
+from xsens.lab import boolean_spectrum, token_tasks
 from xsens.measures import boolean
 from xsens.models import one_layer_attention as ola
 from xsens.studies import synthetic_sensitivity as syn
+from xsens.train import full_batch
 from xsens.train.workdir import Workdir
 
 
@@ -98,7 +100,7 @@ def _boolean_setup(n=4):
 def test_boolean_trajectory_logs_the_spectrum_of_the_learned_function(tmp_path):
   n = 4
   model, tokens, target, params = _boolean_setup(n)
-  p, coeffs, losses, _ = syn.boolean_trajectory(_wd(tmp_path), model, params,
+  p, coeffs, losses, _ = boolean_spectrum.boolean_trajectory(_wd(tmp_path), model, params,
                                                 optax.adam(1e-2), tokens, target,
                                                 jnp.ones(2**n), steps=30, log_every=10)
   assert coeffs.shape == (4, 16) and losses.shape == (4,)
@@ -118,16 +120,16 @@ def test_matched_loss_criterion_trains_until_the_loss_is_reached(tmp_path):
   model = ola.TokenMLP(num_outputs=2, hidden_dims=(8,))
   params = model.init(jax.random.key(0), x[:1])["params"]
   kw = dict(target=1.0, eval_every=5, max_steps=400)
-  _, s_acc, acc, _, _ = syn.train_to_accuracy(_wd(tmp_path / "acc"), model, params,
+  _, s_acc, acc, _, _ = full_batch.train_to_accuracy(_wd(tmp_path / "acc"), model, params,
                                                optax.adam(3e-2), x, y, **kw)
-  _, s_loss, acc2, curve, _ = syn.train_to_accuracy(_wd(tmp_path / "loss"), model, params,
+  _, s_loss, acc2, curve, _ = full_batch.train_to_accuracy(_wd(tmp_path / "loss"), model, params,
                                                     optax.adam(3e-2), x, y,
                                                     target_loss=0.01, **kw)
   assert acc == acc2 == 1.0
   assert s_loss > s_acc and curve[-1][1] <= 0.01 and s_loss % 5 == 0
   assert [c[0] for c in curve] == list(range(5, s_loss + 1, 5))
   # A rerun of the finished run trains nothing more: same steps, same curve.
-  again = syn.train_to_accuracy(_wd(tmp_path / "loss"), model, params, optax.adam(3e-2), x,
+  again = full_batch.train_to_accuracy(_wd(tmp_path / "loss"), model, params, optax.adam(3e-2), x,
                                 y, target_loss=0.01, **kw)
   assert again[1] == s_loss and again[3] == curve
 
@@ -153,22 +155,22 @@ def test_interrupted_training_resumes_bit_equal(tmp_path, monkeypatch):
   model, params, x, y = _sparse_setup()
   kw = dict(target=1.0, target_loss=1e-30, eval_every=5, max_steps=48)  # Never met.
   tx = optax.adam(3e-2)
-  cut = syn.train_to_accuracy(_wd(tmp_path / "s_cut"), model, params, tx, x, y,
+  cut = full_batch.train_to_accuracy(_wd(tmp_path / "s_cut"), model, params, tx, x, y,
                               max_chunks=3, **kw)
   assert cut[1] == 15 and Workdir(str(tmp_path / "s_cut")).latest_step() == 15
-  resumed = syn.train_to_accuracy(_wd(tmp_path / "s_cut"), model, params, tx, x, y, **kw)
-  straight = syn.train_to_accuracy(_wd(tmp_path / "s_straight"), model, params, tx, x, y,
+  resumed = full_batch.train_to_accuracy(_wd(tmp_path / "s_cut"), model, params, tx, x, y, **kw)
+  straight = full_batch.train_to_accuracy(_wd(tmp_path / "s_straight"), model, params, tx, x, y,
                                    **kw)
   assert resumed[1] == straight[1] == 50  # max_steps rounded up to whole chunks.
   _assert_trees_equal(resumed[0], straight[0])
   assert resumed[2:4] == straight[2:4]
 
-  monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)  # Chunks of 2 logs × 5 steps.
+  monkeypatch.setattr(boolean_spectrum, "LOGS_PER_CHUNK", 2)  # Chunks of 2 logs × 5 steps.
   n = 4
   bmodel, tokens, target, bparams = _boolean_setup(n)
   mask = jnp.asarray(np.arange(2**n) % 3 != 0, jnp.float32)
   bkw = dict(steps=35, log_every=5)
-  run = lambda name, **extra: syn.boolean_trajectory(
+  run = lambda name, **extra: boolean_spectrum.boolean_trajectory(
       _wd(tmp_path / name), bmodel, bparams, optax.adam(1e-2), tokens, target, mask,
       **bkw, **extra)
   cut = run("b_cut", max_chunks=2)
@@ -186,9 +188,9 @@ def test_interrupted_training_resumes_bit_equal(tmp_path, monkeypatch):
 
 def test_learned_step():
   steps = [0, 10, 20, 30]
-  assert syn.learned_step(np.array([0.0, 0.4, 0.95, 1.0]), 1.0, 0.9, steps) == 20
-  assert syn.learned_step(np.array([0.0, -0.6, -0.95, -1.0]), -1.0, 0.5, steps) == 10
-  assert syn.learned_step(np.array([0.0, 0.1, 0.2, 0.3]), 1.0, 0.9, steps) is None
+  assert boolean_spectrum.learned_step(np.array([0.0, 0.4, 0.95, 1.0]), 1.0, 0.9, steps) == 20
+  assert boolean_spectrum.learned_step(np.array([0.0, -0.6, -0.95, -1.0]), -1.0, 0.5, steps) == 10
+  assert boolean_spectrum.learned_step(np.array([0.0, 0.1, 0.2, 0.3]), 1.0, 0.9, steps) is None
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -293,8 +295,8 @@ def _report(path):
 def test_interrupted_study_resumes_with_the_same_report(tmp_path, monkeypatch, smoke_study):
   """Cut into short checkpointed chunks, interrupted and rerun: the report of the
   uninterrupted, default-chunked smoke study (a copy of it; `smoke_study` stays intact)."""
-  monkeypatch.setattr(syn, "LOGS_PER_CHUNK", 2)    # Boolean smoke: 2 chunks of 20 steps.
-  monkeypatch.setattr(syn, "CHECKPOINT_CHUNKS", 1)
+  monkeypatch.setattr(boolean_spectrum, "LOGS_PER_CHUNK", 2)  # Boolean smoke: 2 chunks of 20.
+  monkeypatch.setattr(full_batch, "CHECKPOINT_CHUNKS", 1)
   config = syn_config.get_config("smoke")
   quiet = lambda *_: None
   cut, straight = str(tmp_path / "cut"), str(tmp_path / "straight")
@@ -419,7 +421,7 @@ def test_the_rule_yardstick_equals_a_direct_numpy_computation(task):
   b, t, d = x.shape
   np.testing.assert_array_equal(rule(x.astype(np.float64)), data["labels"])
   key, draws = jax.random.key(3), 4
-  out = syn._sensitivity_fn(fn, num_draws=draws, chunk_size=t)(variables, jnp.asarray(x),
+  out = token_tasks.sensitivity_fn(fn, num_draws=draws, chunk_size=t)(variables, jnp.asarray(x),
                                                                key, sigma)
   noise = _pair_noise(key, b, t, d, draws)
   flips = np.zeros((b, t))
@@ -440,9 +442,9 @@ def test_freezing_keeps_the_frozen_parts_at_their_initial_values(tmp_path):
   _, data = _vocab_task("uninformative", num=64)
   x, y = jnp.asarray(data["tokens"]), jnp.asarray(data["labels"])
   model = syn.make_model(config, "attention", 2)
-  init = syn._init_fn(model)(jax.random.key(0), x[:1])
+  init = token_tasks.init_fn(model)(jax.random.key(0), x[:1])
   for name, frozen in syn.FROZEN.items():
-    p, steps, *_ = syn.train_to_accuracy(_wd(tmp_path / name), model, init,
+    p, steps, *_ = full_batch.train_to_accuracy(_wd(tmp_path / name), model, init,
                                          syn.make_optimizer(config, name), x, y,
                                          target=1.0, eval_every=10, max_steps=20)
     assert steps == 20
@@ -463,14 +465,14 @@ def test_uniform_attention_and_the_matched_mlp_size():
   config = syn_config.get_config()
   for shape in ((16, 24), (16, 16), (6, 10)):
     n, d = shape
-    att = syn.attention_num_params(d, 2)
+    att = token_tasks.attention_num_params(d, 2)
     assert att == sum(v.size for v in jax.tree.leaves(jax.eval_shape(
         lambda: soft.init(jax.random.key(0), jnp.zeros((1, n, d))))))
-    h = syn.matched_width(config, shape, 2)
+    h = token_tasks.matched_width(config.attention, shape, 2)
     mlp = ola.TokenMLP(num_outputs=2, hidden_dims=(h,))
     count = sum(v.size for v in jax.tree.leaves(jax.eval_shape(
         lambda: mlp.init(jax.random.key(0), jnp.zeros((1, n, d))))))
     assert count == ola.token_mlp_num_params(n * d, (h,), 2)
     per_unit = n * d + 1 + 2
     assert abs(count - att) <= per_unit / 2 + 1, (shape, h, count, att)
-  assert syn.matched_width(config, (16, 24), 2) == 5        # 1,937 vs 1,776 parameters.
+  assert token_tasks.matched_width(config.attention, (16, 24), 2) == 5        # 1,937 vs 1,776 parameters.

@@ -61,8 +61,9 @@ def test_prefixed_names_the_full_path_and_keeps_the_message():
   assert str(e.value) == "config.train.model.patch_size: 5 must divide the image size 28"
   with pytest.raises(ConfigError) as e:
     with prefixed(lambda f: f"churn.methods.m.{f}", " (run m_base)"):
-      raise ConfigError("regularizer.weight", "must be >= 0")
-  assert str(e.value) == "config.churn.methods.m.regularizer.weight: must be >= 0 (run m_base)"
+      raise ConfigError("objective.penalty.weight", "must be >= 0")
+  assert (str(e.value)
+          == "config.churn.methods.m.objective.penalty.weight: must be >= 0 (run m_base)")
 
 
 def test_prefixed_leaves_workdir_errors_and_other_errors_alone():
@@ -113,8 +114,9 @@ NESTED_CASES = [
      "runs.convnext_t.pretrained.path", "must be set to a local convnext checkpoint"),
     ("sensitivity_regularization", "smoke", "runs.vit_gaussian_aug.augment.gaussian_std", -1.0,
      "runs.vit_gaussian_aug.augment.gaussian_std", "must be >= 0"),
-    ("sensitivity_regularization", "smoke", "runs.vit_sensitivity_reg.regularizer.weight", 2.0,
-     "runs.vit_sensitivity_reg.regularizer.weight", "must be in [0, 1]"),
+    ("sensitivity_regularization", "smoke", "runs.vit_sensitivity_reg.objective.penalty.weight",
+     -2.0, "runs.vit_sensitivity_reg.objective.penalty.weight",
+     "must be a finite number >= 0, got -2.0"),
     ("robustness", "smoke", "train.augment.gaussian_prob", 2.0, "train.augment.gaussian_prob",
      "must be in [0, 1]"),
     ("reuse", "smoke", "train.augment.gaussian_std", -1.0, "train.augment.gaussian_std",
@@ -126,8 +128,8 @@ NESTED_CASES = [
      "must be >= 0"),
     ("churn", "smoke", "churn.methods.codistill.codistill.beta", -1.0,
      "churn.methods.codistill.codistill.beta", "must be a finite number >= 0"),
-    ("churn", "smoke", "churn.methods.min_entropy.regularizer.weight", -1.0,
-     "churn.methods.min_entropy.regularizer.weight", "must be >= 0"),
+    ("churn", "smoke", "churn.methods.min_entropy.objective.penalty.weight", -1.0,
+     "churn.methods.min_entropy.objective.penalty.weight", "must be a finite number >= 0"),
     ("churn", "smoke", "train.model.features", [0], "train.model.features", "positive ints"),
     ("sensitivity_language", "smoke", "train.data.max_length", 4, "train.data.max_length",
      "4 cannot hold"),
@@ -256,16 +258,13 @@ def test_robustness_measure_settings_are_refused_before_training(tmp_path, path,
 
 @pytest.mark.parametrize("field, value", [
     ("augment.gaussian_std", NAN), ("augment.gaussian_std", INF),
-    ("augment.gaussian_prob", NAN), ("regularizer.weight", NAN), ("regularizer.sigma", INF)])
+    ("augment.gaussian_prob", NAN)])
 def test_interventions_refuse_non_finite_values(field, value):
   """Also without `studies.run` (the trainer called from Python)."""
-  config = ml_collections.ConfigDict({
-      "augment": {"gaussian_std": 0.0, "gaussian_prob": 1.0},
-      "regularizer": {"name": "sensitivity", "weight": 0.5, "sigma": 1.0, "patch_size": 4,
-                      "grid_aligned": False}})
+  config = ml_collections.ConfigDict({"augment": {"gaussian_std": 0.0, "gaussian_prob": 1.0}})
   _set(config, field, value)
   with pytest.raises(ConfigError) as e:
-    interventions.validate_intervention_config(config, (28, 28, 1))
+    interventions.validate_augment_config(config)
   assert e.value.field == field
   assert repr(value) in e.value.message
 

@@ -30,6 +30,7 @@ import ml_collections
 from ml_collections import config_flags
 
 from xsens.errors import EXIT_UNAVAILABLE, ConfigError, Unavailable
+from xsens.train import legacy_fields
 
 EXAMPLE = "--config=mlcollections_configs/train.py:model=vit"
 # What `--config.<field>=VALUE` expects, per field type (ml_collections' parsers).
@@ -425,6 +426,8 @@ def check_field(config: ml_collections.ConfigDict, path: str) -> None:
       raise UsageError(f"--config.{path}: no such field; config.{'.'.join(parts[:i])} holds "
                        f"a value ({type(node).__name__}), not a block of fields")
     if part not in node:
+      if legacy := legacy_fields.legacy_field_error(path):
+        raise UsageError(legacy)
       tips = _suggestions(config, parts)
       if tips:
         raise UsageError(f"--config.{path}: no such field; did you mean "

@@ -73,7 +73,6 @@ sensitivity noise is a different random stream (it does not affect training).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import time
@@ -84,13 +83,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from xsens import paths
 from xsens.errors import is_finite_number, is_int, require
-from xsens.measures import sensitivity as sens_lib
 from xsens.models import grokking_transformer as gt
 from xsens.report import plots, tables
-from xsens.train import loop
-from xsens.train.sharding import abstract_with_shardings
+from xsens.data import modular_addition
+from xsens.lab import modular_addition as addition_model
+from xsens.train import full_batch, loop, optim
 from xsens.train.workdir import Workdir
 
 STEP_FIELDS = ("train_loss", "train_accuracy", "sensitivity", "weight_norm", "test_loss",
@@ -151,74 +149,7 @@ def validate(config) -> None:
   require(all(is_int(e) and e >= 0 for e in r.markers), "report.markers",
         f"must be epochs (ints >= 0), got {list(r.markers)!r}")
   if m.init_npz is not None:
-    load_init_npz(config)  # Refuses a missing file, wrong keys, shapes or values.
-
-
-# ------------------------------------------------------------------------------------------
-# Data.
-
-
-def all_pairs(p: int) -> tuple[np.ndarray, np.ndarray]:
-  """Every input "a b =" in the notebook's order (a major): ids [p^2, 3], labels [p^2]."""
-  a, b = np.divmod(np.arange(p * p), p)
-  ids = np.stack([a, b, np.full_like(a, p)], axis=1).astype(np.int32)
-  return ids, ((a + b) % p).astype(np.int32)
-
-
-def split(p: int, train_fraction: float, seed: int) -> dict:
-  """The official split: pair indices shuffled by RandomState(seed), first int(f p^2) train.
-
-  Returns {"train_ids", "train_labels", "test_ids", "test_labels", "train_index",
-  "test_index"} (index = position in `all_pairs`).
-  """
-  ids, labels = all_pairs(p)
-  order = np.arange(p * p)
-  np.random.RandomState(seed).shuffle(order)
-  n_train = int(train_fraction * p * p)
-  tr, te = order[:n_train], order[n_train:]
-  return {"train_ids": ids[tr], "train_labels": labels[tr], "test_ids": ids[te],
-          "test_labels": labels[te], "train_index": tr, "test_index": te}
-
-
-# ------------------------------------------------------------------------------------------
-# Initial weights from the official model's layout.
-
-
-def load_init_npz(config) -> dict:
-  """`model.init_npz` -> our params tree, every leaf float32 [S, ...] (S = train.num_seeds).
-
-  The file holds the official state_dict arrays (`grokking_transformer.official_shapes`),
-  each of the official shape (broadcast to every seed) or [S, *shape]. ConfigError naming
-  `model.init_npz` for a missing file or key, an extra key, a shape of other sizes or
-  seeds, or a non-finite value.
-  """
-  path, m = config.model.init_npz, config.model
-  p, num_seeds = int(config.data.modulus), int(config.train.num_seeds)
-  require(paths.isfile(path), "model.init_npz", f"no file {path!r}")
-  shapes = gt.official_shapes(p + 1, p + 1, int(m.width), int(m.mlp_dim))
-  state = paths.load_npz(path)
-  missing, extra = sorted(set(shapes) - set(state)), sorted(set(state) - set(shapes))
-  require(not missing and not extra, "model.init_npz",
-          f"{path!r} must hold exactly the official keys {sorted(shapes)}; missing {missing}, "
-          f"unexpected {extra}")
-  stacked = all(state[k].shape == (num_seeds, *shapes[k]) for k in shapes)
-  for k, shape in shapes.items():
-    ok = state[k].shape == shape or state[k].shape == (num_seeds, *shape)
-    require(ok and (stacked or state[k].shape == shape), "model.init_npz",
-            f"{path!r}: {k!r} has shape {state[k].shape}; data.modulus={p}, model.width="
-            f"{m.width}, model.mlp_dim={m.mlp_dim} and train.num_seeds={num_seeds} need "
-            f"{shape} (every seed) or {(num_seeds, *shape)} (one per seed), the same for "
-            "every key")
-    require(np.issubdtype(state[k].dtype, np.floating) and np.all(np.isfinite(state[k])),
-            "model.init_npz", f"{path!r}: {k!r} must hold finite floats")
-  state = {k: np.asarray(v, np.float32) if stacked else
-           np.broadcast_to(np.asarray(v, np.float32), (num_seeds, *v.shape))
-           for k, v in state.items()}
-  return gt.from_official(state)
-
-
-def file_sha256(path: str) -> str:
-  return hashlib.sha256(paths.read_bytes(path)).hexdigest()
+    addition_model.load_init_npz(config)  # Refuses a missing file, wrong keys, shapes, values.
 
 
 # ------------------------------------------------------------------------------------------
@@ -233,43 +164,15 @@ def make_model(config) -> gt.GrokkingTransformer:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  """optax.adamw with PyTorch AdamW's semantics: p <- p - lr (adam(g) + wd p), all params."""
+  """AdamW with PyTorch's semantics: p <- p - lr (adam(g) + wd p), all params."""
   o = config.optimizer
-  return optax.adamw(float(o.learning_rate), b1=float(o.b1), b2=float(o.b2), eps=float(o.eps),
-                     weight_decay=float(o.weight_decay))
-
-
-def weight_norm(params) -> jax.Array:
-  """sqrt(sum of squares of every parameter) (the notebook's total_norm)."""
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(params)))
+  return optim.optimizer_by_name("adamw", float(o.learning_rate), b1=float(o.b1),
+                                 b2=float(o.b2), eps=float(o.eps),
+                                 weight_decay=float(o.weight_decay))
 
 
 def _cross_entropy(logits, labels):
   return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-
-def embedding_sensitivity(apply_fn, variables, inputs, *, labels, key, sigma, token_mask):
-  """Flip fraction of argmax apply_fn(variables, inputs + E) vs `labels` [B], one draw each.
-
-  inputs: the embeddings [B, T, d]; apply_fn: the model's from-embeddings method (bound
-  with `method=`). E = sigma * normal(fold_in(key, 0), [B, T, d]) on the positions where
-  token_mask [T] is True, zero elsewhere (`global_sensitivity` with num_draws = 1, one
-  forward call): the official code's noise on the embeddings of a and b together, "="
-  untouched (spec §5).
-  """
-  out = sens_lib.global_sensitivity(apply_fn, variables, inputs, labels=labels, key=key,
-                                    sigma=sigma, num_draws=1, token_mask=token_mask,
-                                    chunk_size=None, example_chunk_size=None)
-  return out["mean"]
-
-
-def embedding_rms(model, params, ids, positions) -> jax.Array:
-  """Root-mean-square coordinate of the embeddings (token + position) that the
-  sensitivity noise is added to: positions `positions` of every row of `ids` [B, T]. The
-  sensitivity's noise-to-signal ratio is sigma / this (it changes as training shrinks the
-  embeddings)."""
-  tokens = model.apply({"params": params}, ids, method=model.embed)
-  return jnp.sqrt(jnp.mean(jnp.square(tokens[:, list(positions)])))
 
 
 def state_from_params(tx: optax.GradientTransformation, params) -> dict:
@@ -298,8 +201,8 @@ def make_fns(config):
     variables = {"params": params}
     tokens = model.apply(variables, ids, method=model.embed)
     apply_fn = functools.partial(model.apply, method=model.from_embeddings)
-    return embedding_sensitivity(apply_fn, variables, tokens, labels=clean, key=key,
-                                 sigma=sigma, token_mask=token_mask)
+    return addition_model.embedding_sensitivity(apply_fn, variables, tokens, labels=clean,
+                                                key=key, sigma=sigma, token_mask=token_mask)
 
   def test_metrics(params, data):
     logits = model.apply({"params": params}, data["test_ids"])
@@ -312,19 +215,18 @@ def make_fns(config):
 
   def epoch(state, data, key, step):
     params = state["params"]
-    (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, data)
+    new_params, opt, loss, logits = full_batch.optax_step(loss_fn, tx, params, state["opt"],
+                                                          data, has_aux=True)
     clean = jnp.argmax(logits, -1)
     log = {"train_loss": loss,
            "train_accuracy": jnp.mean(clean == data["train_labels"]),
            "sensitivity": sensitivity(params, data["train_ids"], clean,
                                       jax.random.fold_in(key, step)),
-           "weight_norm": weight_norm(params)}
+           "weight_norm": addition_model.weight_norm(params)}
     nan = jnp.full((), jnp.nan, jnp.float32)
     log["test_loss"], log["test_accuracy"] = jax.lax.cond(
         step % test_every == 0, lambda: test_metrics(params, data), lambda: (nan, nan))
-    updates, opt = tx.update(grads, state["opt"], params)
-    return {"params": optax.apply_updates(params, updates), "opt": opt,
-            "step": state["step"] + 1}, log
+    return {"params": new_params, "opt": opt, "step": state["step"] + 1}, log
 
   def chunk(state, data, key, start, length: int):
     # The epoch index comes from xs, not from the (per-seed, vmapped) state, so the
@@ -339,7 +241,7 @@ def make_fns(config):
     return {"train_loss": loss, "train_accuracy": jnp.mean(clean == data["train_labels"]),
             "sensitivity": sensitivity(params, data["train_ids"], clean,
                                        jax.random.fold_in(key, step)),
-            "weight_norm": weight_norm(params), "test_loss": test_loss,
+            "weight_norm": addition_model.weight_norm(params), "test_loss": test_loss,
             "test_accuracy": test_acc}
 
   return model, init_state, chunk, evaluate
@@ -351,7 +253,8 @@ def seeds_of(config) -> list[int]:
 
 def stacked_data(config) -> dict:
   """Per-seed splits stacked on a leading seed axis (same sizes for every seed)."""
-  splits = [split(int(config.data.modulus), float(config.data.train_fraction), s)
+  splits = [modular_addition.split(int(config.data.modulus),
+                                   float(config.data.train_fraction), s)
             for s in seeds_of(config)]
   keys = ("train_ids", "train_labels", "test_ids", "test_labels")
   return {k: jnp.asarray(np.stack([s[k] for s in splits])) for k in keys}
@@ -363,7 +266,7 @@ def initial_state(config, init_keys):
   if config.model.init_npz is None:
     return jax.jit(jax.vmap(init_state))(init_keys)
   tx = make_optimizer(config)
-  params = jax.tree.map(jnp.asarray, load_init_npz(config))
+  params = jax.tree.map(jnp.asarray, addition_model.load_init_npz(config))
   return jax.jit(jax.vmap(functools.partial(state_from_params, tx)))(params)
 
 
@@ -407,10 +310,7 @@ def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> 
   model, init_state, chunk, evaluate = make_fns(config)
   data = stacked_data(config)
   init_keys, noise_keys = seed_keys(config)
-  v_init = jax.jit(jax.vmap(init_state))
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.eval_shape(v_init, init_keys)
-  abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
+  abstract = jax.eval_shape(jax.jit(jax.vmap(init_state)), init_keys)
   compiled, stats = {}, {"wall_s": 0.0, "compile_s": 0.0, "chunk_s": 0.0, "chunks": 0}
 
   def advance(state, start, length):
@@ -435,16 +335,16 @@ def train(config, workdir: str, *, max_chunks: int | None = None, log=print) -> 
         f"ms/epoch): train acc {np.round(logs['train_accuracy'][:, -1], 3)}, test acc "
         f"{np.round(last_test, 3)}, sensitivity {np.round(logs['sensitivity'][:, -1], 3)}")
 
-  program = loop.Program(init=lambda: initial_state(config, init_keys), abstract_state=abstract,
-                         advance=advance, on_chunk=on_chunk)
-  schedule = loop.Schedule(total_steps=epochs, checkpoint_every=size, max_chunk=size)
-  res = loop.run(wd, program, schedule, desc="grokking", max_chunks=max_chunks)
+  res = full_batch.run_one_device(
+      wd, lambda: initial_state(config, init_keys), advance,
+      loop.Schedule(total_steps=epochs, checkpoint_every=size, max_chunk=size),
+      abstract=abstract, on_chunk=on_chunk, desc="grokking", max_chunks=max_chunks)
   final = None
   if res.step >= epochs:
     final = jax.device_get(jax.jit(jax.vmap(evaluate, in_axes=(0, 0, 0, None)))(
         res.state["params"], data, noise_keys, jnp.int32(res.step)))
     rms = jax.jit(jax.vmap(functools.partial(
-        embedding_rms, model, positions=tuple(config.sensitivity.positions))))
+        addition_model.embedding_rms, model, positions=tuple(config.sensitivity.positions))))
     final["embedding_rms"] = np.asarray(rms(res.state["params"], data["train_ids"]))
     final["initial_embedding_rms"] = np.asarray(rms(
         initial_state(config, init_keys)["params"], data["train_ids"]))
@@ -676,7 +576,8 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
       f"Training wall time {out['wall_s']:.1f} s for {out['epochs_done'] - out['resumed_from']} "
       f"new epochs × {len(rows)} seed(s) (+{out['compile_s']:.1f} s compile); "
       f"resumed from epoch {out['resumed_from']}."]
-  sha = file_sha256(config.model.init_npz) if config.model.init_npz is not None else None
+  sha = (addition_model.file_sha256(config.model.init_npz)
+         if config.model.init_npz is not None else None)
   if sha is not None:
     notes.append(f"Initial weights: {config.model.init_npz} (official layout, sha256 "
                  f"{sha[:16]}…).")

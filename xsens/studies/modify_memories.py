@@ -47,18 +47,15 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from xsens import paths
-from xsens.data import knowledge
-from xsens.data import text
+from xsens.data import cloze_batches, knowledge
 from xsens.errors import ConfigError, is_finite_number, is_int, prefixed, require
 from xsens.models import mlm
 from xsens.report import plots, tables
 from xsens.studies import compare
-from xsens.train import constraints, loop, objectives
-from xsens.train import optim
-from xsens.train.sharding import abstract_with_shardings
+from xsens.lab import cloze
+from xsens.train import constraints, full_batch, loop, optim
 from xsens.train.workdir import Workdir
 
 METHODS = ("finetune", "replay", "linf", "l2", "parts")
@@ -192,25 +189,6 @@ def load_knowledge(config) -> knowledge.ClozeData:
   return data
 
 
-def _widen(ids: np.ndarray, length: int) -> np.ndarray:
-  return np.pad(ids, ((0, 0), (0, length - ids.shape[1])))
-
-
-def corpus(config, data: knowledge.ClozeData) -> dict:
-  """Every array the study trains and evaluates on, at one sequence length L:
-  {"facts": train split ids/position/fact, "para": held-out split, "bg_train", "bg_test"
-  (ids/position/target)}; numpy."""
-  b = config.data.background
-  length = max(data.max_length, text.synthetic_max_tokens(int(b.max_clauses)))
-  bg = {name: knowledge.background_cloze(int(b[f"num_{name}"]), int(config.seed),
-                                         stream=stream, length=length,
-                                         max_clauses=int(b.max_clauses))
-        for stream, name in enumerate(("train", "test"))}
-  widen = lambda split: {**split, "ids": _widen(split["ids"], length)}
-  return {"facts": widen(data.train), "para": widen(data.heldout), "bg_train": bg["train"],
-          "bg_test": bg["test"], "length": length}
-
-
 # ------------------------------------------------------------------------------------------
 # Model, loss, evaluation.
 
@@ -222,80 +200,21 @@ def make_model(config, data: knowledge.ClozeData, length: int) -> mlm.RobertaMLM
                         mlp_dim=int(m.mlp_dim), dropout_rate=0.0)
 
 
-MLM_TERM = objectives.make_term("mlm", "masked_lm", 1.0, {})
-
-
-def mlm_loss(model, params, ids, positions, targets):
-  """(loss, accuracy) of the `masked_lm` objective term at one position per row."""
-  logits = model.apply({"params": params}, ids, positions, method=model.at_positions)
-  loss, aux, _ = objectives.total_loss([MLM_TERM], None, params,
-                                       {"logits": logits, "label": targets}, None, {})
-  return loss, aux["mlm/accuracy"]
-
-
-def make_accuracy(model, batch_size: int):
-  """A jitted `(params, {"ids" [N, L], "position" [N], "target" [N]}) -> accuracy`, in
-  batches of `batch_size` (a lax.map), and a jitted `(params, ids, positions) -> argmax
-  token [N]`."""
-  def predictions(params, ids, positions):
-    n = ids.shape[0]
-    pad = (-n) % batch_size
-    ids_p = jnp.pad(ids, ((0, pad), (0, 0))).reshape(-1, batch_size, ids.shape[1])
-    pos_p = jnp.pad(positions, (0, pad)).reshape(-1, batch_size)
-    one = lambda a: jnp.argmax(model.apply({"params": params}, a[0], a[1],
-                                           method=model.at_positions), -1)
-    return jax.lax.map(one, (ids_p, pos_p)).reshape(-1)[:n]
-
-  def acc(params, split):
-    pred = predictions(params, split["ids"], split["position"])
-    return jnp.mean((pred == split["target"]).astype(jnp.float32))
-
-  return jax.jit(acc), jax.jit(predictions)
-
-
 # ------------------------------------------------------------------------------------------
 # Pre-training (and the optional background-only phase) through the one loop.
-
-
-def _sample(key, n: int, count: int) -> jax.Array:
-  return jax.random.randint(key, (count,), 0, n)
-
-
-def pretrain_batch(arrays: dict, step, key, num_facts_rows: int, num_bg_rows: int):
-  """(ids, positions, targets) of step `step`: rows drawn uniformly with replacement from
-  the fact sentences and the background sentences, from fold_in(key, step) only."""
-  k = jax.random.fold_in(key, step)
-  kf, kb = jax.random.split(k)
-  parts = []
-  if num_facts_rows:
-    i = _sample(kf, arrays["f_ids"].shape[0], num_facts_rows)
-    parts.append((arrays["f_ids"][i], arrays["f_pos"][i], arrays["f_target"][i]))
-  if num_bg_rows:
-    i = _sample(kb, arrays["b_ids"].shape[0], num_bg_rows)
-    parts.append((arrays["b_ids"][i], arrays["b_pos"][i], arrays["b_target"][i]))
-  return tuple(jnp.concatenate(x) for x in zip(*parts))
-
-
-def _pretrain_arrays(corp: dict, objects: np.ndarray) -> dict:
-  f = corp["facts"]
-  return {"f_ids": jnp.asarray(f["ids"]), "f_pos": jnp.asarray(f["position"]),
-          "f_target": jnp.asarray(objects[f["fact"]]),
-          "b_ids": jnp.asarray(corp["bg_train"]["ids"]),
-          "b_pos": jnp.asarray(corp["bg_train"]["position"]),
-          "b_target": jnp.asarray(corp["bg_train"]["target"])}
 
 
 def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, steps: int,
                 background_fraction: float, init_params=None, seed_offset: int = 0,
                 log=print, desc: str = "pretrain") -> dict:
   """Trains (or resumes) one phase in `path` through the loop: config.pretrain.optimizer
-  on the masked-LM term, batches from `pretrain_batch`; returns {"params", "metrics"
+  on the masked-LM term, batches from `cloze_batches.pretrain_batch`; returns {"params", "metrics"
   (`recall`), "wall_s"}."""
   p = config.pretrain
   batch = int(p.batch_size)
   num_bg = int(round(background_fraction * batch))
   tx = optim.make_optimizer(p.optimizer, steps)
-  arrays = _pretrain_arrays(corp, objects)
+  arrays = cloze_batches.pretrain_arrays(corp, objects)
   key = jax.random.fold_in(jax.random.key(int(config.seed)), 1 + seed_offset)
   ids0 = jnp.zeros((1, corp["length"]), jnp.int32)
 
@@ -306,12 +225,12 @@ def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, st
     return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
   def one_step(state, t):
-    ids, pos, tgt = pretrain_batch(arrays, t, key, batch - num_bg, num_bg)
-    (loss, acc), grads = jax.value_and_grad(
-        lambda q: mlm_loss(model, q, ids, pos, tgt), has_aux=True)(state["params"])
-    updates, opt = tx.update(grads, state["opt"], state["params"])
-    return ({"params": optax.apply_updates(state["params"], updates), "opt": opt,
-             "step": state["step"] + 1}, {"loss": loss, "accuracy": acc})
+    ids, pos, tgt = cloze_batches.pretrain_batch(arrays, t, key, batch - num_bg, num_bg)
+    params, opt, loss, acc = full_batch.optax_step(
+        lambda q: cloze.mlm_loss(model, q, ids, pos, tgt), tx, state["params"], state["opt"],
+        has_aux=True)
+    return ({"params": params, "opt": opt, "step": state["step"] + 1},
+            {"loss": loss, "accuracy": acc})
 
   @functools.partial(jax.jit, static_argnums=2)
   def chunk(state, start, length):
@@ -323,95 +242,18 @@ def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, st
 
   size = int(p.chunk_steps)
   t0 = time.perf_counter()
-  res = _run_loop(path, init, advance, loop.Schedule(
-      total_steps=steps, log_every=size, checkpoint_every=size, max_chunk=size), desc)
+  res = full_batch.run_one_device(path, init, advance, loop.Schedule(
+      total_steps=steps, log_every=size, checkpoint_every=size, max_chunk=size), desc=desc)
   wall = time.perf_counter() - t0
-  metrics = recall(make_accuracy(model, int(config.eval.batch_size))[0], res.state["params"],
-                   corp, objects)
+  metrics = cloze.recall(cloze.make_accuracy(model, int(config.eval.batch_size))[0],
+                         res.state["params"], corp, objects)
   log(f"[modify_memories] {desc}: {steps} steps ({wall:.0f} s with compilation and "
       f"checkpoints), " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
   return {"params": res.state["params"], "metrics": metrics, "wall_s": wall}
 
 
-def _run_loop(path: str, init, advance, schedule: loop.Schedule, desc: str):
-  """`loop.run` of a Program on one device in the Workdir at `path`."""
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.eval_shape(init)
-  abstract = abstract_with_shardings(abstract, jax.tree.map(lambda _: device, abstract))
-  paths.makedirs(path)
-  wd = Workdir(path, keep_checkpoints=1)
-  res = loop.run(wd, loop.Program(init=init, abstract_state=abstract, advance=advance),
-                 schedule, desc=desc)
-  return res
-
-
-def recall(acc_fn, params, corp: dict, objects: np.ndarray) -> dict:
-  """Sentence accuracy on every training-template sentence ("recall"), on the paraphrases
-  ("recall_para") and on held-out background sentences ("background")."""
-  out = {}
-  for name, split in (("recall", corp["facts"]), ("recall_para", corp["para"])):
-    target = jnp.asarray(objects[split["fact"]])
-    out[name] = float(acc_fn(params, {"ids": jnp.asarray(split["ids"]),
-                                      "position": jnp.asarray(split["position"]),
-                                      "target": target}))
-  out["background"] = float(acc_fn(params, jax.tree.map(jnp.asarray, corp["bg_test"])))
-  return out
-
-
-def known_facts(pred_fn, params, corp: dict, objects: np.ndarray, num_facts: int
-                ) -> np.ndarray:
-  """[F] bool: every training-template sentence of the fact is answered correctly."""
-  f = corp["facts"]
-  pred = np.asarray(pred_fn(params, jnp.asarray(f["ids"]), jnp.asarray(f["position"])))
-  wrong = np.bincount(f["fact"], weights=pred != objects[f["fact"]], minlength=num_facts)
-  seen = np.bincount(f["fact"], minlength=num_facts)
-  return (wrong == 0) & (seen > 0)
-
-
 # ------------------------------------------------------------------------------------------
 # Edits.
-
-
-def edit_batch(arrays: dict, step, key, num_replay: int):
-  """(ids, positions, targets, is_replay) of one edit step: every modified sentence (with
-  its new object) then `num_replay` unmodified training sentences drawn uniformly with
-  replacement from fold_in(key, step)."""
-  ids, pos, tgt = arrays["s_ids"], arrays["s_pos"], arrays["s_target"]
-  replay = jnp.zeros(ids.shape[0], bool)
-  if num_replay:
-    i = _sample(jax.random.fold_in(key, step), arrays["u_ids"].shape[0], num_replay)
-    ids = jnp.concatenate([ids, arrays["u_ids"][i]])
-    pos = jnp.concatenate([pos, arrays["u_pos"][i]])
-    tgt = jnp.concatenate([tgt, arrays["u_target"][i]])
-    replay = jnp.concatenate([replay, jnp.ones(num_replay, bool)])
-  return ids, pos, tgt, replay
-
-
-def edit_sets(corp: dict, data: knowledge.ClozeData, chosen: np.ndarray, new: np.ndarray,
-              num_unmodified: int, seed: int) -> dict:
-  """The arrays of one edit: S's training sentences ("s_*", new objects), the unmodified
-  training sentences to replay ("u_*"), and the evaluation splits (module docstring)."""
-  objects = knowledge.modified_objects(data.facts, chosen, new)
-  unmodified = np.setdiff1d(np.arange(len(data.facts)), chosen)
-  rng = np.random.default_rng([seed, 31])
-
-  def take(split, rows):
-    return {"ids": jnp.asarray(split["ids"][rows]),
-            "position": jnp.asarray(split["position"][rows]),
-            "target": jnp.asarray(objects[split["fact"][rows]])}
-
-  def sample(rows):
-    return np.sort(rng.permutation(rows)[:num_unmodified])
-
-  facts, para = corp["facts"], corp["para"]
-  s = take(facts, knowledge.sentences_of(facts, chosen))
-  u = take(facts, knowledge.sentences_of(facts, unmodified))
-  return {"s_ids": s["ids"], "s_pos": s["position"], "s_target": s["target"],
-          "u_ids": u["ids"], "u_pos": u["position"], "u_target": u["target"],
-          "eval": {"A_M": s, "A_M_para": take(para, knowledge.sentences_of(para, chosen)),
-                   "A_FS": take(facts, sample(knowledge.sentences_of(facts, unmodified))),
-                   "A_FS_para": take(para, sample(knowledge.sentences_of(para, unmodified))),
-                   "background": jax.tree.map(jnp.asarray, corp["bg_test"])}}
 
 
 def variants(config, methods) -> list[dict]:
@@ -437,7 +279,7 @@ def make_edit_fns(config, model, num_replay: int):
   per-step loss [G, length]), evaluate(params [G, ...], eval sets) -> {metric: [G]});
   `grid` = {"delta" [G], "l2" [G] bool, "mask" (0/1 per leaf, [G])}, vmapped."""
   tx = optim.make_optimizer(config.edit.optimizer, int(config.edit.steps))
-  acc_fn = make_accuracy(model, int(config.eval.batch_size))[0]
+  acc_fn = cloze.make_accuracy(model, int(config.eval.batch_size))[0]
 
   def init(anchor, num_variants: int):
     grid = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_variants, *x.shape)), anchor)
@@ -445,11 +287,10 @@ def make_edit_fns(config, model, num_replay: int):
             "step": jnp.zeros((), jnp.int32)}
 
   def one_step(params, opt, anchor, arrays, variant, key, t):
-    ids, pos, tgt, _ = edit_batch(arrays, t, key, num_replay)
-    loss, grads = jax.value_and_grad(lambda q: mlm_loss(model, q, ids, pos, tgt)[0])(params)
-    grads = jax.tree.map(lambda g, m: g * m, grads, variant["mask"])
-    updates, opt = tx.update(grads, opt, params)
-    params = optax.apply_updates(params, updates)
+    ids, pos, tgt, _ = cloze_batches.edit_batch(arrays, t, key, num_replay)
+    params, opt, loss, _ = full_batch.optax_step(
+        lambda q: cloze.mlm_loss(model, q, ids, pos, tgt)[0], tx, params, opt,
+        grad_map=lambda grads: jax.tree.map(lambda g, m: g * m, grads, variant["mask"]))
     linf = constraints.project(params, anchor, variant["delta"], "linf")
     l2 = constraints.project(params, anchor, variant["delta"], "l2")
     params = jax.tree.map(lambda a, b: jnp.where(variant["l2"], b, a), linf, l2)
@@ -499,8 +340,8 @@ def run_edit(path: str, config, anchor, arrays: dict, specs: list, num_replay: i
     return state, {"loss": losses.mean(0).sum()}, logs
 
   every = int(config.edit.eval_every)
-  res = _run_loop(path, lambda: init(anchor, n_var), advance, loop.Schedule(
-      total_steps=steps, checkpoint_every=every, max_chunk=every), desc)
+  res = full_batch.run_one_device(path, lambda: init(anchor, n_var), advance, loop.Schedule(
+      total_steps=steps, checkpoint_every=every, max_chunk=every), desc=desc)
   logs = Workdir(path).read_step_log(res.step, EDIT_LOG_FIELDS, (n_var,))
   final = {k: logs[k][:, -1] for k in METRICS}
   final["distance"] = np.asarray([
@@ -533,14 +374,14 @@ def base_models(config, workdir: str, model, corp, data, log) -> dict:
 def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
   """Every edit (base model x |S| x seed x method); one row per variant and seed."""
   e = config.edit
-  acc_fns = make_accuracy(model, int(config.eval.batch_size))
+  acc_fns = cloze.make_accuracy(model, int(config.eval.batch_size))
   fns, raw = {}, []
   grid_specs = variants(config, [m for m in e.methods if m != "replay"])
   replay_specs = [{"method": "replay", "label": "δ=∞", "norm": "linf", "delta": math.inf,
                    "part": "all"}] if "replay" in e.methods else []
   for base, res in bases.items():
     anchor = res["params"]
-    known = known_facts(acc_fns[1], anchor, corp, data.facts[:, 2], len(data.facts))
+    known = cloze.known_facts(acc_fns[1], anchor, corp, data.facts[:, 2], len(data.facts))
     for size in e.sizes:
       for s in range(int(e.num_seeds)):
         seed = int(config.seed) + s
@@ -549,7 +390,8 @@ def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
         except ValueError as err:
           raise ConfigError("edit.sizes", f"|S| = {size}: {err} (the {base} model knows "
                             f"{int(known.sum())} of {len(data.facts)} facts)") from None
-        arrays = edit_sets(corp, data, chosen, new, int(config.eval.num_unmodified), seed)
+        arrays = cloze_batches.edit_sets(corp, data, chosen, new,
+                                         int(config.eval.num_unmodified), seed)
         key = jax.random.fold_in(jax.random.key(seed), 2)
         n_s = int(arrays["s_ids"].shape[0])
         for name, specs, n_replay in (
@@ -587,7 +429,9 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
         paths.rmtree(r)
   t0 = time.perf_counter()
   data = load_knowledge(config)
-  corp = corpus(config, data)
+  b = config.data.background
+  corp = cloze_batches.corpus(data, num_train=int(b.num_train), num_test=int(b.num_test),
+                              max_clauses=int(b.max_clauses), seed=int(config.seed))
   model = make_model(config, data, corp["length"])
   bases = base_models(config, workdir, model, corp, data, log)
   raw = edit_all(config, workdir, model, corp, data, bases, log)

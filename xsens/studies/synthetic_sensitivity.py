@@ -76,7 +76,6 @@ import math
 import os
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,13 +84,10 @@ import optax
 from xsens import paths
 from xsens.data import sparse_tokens as st
 from xsens.errors import is_finite_number, is_int, require
-from xsens.measures import boolean
-from xsens.measures import sensitivity as sens_lib
+from xsens.lab import boolean_spectrum, token_tasks
 from xsens.models import one_layer_attention as ola
 from xsens.report import plots, tables
-from xsens.train.progress import progress
-from xsens.train import loop
-from xsens.train.metrics import read_metrics
+from xsens.train import full_batch, optim
 from xsens.train.workdir import Workdir
 
 # Models that config.models may name; the frozen parts of the ablation variants.
@@ -109,13 +105,8 @@ TASK_LABELS = {
     "vocab_uninformative": "paper's set-up as known (reviewer's paraphrase; details ours): "
                            "frequent + sparse tokens, sparse tokens uninformative",
     "vocab_informative": "our control: the same vocabulary, sparse tokens informative"}
-GROUPS = {"sparse": ("relevant", "other"), "vocab": ("sparse", "frequent")}
 RULE_STABLE_FLIP_RATE = 0.05      # Above this, the report flags σ as beyond the stable regime.
 RUNS_DIR = "runs"                 # workdir/runs/<task>_<model>_s<seed>/: one trained model.
-SUMMARY_FILE = "train_summary.json"
-CHECKPOINT_CHUNKS = 20            # Sparse runs: a checkpoint every 20 chunks (and at the stop).
-LOGS_PER_CHUNK = 20               # Boolean runs: one jitted chunk (and checkpoint) per 20 logs.
-_LOSS, _ACC = "eval/train_loss", "eval/train_accuracy"
 
 # ------------------------------------------------------------------------------------------
 # Validation.
@@ -227,21 +218,6 @@ def section_name(name: str) -> str:
   return "attention" if name in FROZEN else name
 
 
-def attention_num_params(d: int, num_outputs: int, qk_dim=None, v_dim=None) -> int:
-  """Parameters of `OneLayerAttention` on tokens of dimension d (no biases)."""
-  qk, v = qk_dim or d, v_dim or d
-  return 2 * d * qk + d * v + v * num_outputs
-
-
-def matched_width(config, token_shape, num_outputs: int) -> int:
-  """The hidden width of "mlp_matched" on tokens of shape (n, d): parameter count closest
-  to the attention layer's on the same tokens."""
-  n, d = token_shape
-  a = config.attention
-  return ola.matched_mlp_width(n * d, num_outputs,
-                               attention_num_params(d, num_outputs, a.qk_dim, a.v_dim))
-
-
 def make_model(config, name: str, num_outputs: int, token_shape=None, *,
                uniform_attention: bool = False):
   """The flax model `name`; "mlp_matched" needs the per-example token shape (n, d);
@@ -251,29 +227,17 @@ def make_model(config, name: str, num_outputs: int, token_shape=None, *,
     cls = ola.UniformAttention if uniform_attention else ola.OneLayerAttention
     return cls(num_outputs=num_outputs, qk_dim=a.qk_dim, v_dim=a.v_dim)
   if name == "mlp_matched":
-    return ola.TokenMLP(num_outputs=num_outputs,
-                        hidden_dims=(matched_width(config, token_shape, num_outputs),))
+    width = token_tasks.matched_width(config.attention, token_shape, num_outputs)
+    return ola.TokenMLP(num_outputs=num_outputs, hidden_dims=(width,))
   return ola.TokenMLP(num_outputs=num_outputs, hidden_dims=tuple(config.mlp.hidden_dims))
-
-
-def freeze(names) -> optax.GradientTransformation:
-  """Zeroes the updates of the top-level params `names` (stateless): chained after the
-  optimiser, those params stay exactly at their initial values."""
-  names = tuple(names)
-
-  def update_fn(updates, state, params=None):
-    del params
-    return {k: (jax.tree.map(jnp.zeros_like, v) if k in names else v)
-            for k, v in updates.items()}, state
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 @functools.lru_cache(maxsize=None)
 def _optimizer(name: str, learning_rate: float) -> optax.GradientTransformation:
   """Adam (with the frozen parts' updates zeroed for an ablation variant); one object per
   (model, learning rate), so the compiled training steps are shared across seeds."""
-  tx = optax.adam(learning_rate)
-  return optax.chain(tx, freeze(FROZEN[name])) if name in FROZEN else tx
+  tx = optim.optimizer_by_name("adam", learning_rate)
+  return optax.chain(tx, optim.freeze(FROZEN[name])) if name in FROZEN else tx
 
 
 def make_optimizer(config, name: str) -> optax.GradientTransformation:
@@ -327,178 +291,6 @@ def _open_run(config, workdir: str, part: str, name: str, seed: int,
   return Workdir.open(path, fingerprint, overwrite=overwrite)
 
 
-def _abstract(state):
-  """The ShapeDtypeStructs of a state on the default device (what a checkpoint restores)."""
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device), state)
-
-
-def _train_s(wd: Workdir, out: loop.LoopResult) -> float:
-  """Seconds spent training the run so far (a resumed run adds the interrupted part's)."""
-  before = wd.read_json(SUMMARY_FILE) or {}
-  prev = before.get("train_s", 0.0) if before.get("steps") == out.restored_step else 0.0
-  train_s = prev + out.wall_s
-  wd.write_json(SUMMARY_FILE, {"steps": out.step, "stop_reason": out.stop_reason,
-                               "train_s": train_s})
-  return train_s
-
-
-@functools.lru_cache(maxsize=None)
-def _ce_chunk(model, tx):
-  """jit (state, x, y, length) -> the state after `length` full-batch steps, with the loss
-  and accuracy at its end; one compiled function per (model, optimiser) and shape (the
-  optimisers come from `_optimizer`, one object per setting, so seeds share it)."""
-  def loss_fn(p, x, y):
-    logits = model.apply({"params": p}, x)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-  @functools.partial(jax.jit, static_argnums=3)
-  def chunk(state, x, y, length):
-    def body(carry, _):
-      p, opt = carry
-      loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-      upd, opt = tx.update(g, opt, p)
-      return (optax.apply_updates(p, upd), opt), loss
-    (p, opt), _ = jax.lax.scan(body, (state["params"], state["opt"]), None, length=length)
-    logits = model.apply({"params": p}, x)
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-    return {"params": p, "opt": opt, "loss": loss,
-            "accuracy": jnp.mean(jnp.argmax(logits, -1) == y)}
-  return chunk
-
-
-def train_to_accuracy(wd: Workdir, model, params, tx, x, y, *, target: float,
-                      eval_every: int, max_steps: int, target_loss=None,
-                      max_chunks: int | None = None):
-  """Full-batch steps on the cross-entropy through the one loop, resumed from `wd`.
-
-  Chunks of `eval_every` steps (a `lax.scan`); after each, the train loss and accuracy;
-  stops when the accuracy is >= target (and, when `target_loss` is set, the loss is <=
-  target_loss) or after `max_steps` (rounded up to whole chunks). Checkpoints every
-  `CHECKPOINT_CHUNKS` chunks and at the stop. `max_chunks`: stop after that many chunks
-  (an interruption, for tests). Returns (params, steps, train accuracy, curve
-  [(step, loss, accuracy)] of every chunk, train_s).
-  """
-  chunk = _ce_chunk(model, tx)
-
-  def init():
-    return {"params": params, "opt": tx.init(params), "loss": jnp.float32(jnp.nan),
-            "accuracy": jnp.float32(0.0)}
-
-  def reached(scalars):
-    return scalars[_ACC] >= target and (target_loss is None or scalars[_LOSS] <= target_loss)
-
-  program = loop.Program(
-      init=init, abstract_state=_abstract(jax.eval_shape(init)),
-      advance=lambda state, step, length: (chunk(state, x, y, length), None, None),
-      evaluate=lambda state, step: {_LOSS: float(state["loss"]),
-                                    _ACC: float(state["accuracy"])},
-      should_stop=lambda step, scalars: "target_train_accuracy" if reached(scalars) else None)
-  total = -(-max_steps // eval_every) * eval_every  # Whole chunks, as many as reach max_steps.
-  schedule = loop.Schedule(total, eval_every=eval_every, max_chunk=eval_every,
-                           checkpoint_every=eval_every * CHECKPOINT_CHUNKS)
-  def finished(restored):
-    done = [r for r in read_metrics(wd.path) if _ACC in r and r["step"] <= restored]
-    return ("target_train_accuracy" if done and done[-1]["step"] == restored
-            and reached(done[-1]) else None)
-
-  out = loop.run(wd, program, schedule, finished_reason=finished, max_chunks=max_chunks)
-  curve = [(r["step"], r[_LOSS], r[_ACC]) for r in read_metrics(wd.path) if _ACC in r]
-  return out.state["params"], out.step, curve[-1][2], curve, _train_s(wd, out)
-
-
-def _apply_of(owner):
-  """A flax model's apply, or a rule's apply_fn itself."""
-  return owner.apply if isinstance(owner, nn.Module) else owner
-
-
-@functools.lru_cache(maxsize=None)
-def _init_fn(model):
-  """jit (key, x) -> the model's params; one compilation per (equal) model and shape."""
-  return jax.jit(lambda key, x: model.init(key, x)["params"])
-
-
-@functools.lru_cache(maxsize=None)
-def _sensitivity_fn(owner, *, num_draws: int, chunk_size: int):
-  """jit (variables, tokens [B, n, d], key, sigma) -> token_sensitivity's dict for `owner`
-  (a flax model, cached by value, or a rule's apply_fn; the weights are an argument, not a
-  constant of the compiled function, so one compilation serves every seed)."""
-  apply_fn = _apply_of(owner)
-
-  @jax.jit
-  def measure(variables, tokens, key, sigma):
-    return sens_lib.token_sensitivity(apply_fn, variables, tokens, key=key, sigma=sigma,
-                                      num_draws=num_draws, chunk_size=chunk_size,
-                                      example_chunk_size=None)
-  return measure
-
-
-@functools.lru_cache(maxsize=None)
-def _accuracy_fn(owner):
-  apply_fn = _apply_of(owner)
-  return jax.jit(lambda variables, x, y: jnp.mean(jnp.argmax(apply_fn(variables, x), -1) == y))
-
-
-def task_data(config, task: str, seed: int) -> dict:
-  """The train / test sets of `task` for `seed`, the token groups of the training set
-  ([N, n] bool: relevant or sparse tokens), and the generating rule (apply_fn, variables).
-
-  "vocab_informative" also holds `shifted`: the test sequences with their sparse ids
-  redrawn independently of the label (the same frequent tokens, positions and labels)."""
-  if task == "sparse":
-    s = config.sparse
-    positions = st.relevant_positions(int(s.n), int(s.k), seed)
-    kw = dict(n=int(s.n), m=int(s.m), k=int(s.k), rule=s.rule,
-              position_scale=float(s.position_scale), positions=positions)
-    train = st.sparse_token_task(int(s.num_train), seed=seed * 2 + 1, **kw)
-    test = st.sparse_token_task(int(s.num_test), seed=seed * 2 + 2, **kw)
-    group = np.zeros(train["tokens"].shape[:2], bool)
-    group[:, positions] = True
-    fn, make_vars = st.sparse_rule(s.rule)
-    return {"train": train, "test": test, "shifted": None, "group": group,
-            "groups": GROUPS["sparse"], "rule": (fn, make_vars(positions)),
-            "positions": positions.tolist()}
-  v = config.vocab
-  cue = task[len("vocab_"):]
-  vocab = st.vocabulary(num_frequent=int(v.num_frequent), num_sparse=int(v.num_sparse),
-                        dim=int(v.dim), seed=seed * 3)
-  kw = dict(vocab=vocab, n=int(v.n), sparse_per_sequence=int(v.sparse_per_sequence))
-  train = st.frequent_sparse_task(int(v.num_train), sparse_cue=cue, seed=seed * 3 + 1, **kw)
-  test = st.frequent_sparse_task(int(v.num_test), sparse_cue=cue, seed=seed * 3 + 2, **kw)
-  shifted = None
-  if cue == "informative":
-    shifted = st.frequent_sparse_task(int(v.num_test), sparse_cue="uninformative",
-                                      seed=seed * 3 + 2, **kw)
-  return {"train": train, "test": test, "shifted": shifted, "group": train["is_sparse"],
-          "groups": GROUPS["vocab"], "rule": (st.vocab_rule, st.vocab_rule_variables(vocab)),
-          "positions": None}
-
-
-def _measure_rows(owner, variables, data, sec, seed: int, base: dict) -> tuple[list, dict]:
-  """One row per σ (base + sensitivity, its s.e., per-group flip rates) and the per-position
-  profile {σ: [n]} of `owner` (a flax model or a rule's apply_fn) on the training set."""
-  x = jnp.asarray(data["train"]["tokens"])
-  n, d = x.shape[1:]
-  group = data["group"]
-  g_in, g_out = data["groups"]
-  token_norm = float(np.linalg.norm(data["train"]["tokens"], axis=-1).mean())
-  measure = _sensitivity_fn(owner, num_draws=int(sec.num_draws), chunk_size=int(n))
-  rows, profile = [], {}
-  for j, sigma in enumerate(progress(sec.sigmas, desc="σ sweep", unit="σ")):
-    # Common random numbers: the same noise for every model and the rule at each sigma.
-    out = measure(variables, x, jax.random.fold_in(jax.random.key(seed + 1000), j),
-                  float(sigma))
-    per_token = np.asarray(out["per_token"])
-    profile[float(sigma)] = per_token.mean(0).tolist()
-    rows.append({**base, "sigma": float(sigma),
-                 "noise_to_token_norm": float(sigma) * math.sqrt(d) / token_norm,
-                 "sensitivity": float(out["mean"]), "stderr": float(out["stderr"]),
-                 f"{g_in}_tokens": float(per_token[group].mean()),
-                 f"{g_out}_tokens": float(per_token[~group].mean())
-                 if (~group).any() else float("nan")})
-  return rows, profile
-
-
 def run_task(config, workdir: str, task: str, seed: int, *, overwrite: bool = False,
              log=print, max_chunks: int | None = None) -> dict:
   """One task for one seed: every model of `config.models` trained (or resumed) in its run
@@ -506,13 +298,13 @@ def run_task(config, workdir: str, task: str, seed: int, *, overwrite: bool = Fa
   trained); `max_chunks` interrupts each training, for tests. Returns {"rows", "profiles"
   {model: {sigma: [n]}}, "positions", "curves"}."""
   sec = _section(config, task)
-  data = task_data(config, task, seed)
+  data = token_tasks.task_data(_section(config, task), task, seed)
   x, y = jnp.asarray(data["train"]["tokens"]), jnp.asarray(data["train"]["labels"])
   xt, yt = jnp.asarray(data["test"]["tokens"]), jnp.asarray(data["test"]["labels"])
   shifted = data["shifted"]
 
   def accuracies(owner, variables):
-    acc = _accuracy_fn(owner)
+    acc = token_tasks.accuracy_fn(owner)
     out = {"train_acc": float(acc(variables, x, y)), "test_acc": float(acc(variables, xt, yt))}
     if shifted is not None:
       out["shifted_test_acc"] = float(acc(variables, jnp.asarray(shifted["tokens"]),
@@ -521,7 +313,7 @@ def run_task(config, workdir: str, task: str, seed: int, *, overwrite: bool = Fa
 
   common = {"task": task, "seed": seed}
   rule_fn, rule_vars = data["rule"]
-  rows, profiles = _measure_rows(rule_fn, rule_vars, data, sec, seed, {
+  rows, profiles = token_tasks.measure_rows(rule_fn, rule_vars, data, sec, seed, {
       **common, "model": RULE, "params": 0, "steps": 0, "train_loss": float("nan"),
       **accuracies(rule_fn, rule_vars), "train_s": 0.0})
   profiles = {RULE: profiles}
@@ -529,9 +321,9 @@ def run_task(config, workdir: str, task: str, seed: int, *, overwrite: bool = Fa
   tl = None if sec.target_train_loss is None else float(sec.target_train_loss)
   for name in config.models:
     model = make_model(config, name, 2, tuple(x.shape[1:]))
-    params = _init_fn(model)(jax.random.fold_in(jax.random.key(seed), INIT_INDEX[name]),
-                             x[:1])
-    params, steps, _, curve, wall = train_to_accuracy(
+    params = token_tasks.init_fn(model)(
+        jax.random.fold_in(jax.random.key(seed), INIT_INDEX[name]), x[:1])
+    params, steps, _, curve, wall = full_batch.train_to_accuracy(
         _open_run(config, workdir, task, name, seed, overwrite), model, params,
         make_optimizer(config, name), x, y, target=float(sec.target_train_accuracy),
         eval_every=int(sec.eval_every), max_steps=int(sec.max_steps), target_loss=tl,
@@ -545,7 +337,7 @@ def run_task(config, workdir: str, task: str, seed: int, *, overwrite: bool = Fa
       base = {**common, "model": label, "params": _num_params(params), "steps": steps,
               "train_loss": curve[-1][1] if label == name else float("nan"),
               **accuracies(m, variables), "train_s": round(wall, 2)}
-      r, profiles[label] = _measure_rows(m, variables, data, sec, seed, base)
+      r, profiles[label] = token_tasks.measure_rows(m, variables, data, sec, seed, base)
       rows += r
     mine = [r for r in rows if r["model"] == name][-1]
     log(f"[synthetic] {task} seed {seed} {name}: {steps} steps, train acc "
@@ -572,75 +364,6 @@ def run_sparse(config, workdir: str, *, overwrite: bool = False, log=print,
   return out
 
 
-def boolean_trajectory(wd: Workdir, model, params, tx, tokens, target, train_mask, *,
-                       steps: int, log_every: int, max_chunks: int | None = None):
-  """MSE full-batch training on the masked inputs through the one loop, resumed from `wd`;
-  every `log_every` steps (and at step 0) the Fourier coefficients [L + 1, 2^n] of the
-  learned function on all 2^n inputs.
-
-  Chunks (`lax.scan`s) of `log_every * LOGS_PER_CHUNK` steps, each checkpointed; the
-  coefficients and losses are the workdir's array logs (per chunk, the logged points of
-  its steps on the last axis). `max_chunks`: stop after that many chunks (an interruption,
-  for tests). Returns (params, coefficients, train losses [L + 1], train_s).
-  """
-  w = train_mask / jnp.sum(train_mask)
-
-  def predict(p):
-    return model.apply({"params": p}, tokens)[:, 0]
-
-  def loss_fn(p):
-    return jnp.sum(w * jnp.square(predict(p) - target))
-
-  def outer(carry, _):
-    def inner(c, _):
-      p, opt = c
-      g = jax.grad(loss_fn)(p)
-      upd, opt = tx.update(g, opt, p)
-      return (optax.apply_updates(p, upd), opt), None
-    carry, _ = jax.lax.scan(inner, carry, None, length=log_every)
-    f = predict(carry[0])
-    return carry, (boolean.fourier_coefficients(f), jnp.sum(w * jnp.square(f - target)))
-
-  @functools.partial(jax.jit, static_argnums=1)
-  def chunk(state, num_logs):
-    """`num_logs` × `log_every` steps: the state, coefficients and losses at the chunk's
-    start and after each `log_every` steps ([num_logs + 1, ...])."""
-    p = state["params"]
-    f0 = predict(p)
-    first = (boolean.fourier_coefficients(f0), jnp.sum(w * jnp.square(f0 - target)))
-    (p, opt), (coeffs, losses) = jax.lax.scan(outer, (p, state["opt"]), None,
-                                              length=num_logs)
-    return ({"params": p, "opt": opt}, jnp.concatenate([first[0][None], coeffs]),
-            jnp.concatenate([first[1][None], losses]))
-
-  def advance(state, step, length):
-    state, coeffs, losses = chunk(state, length // log_every)
-    coeffs, losses = jax.device_get((coeffs, losses))
-    keep = slice(0 if step == 0 else 1, None)  # The start is the previous chunk's end.
-    return state, None, {"coef": np.asarray(coeffs)[keep].T, "loss": np.asarray(losses)[keep]}
-
-  init = lambda: {"params": params, "opt": tx.init(params)}
-  program = loop.Program(init=init, abstract_state=_abstract(jax.eval_shape(init)),
-                         advance=advance)
-  every = log_every * LOGS_PER_CHUNK
-  out = loop.run(wd, program, loop.Schedule(steps, checkpoint_every=every, max_chunk=every),
-                 max_chunks=max_chunks)
-  parts = []
-  for _, end, path in wd.step_log_files():
-    if end <= out.step:
-      z = paths.load_npz(path)
-      parts.append({k: z[k] for k in ("coef", "loss")})
-  coeffs = np.concatenate([z["coef"] for z in parts], axis=-1).T
-  losses = np.concatenate([z["loss"] for z in parts], axis=-1)
-  return out.state["params"], coeffs, losses, _train_s(wd, out)
-
-
-def learned_step(coef_curve: np.ndarray, target: float, fraction: float, logged_steps):
-  """The first logged step at which coef / target >= fraction (None if never)."""
-  hits = np.nonzero(np.asarray(coef_curve) / target >= fraction)[0]
-  return int(logged_steps[hits[0]]) if len(hits) else None
-
-
 def run_boolean(config, workdir: str, *, overwrite: bool = False, log=print,
                 max_chunks: int | None = None) -> dict:
   """Part 2 (each model of `boolean.models` and seed trained, or resumed, in
@@ -651,42 +374,25 @@ def run_boolean(config, workdir: str, *, overwrite: bool = False, log=print,
   n = int(b.n)
   target, comps = st.boolean_target(n, [(tuple(c[0]), c[1]) for c in b.components])
   tokens = jnp.asarray(st.boolean_tokens(n, float(b.position_scale)))
-  idx = [c["index"] for c in comps]
   logged = np.arange(0, int(b.steps) + 1, int(b.log_every))
-  target_coeffs = boolean.fourier_coefficients(jnp.asarray(target))
   out = {"components": comps, "steps": logged.tolist(), "coef": {}, "spectrum": {},
-         "influence": {}, "rows": [],
-         "target_spectrum": np.asarray(boolean.degree_spectrum(target_coeffs)).tolist(),
-         "target_influence": float(boolean.fourier_average_sensitivity(target_coeffs))}
+         "influence": {}, "rows": [], **boolean_spectrum.target_spectrum(target)}
   for seed in seeds(config):
-    mask = np.ones(2**n, np.float32)
-    if b.train_fraction < 1:
-      keep = max(1, int(round(b.train_fraction * 2**n)))
-      mask[:] = 0
-      mask[np.random.default_rng(seed).choice(2**n, keep, replace=False)] = 1
+    mask = boolean_spectrum.train_mask(n, float(b.train_fraction), seed)
     for name in b.models:
       model = make_model(config, name, 1, tuple(tokens.shape[1:]))
-      params = _init_fn(model)(jax.random.fold_in(jax.random.key(seed + 7), INIT_INDEX[name]),
-                               tokens[:1])
-      params, coeffs, losses, wall = boolean_trajectory(
+      params = token_tasks.init_fn(model)(
+          jax.random.fold_in(jax.random.key(seed + 7), INIT_INDEX[name]), tokens[:1])
+      params, coeffs, losses, wall = boolean_spectrum.boolean_trajectory(
           _open_run(config, workdir, "boolean", name, seed, overwrite), model, params,
           make_optimizer(config, name), tokens, jnp.asarray(target), jnp.asarray(mask),
           steps=int(b.steps), log_every=int(b.log_every), max_chunks=max_chunks)
-      coef = np.asarray(coeffs)[:, idx]                               # [L+1, C]
-      spec = np.asarray(boolean.degree_spectrum(coeffs))              # [L+1, n+1]
-      infl = np.asarray(boolean.fourier_average_sensitivity(coeffs))  # [L+1]
+      coef, spec, infl, rows = boolean_spectrum.component_rows(
+          coeffs, losses, comps, logged, float(b.learned_fraction),
+          {"model": name, "seed": seed}, {"train_s": round(wall, 2)})
       if seed == seeds(config)[0]:
         out["coef"][name], out["spectrum"][name], out["influence"][name] = coef, spec, infl
-      for c, comp in enumerate(comps):
-        out["rows"].append({
-            "model": name, "seed": seed,
-            "component": "x" + "·x".join(str(j) for j in comp["coords"]),
-            "degree": comp["degree"], "target_coef": comp["coef"],
-            "step_50%": learned_step(coef[:, c], comp["coef"], 0.5, logged),
-            f"step_{int(100 * b.learned_fraction)}%": learned_step(
-                coef[:, c], comp["coef"], float(b.learned_fraction), logged),
-            "final_coef": float(coef[-1, c]), "final_train_mse": float(losses[-1]),
-            "final_influence": float(infl[-1]), "train_s": round(wall, 2)})
+      out["rows"] += rows
       log(f"[synthetic] boolean seed {seed} {name}: final coefficients "
           f"{np.round(coef[-1], 3)}, train MSE {float(losses[-1]):.4f}")
   return out
@@ -720,7 +426,8 @@ def _fmt(values, digits: int = 3, *, integer: bool = False) -> str:
 
 def model_label(config, name: str, token_shape=None) -> str:
   if name == "mlp_matched" and token_shape is not None:
-    return f"MLP matched params (hidden {matched_width(config, token_shape, 2)})"
+    width = token_tasks.matched_width(config.attention, token_shape, 2)
+    return f"MLP matched params (hidden {width})"
   return {RULE: "generating rule (yardstick)", "attention": "attention",
           UNIFORM: "attention, uniform map after training",
           "attention_freeze_qk": "attention, W_Q W_Kᵀ frozen at init",
@@ -735,7 +442,7 @@ def summarize_task(config, rows, task: str) -> list[dict]:
   "attention"), mean ± s.e. over seeds of every column; σ columns S(σ=…) and, at the
   largest σ, the two token groups. Values are strings ("mean ± s.e.")."""
   sec = _section(config, task)
-  g_in, g_out = GROUPS["sparse" if task == "sparse" else "vocab"]
+  g_in, g_out = token_tasks.GROUPS["sparse" if task == "sparse" else "vocab"]
   token_shape = ((sec.n, sec.m + sec.n) if task == "sparse" else (sec.n, sec.dim))
   names = [RULE]
   for m in config.models:
@@ -763,51 +470,6 @@ def summarize_task(config, rows, task: str) -> list[dict]:
           [r[f"{g}_tokens"] for r in mine if r["sigma"] == sig_last], 2)
     out.append(row)
   return out
-
-
-def summarize_boolean(config, rows) -> list[dict]:
-  b = config.boolean
-  key90 = f"step_{int(100 * b.learned_fraction)}%"
-  out = []
-  for name in b.models:
-    for comp in dict.fromkeys(r["component"] for r in rows):
-      mine = [r for r in rows if r["model"] == name and r["component"] == comp]
-      out.append({"model": name, "component": comp, "degree": mine[0]["degree"],
-                  "step 50%": _fmt([r["step_50%"] for r in mine], integer=True),
-                  f"step {key90[5:]}": _fmt([r[key90] for r in mine], integer=True),
-                  "final coef": _fmt([r["final_coef"] for r in mine]),
-                  "final train MSE": _fmt([r["final_train_mse"] for r in mine], 2),
-                  "final influence": _fmt([r["final_influence"] for r in mine])})
-  return out
-
-
-def _boolean_figure(path: str, res: dict) -> str:
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  models = list(res["coef"])
-  steps = np.asarray(res["steps"])
-  fig, axes = plt.subplots(2, len(models), figsize=(6.2 * len(models), 6.6), squeeze=False)
-  every = max(1, len(steps) // 10)
-  comps = res["components"]
-  for j, name in enumerate(models):
-    ax = axes[0, j]
-    for comp, c, style in zip(comps, range(len(comps)), plots.line_styles(len(comps))):
-      ax.plot(steps, res["coef"][name][:, c] / comp["coef"], markevery=every,
-              label=f"deg {comp['degree']}: " + "x" + "·x".join(map(str, comp["coords"])),
-              **style)
-    ax.axhline(1.0, color="gray", lw=0.6, ls="--")
-    plots.styled_axes(ax, f"{name}: learned / target coefficient", "training step",
-                      "learned / target coefficient", integer_x=True, title_size=9)
-    plots.legend_outside(ax, in_layout=True)  # Other models' panels to the right.
-    ax = axes[1, j]
-    spec = res["spectrum"][name]
-    ks = [k for k in range(spec.shape[1]) if k <= 4 or spec[:, k].max() > 0.05]
-    for k, style in zip(ks, plots.line_styles(len(ks))):
-      ax.plot(steps, spec[:, k], label=f"W^{k}", markevery=every, **style)
-    plots.styled_axes(ax, f"{name}: degree spectrum W^k of the learned f", "training step",
-                      "W^k (share of ‖f‖²)", integer_x=True, title_size=9)
-    plots.legend_outside(ax, in_layout=True)  # Other models' panels to the right.
-  fig.suptitle("Boolean task: coefficients and degree spectrum over training")
-  return plots._save(fig, path)  # pylint: disable=protected-access
 
 
 def _task_note(config, task: str, sp: dict) -> str:
@@ -899,18 +561,12 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
     bo = run_boolean(config, workdir, overwrite=overwrite, log=log)
     result["boolean"] = bo
     result["rows"] += bo["rows"]
-    figs.append(_boolean_figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
+    figs.append(boolean_spectrum.figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
     b = config.boolean
-    key = f"step_{int(100 * b.learned_fraction)}%"
-    order = {}
-    for m in b.models:
-      got = [(mean_se([r[key] for r in bo["rows"] if r["model"] == m and r["degree"] == c["degree"]
-                       and r["component"] == "x" + "·x".join(map(str, c["coords"]))]), c["degree"])
-             for c in bo["components"]]
-      # Components that every seed learned, by their mean step.
-      done = [(mu, d) for (mu, _, cnt), d in got if cnt == config.num_seeds]
-      order[m] = [d for _, d in sorted(done)]
-    brows = summarize_boolean(config, bo["rows"])
+    order = boolean_spectrum.learning_order(bo["rows"], bo["components"], b.models,
+                                            float(b.learned_fraction), config.num_seeds)
+    brows = boolean_spectrum.summary_rows(bo["rows"], b.models, float(b.learned_fraction),
+                                          _fmt)
     notes.append(
         "**Boolean**: f* = " + " + ".join(f"{c['coef']:g}·x" + "·x".join(map(str, c["coords"]))
                                           for c in bo["components"])

@@ -81,9 +81,9 @@ def validate_codistill_config(config) -> dict:
                         f"(one pass, replicated state); got {value!r}")
   if trainer.mixup_alpha(config) != 0:
     raise ConfigError("mixup.alpha", "co-distillation trains without mixup; set it to 0")
-  if config.get("regularizer") is not None and config.regularizer.name != "none":
-    raise ConfigError("regularizer.name", "co-distillation supports regularizer 'none' "
-                      f"only, got {config.regularizer.name!r}")
+  if config.get("objective") is not None:
+    raise ConfigError("objective", "co-distillation trains each model on config.loss plus "
+                      "the coupling; set objective to None")
   if config.get("target_train_accuracy") is not None:
     raise ConfigError("target_train_accuracy", "co-distillation trains a fixed number of "
                       "steps; set it to None")

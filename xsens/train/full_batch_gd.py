@@ -61,26 +61,42 @@ def fit(apply_fn: Callable, params, frozen, x, y, mask, *, eta, max_steps: int, 
     (params at the stop, steps [] int32 = number of updates made, converged [] bool =
     train loss at the returned params < eps).
   """
+  def vjp(p):
+    loss, pullback = jax.vjp(lambda q: loss_fn(apply_fn, q, frozen, x, y, mask), p)
+    return loss, lambda ct: pullback(ct)[0]
+
+  params, steps = descend(vjp, params, eta=eta, max_steps=max_steps, eps=eps)
+  final = loss_fn(apply_fn, params, frozen, x, y, mask)
+  return params, steps, final < eps
+
+
+def descend(vjp: Callable, state, *, eta, max_steps: int, eps):
+  """The GD loop of `fit` and of `reduced_vit_gd.fit`: state ← state − η·direction until
+  the loss is below `eps` or `max_steps` updates were made.
+
+  `vjp(state) -> (loss, pullback)`, `pullback(1.0)` the direction (a pytree like `state`):
+  the gradient for `fit`, ∂L/∂(Q, K, v) for the reduced state. The forward runs every
+  iteration (the stop check), the backward under `lax.cond` only if the run goes on;
+  under `vmap` each run stops at its own first crossing (finished runs are untouched).
+  Returns (state, steps [] int32 = number of updates made).
+  """
   def cond(carry):
     _, step, done = carry
     return (step < max_steps) & ~done
 
   def body(carry):
-    p, step, _ = carry
-    loss, pullback = jax.vjp(lambda q: loss_fn(apply_fn, q, frozen, x, y, mask), p)
+    s, step, _ = carry
+    loss, pullback = vjp(s)
     done = loss < eps
 
-    def update(p):
-      (grads,) = pullback(jnp.ones_like(loss))
-      return jax.tree.map(lambda a, g: a - eta * g, p, grads)
+    def update(s):
+      return jax.tree.map(lambda a, g: a - eta * g, s, pullback(jnp.ones_like(loss)))
 
-    p = jax.lax.cond(done, lambda p: p, update, p)
-    return p, step + jnp.where(done, 0, 1).astype(jnp.int32), done
+    s = jax.lax.cond(done, lambda s: s, update, s)
+    return s, step + jnp.where(done, 0, 1).astype(jnp.int32), done
 
-  params, steps, _ = jax.lax.while_loop(
-      cond, body, (params, jnp.int32(0), jnp.bool_(False)))
-  final = loss_fn(apply_fn, params, frozen, x, y, mask)
-  return params, steps, final < eps
+  state, steps, _ = jax.lax.while_loop(cond, body, (state, jnp.int32(0), jnp.bool_(False)))
+  return state, steps
 
 
 def trajectory(apply_fn: Callable, params, frozen, x, y, mask, *, eta, steps: int,

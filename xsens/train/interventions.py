@@ -1,6 +1,6 @@
-"""Training interventions on the inputs: Gaussian augmentation and the sensitivity regulariser.
+"""Training interventions on the inputs: Gaussian augmentation and the sensitivity penalty.
 
-The regulariser is §6.1 of "Transformers Learn Low Sensitivity Functions" (ICLR 2025,
+The penalty is §6.1 of "Transformers Learn Low Sensitivity Functions" (ICLR 2025,
 arXiv 2403.06925), as the official code implements it (estija/sensitivity,
 cifar/cifar_sens.py `--reg`, spec §3):
 
@@ -9,16 +9,17 @@ cifar/cifar_sens.py `--reg`, spec §3):
 with W one q×q window per example at a uniformly random corner in {0..H−q} × {0..W−q}
 (the official code never draws the last offset; we do), or on the patch grid when
 `grid_aligned`. The MSE is over logits, averaged over batch × classes, with no
-stop-gradient on either branch.
+stop-gradient on either branch. As objective terms (`xsens.train.objectives`): a
+cross-entropy term of weight 1 − p and a "sensitivity" term of weight p.
 
-`regularizer.name = "min_entropy"` is the minimum-entropy regulariser of "On the
-reproducibility of neural network predictions" (Bhojanapalli et al., arXiv 2102.03349, spec
-google_papers.md §F; the form and λ are not confirmed from the paper, a reasonable default):
+`entropy_penalty` is the minimum-entropy regulariser of "On the reproducibility of neural
+network predictions" (Bhojanapalli et al., arXiv 2102.03349, spec google_papers.md §F;
+the form and λ are not confirmed from the paper, a reasonable default):
 
-  L = task + λ·mean_i H(p(x_i)),   H(p) = −Σ_k p_k log p_k,   λ = regularizer.weight ≥ 0,
+  L = task + λ·mean_i H(p(x_i)),   H(p) = −Σ_k p_k log p_k,
 
-on the softmax of the training logits (after `augment`, if any), added (not mixed) to the
-task loss.
+on the softmax of the training logits (after `augment`, if any): a "min_entropy" term of
+weight λ added to the task term.
 """
 
 from __future__ import annotations
@@ -26,41 +27,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.errors import ConfigError, is_finite_number
 
-REGULARIZERS = ("none", "sensitivity", "min_entropy")
-
-
-def validate_intervention_config(config, image_shape) -> None:
-  """Checks `config.augment` and `config.regularizer` (no compile)."""
+def validate_augment_config(config) -> None:
+  """Checks `config.augment` (no compile)."""
   aug = config.augment
   if not (is_finite_number(aug.gaussian_std) and aug.gaussian_std >= 0):
     raise ConfigError("augment.gaussian_std", f"must be >= 0 and finite (0: off), got "
                       f"{aug.gaussian_std!r}")
   if not (is_finite_number(aug.gaussian_prob) and 0 <= aug.gaussian_prob <= 1):
     raise ConfigError("augment.gaussian_prob", f"must be in [0, 1], got {aug.gaussian_prob!r}")
-  reg = config.regularizer
-  if reg.name not in REGULARIZERS:
-    raise ConfigError("regularizer.name",
-                      f"unknown regularizer {reg.name!r}; allowed: {', '.join(REGULARIZERS)}")
-  if reg.name == "none":
-    return
-  if reg.name == "min_entropy":
-    if not (is_finite_number(reg.weight) and reg.weight >= 0):
-      raise ConfigError("regularizer.weight", f"must be >= 0 and finite (λ of the entropy "
-                        f"term), got {reg.weight!r}")
-    return
-  if not (is_finite_number(reg.weight) and 0 <= reg.weight <= 1):
-    raise ConfigError("regularizer.weight", f"must be in [0, 1] (the paper's p), got "
-                      f"{reg.weight!r}")
-  if not (is_finite_number(reg.sigma) and reg.sigma >= 0):
-    raise ConfigError("regularizer.sigma", f"must be >= 0 and finite, got {reg.sigma!r}")
-  h, w, _ = image_shape
-  q = reg.patch_size
-  if not (is_int(q) and 0 < q <= min(h, w)) or (reg.grid_aligned and (h % q or w % q)):
-    raise ConfigError("regularizer.patch_size",
-                      f"{q} must be in [1, {min(h, w)}]" + (
-                          f" and divide {h}x{w} when grid_aligned" if reg.grid_aligned else ""))
 
 
 def gaussian_augment(images: jax.Array, key: jax.Array, *, std: float, prob: float

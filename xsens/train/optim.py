@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from xsens.errors import ConfigError
@@ -68,22 +70,35 @@ def make_schedule(opt_config, total_steps: int) -> optax.Schedule:
       [optax.linear_schedule(0.0, lr, warmup), main], [warmup])
 
 
+def optimizer_by_name(name: str, learning_rate, *, b1: float = 0.9, b2: float = 0.999,
+                      eps: float = 1e-8, weight_decay: float = 0.0, momentum: float = 0.9,
+                      nesterov: bool = False) -> optax.GradientTransformation:
+  """The optax transformation `name` (OPTIMIZERS) at `learning_rate` (a float or an optax
+  schedule): sgd, sgd with (Nesterov) momentum, adam, or adamw with decoupled
+  `weight_decay` on every parameter (PyTorch's AdamW)."""
+  if name == "sgd":
+    return optax.sgd(learning_rate)
+  if name == "momentum":
+    return optax.sgd(learning_rate, momentum=momentum, nesterov=nesterov)
+  if name == "adam":
+    return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+  if name == "adamw":
+    return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+  raise ValueError(f"unknown optimizer {name!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+
 def make_optimizer(opt_config, total_steps: int) -> optax.GradientTransformation:
-  """The optax transformation for `config.optimizer` (validated first)."""
+  """The optax transformation for `config.optimizer` (validated first): gradient clipping,
+  coupled L2 (SGD family and Adam, PyTorch semantics), then `optimizer_by_name` on the
+  learning-rate schedule."""
   validate_optimizer_config(opt_config, total_steps)
   lr = make_schedule(opt_config, total_steps)
   wd = float(opt_config.get("weight_decay", 0.0))
   name = opt_config.name
-  if name == "sgd":
-    tx = optax.sgd(lr)
-  elif name == "momentum":
-    tx = optax.sgd(lr, momentum=float(opt_config.get("momentum", 0.9)),
-                   nesterov=bool(opt_config.get("nesterov", False)))
-  elif name == "adam":
-    tx = optax.adam(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999))
-  else:
-    tx = optax.adamw(lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                     weight_decay=wd)
+  tx = optimizer_by_name(name, lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
+                         eps=opt_config.get("eps", 1e-8), weight_decay=wd,
+                         momentum=float(opt_config.get("momentum", 0.9)),
+                         nesterov=bool(opt_config.get("nesterov", False)))
   parts = []
   clip = opt_config.get("grad_clip_norm", None)
   if clip is not None:
@@ -91,6 +106,18 @@ def make_optimizer(opt_config, total_steps: int) -> optax.GradientTransformation
   if wd and name != "adamw":  # Coupled L2 for the SGD family and Adam (PyTorch semantics).
     parts.append(optax.add_decayed_weights(wd))
   return optax.chain(*parts, tx)
+
+
+def freeze(names) -> optax.GradientTransformation:
+  """Zeroes the updates of the top-level params `names` (stateless): chained after an
+  optimiser, those params stay exactly at their initial values."""
+  names = tuple(names)
+
+  def update_fn(updates, state, params=None):
+    del params
+    return {k: (jax.tree.map(jnp.zeros_like, v) if k in names else v)
+            for k, v in updates.items()}, state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def schedule_depends_on_total_steps(opt_config) -> bool:

@@ -54,23 +54,9 @@ def fit(params, w_o, x, y, mask, *, eta, max_steps: int, eps):
     a, b, beta = state
     return q0 + gram @ a, k0 + gram @ b, v0 + wo2 * (gram @ beta)
 
-  def cond(carry):
-    _, step, done = carry
-    return (step < max_steps) & ~done
-
-  def body(carry):
-    state, step, _ = carry
-    l, pullback = jax.vjp(loss, *qkv(state))
-    done = l < eps
-
-    def update(state):
-      return tuple(s - eta * g for s, g in zip(state, pullback(jnp.ones_like(l))))
-
-    state = jax.lax.cond(done, lambda s: s, update, state)
-    return state, step + jnp.where(done, 0, 1).astype(jnp.int32), done
-
   zeros = (jnp.zeros_like(q0), jnp.zeros_like(k0), jnp.zeros_like(v0))
-  state, steps, _ = jax.lax.while_loop(cond, body, (zeros, jnp.int32(0), jnp.bool_(False)))
+  state, steps = gd.descend(lambda state: jax.vjp(loss, *qkv(state)), zeros, eta=eta,
+                            max_steps=max_steps, eps=eps)
   converged = loss(*qkv(state)) < eps
   a, b, beta = state
   out = {"wq": params["wq"] + xt.T @ a, "wk": params["wk"] + xt.T @ b,

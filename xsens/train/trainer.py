@@ -31,7 +31,8 @@ from xsens import paths
 from xsens.data import pipeline, streaming
 from xsens.errors import ConfigError, is_finite_number, require
 from xsens.train import distill as distill_lib
-from xsens.train import evaluators, interventions, loop, losses, objectives, optim, sharding
+from xsens.train import evaluators, interventions, legacy_fields, loop, losses, objectives, optim
+from xsens.train import sharding
 from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
 from xsens.train.workdir import MAY_CHANGE_ON_RESUME, Workdir
 
@@ -88,6 +89,7 @@ def eval_apply_fn(model: nn.Module) -> Callable[[dict, jax.Array], jax.Array]:
 
 def validate_config(config, num_devices: int | None = None) -> None:
   """Cheap checks of the training fields (no data read, no compile)."""
+  legacy_fields.refuse_legacy_fields(config)
   require(config.batch_size > 0, "batch_size", f"must be > 0, got {config.batch_size}")
   n_dev = jax.device_count() if num_devices is None else num_devices
   require(config.batch_size % n_dev == 0, "batch_size",
@@ -179,16 +181,14 @@ def validate_mixup_config(config) -> None:
 
 
 def check_mixup_fits(config, terms: Sequence[objectives.Term], input_dtype) -> None:
-  """Refuses mixup where it has no meaning: a loss term without soft labels, distillation,
-  or inputs that are not floats (token ids, raw uint8 pixels)."""
+  """Refuses mixup where it has no meaning: a term whose kind refuses it (a loss without
+  soft labels, distillation; `objectives.Kind.mixup_error`), or inputs that are not floats
+  (token ids, raw uint8 pixels)."""
   if mixup_alpha(config) == 0:
     return
   for t in terms:
-    require(t.kind not in losses.LOSSES or t.kind in losses.SOFT_LOSSES, "mixup.alpha",
-            f"mixup trains on soft labels, which the loss {t.kind!r} does not take; use "
-            f"{', '.join(losses.SOFT_LOSSES)} or mixup.alpha=0")
-    require(t.kind != "distillation", "mixup.alpha",
-            "mixup does not combine with distillation; set mixup.alpha=0")
+    error = objectives.KINDS[t.kind].mixup_error
+    require(error is None, "mixup.alpha", error)
   require(np.issubdtype(np.dtype(input_dtype), np.floating), "mixup.alpha",
           f"mixup mixes float inputs, but this data gives {np.dtype(input_dtype).name} "
           "(token ids or data.stream.normalize='uint8'); set mixup.alpha=0")
@@ -242,8 +242,8 @@ def build_experiment(config, num_devices: int | None = None, *,
     require(getattr(model, "vocab_size", 0) >= train.vocab_size, "model.vocab_size",
              f"{getattr(model, 'vocab_size', None)} is smaller than the data's vocabulary "
              f"({train.vocab_size} token ids); use model.vocab_size >= {train.vocab_size}")
-  if "augment" in config or "regularizer" in config:
-    interventions.validate_intervention_config(config, train.input_shape)
+  if "augment" in config:
+    interventions.validate_augment_config(config)
   _validate_pretrained(config)
   total_steps = resolve_total_steps(config, len(train))
   tx = optim.make_optimizer(config.optimizer, total_steps)
