@@ -34,7 +34,7 @@ def corruption_source(rc, data_config) -> str:
   on the clean test images; "tfds": the pre-computed sets `<tfds_name>/<corruption>_<severity>`
   (e.g. CIFAR-10-C, `xsens.data.corrupted`) from `train.data.data_dir`, refused
   (ConfigError) unless every needed set is there; "auto" (default): "tfds" when every needed
-  set is there, else "synthesize". Fields absent from older configs mean "synthesize".
+  set is there, else "synthesize". An absent `source` or `tfds_name` means "synthesize".
   """
   cc = rc.corruptions
   source, dataset = cc.get("source", "synthesize"), cc.get("tfds_name")

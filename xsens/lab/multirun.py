@@ -26,6 +26,7 @@ TABLE_COLUMNS = ("run", "model", "params", "steps", "stop_reason", "train_accura
 
 
 def run_workdir(workdir: str, name: str) -> str:
+  """`workdir/runs/<name>`: the workdir of run (id) `name` of a study in `workdir`."""
   return os.path.join(workdir, "runs", name)
 
 

@@ -136,7 +136,7 @@ def round_up(x: int, m: int) -> int:
 
 @functools.partial(jax.jit, static_argnames=("model", "patch_size", "num_draws", "chunk_size"))
 def patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_draws,
-                 chunk_size):
+                chunk_size):
   """Per-example and per-patch flip rates of one padded batch (paper mode, spec §2.1)."""
   out = sens.token_sensitivity(
       functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
@@ -157,7 +157,7 @@ def _scattered_batch(variables, images, mask, key, sigma, *, model, num_draws, n
 
 @functools.partial(jax.jit, static_argnames=("model", "patch_size", "num_draws", "chunk_size"))
 def global_batch(variables, images, mask, key, sigma, *, model, patch_size, num_draws,
-                  chunk_size):
+                 chunk_size):
   """Per-example flip rates of one padded batch with noise on every patch (App. A.2)."""
   out = measures.global_sensitivity(
       functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
