@@ -36,8 +36,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xsens.lab import model_cost
 from xsens.models import get_model
-from xsens.studies import reuse as reuse_study
 
 
 def _configs(quick: bool):
@@ -70,8 +70,8 @@ def main():
     x = jax.random.normal(jax.random.key(0), (args.batch, *image_shape))
     y = jnp.zeros((args.batch,), jnp.int32)
     variables = jax.jit(lambda x, m=model: m.init(jax.random.key(1), x))(x[:1])
-    total = reuse_study.forward_flops(model, variables, x)
-    attn = reuse_study.attention_flops(model, variables, x)
+    total = model_cost.forward_flops(model, variables, x)
+    attn = model_cost.attention_flops(model, variables, x)
 
     def loss(params, x, y, m=model, v=variables):
       logits = m.apply({**v, "params": params}, x, train=False)

@@ -35,8 +35,8 @@ import numpy as np
 
 from mlcollections_configs import common
 from mlcollections_configs import verification as verification_config
+from xsens.lab import multirun
 from xsens.report import plots
-from xsens.studies import compare
 from xsens.verify import bounds as bounds_lib
 from xsens.verify import lp, nonconvex
 
@@ -65,13 +65,13 @@ def parse(argv=None):
 
 
 def train(args, widths):
-  """One MLP 784-w-w-10 per width on mnist5k, through `compare.train_runs` (resumes)."""
+  """One MLP 784-w-w-10 per width on mnist5k, through `multirun.train_runs` (resumes)."""
   config = verification_config.get_config(None)
   config.train.total_steps = args.train_steps
   config.train.eval_every = config.train.checkpoint_every = args.train_steps
   config.runs = ml_collections.ConfigDict({
       f"w{w}": {"model": common.model_config(name="mlp", hidden_dims=(w, w))} for w in widths})
-  return compare.train_runs(config, args.root)
+  return multirun.train_runs(config, args.root)
 
 
 def bench_width(res, args) -> dict:

@@ -172,7 +172,7 @@ def get_config(arg=None):
     raise ValueError("the from-scratch data-scale sweep (`scale`) is defined on mnist5k; "
                      "use `:scale` or `:imagenet,scale` (pretrained checkpoints)")
   config = common.multi_run_config("robustness", arg.setup, SETUPS)
-  config.num_seeds = arg.seeds  # Training seeds per run (xsens.studies.compare.run_ids).
+  config.num_seeds = arg.seeds  # Training seeds per run (xsens.lab.multirun.run_ids).
   c = config.train
   config.robustness = rc = robustness_config()
   # Where the corrupted test images come from: `tfds_name` (pre-computed sets

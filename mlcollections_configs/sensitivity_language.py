@@ -84,7 +84,7 @@ def get_config(arg=None):
                   placement="after_norm", official_lstm=False, noise_scale="absolute",
                   only="")
   config = common.multi_run_config("sensitivity_language", arg.setup, SETUPS)
-  config.num_seeds = arg.seeds  # Training seeds per run (xsens.studies.compare.run_ids).
+  config.num_seeds = arg.seeds  # Training seeds per run (xsens.lab.multirun.run_ids).
   c = config.train
   c.data = text.default_text_data_config()
   c.optimizer.name = "adamw"

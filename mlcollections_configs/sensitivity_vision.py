@@ -118,7 +118,7 @@ def get_config(arg=None):
   if arg.setup == "imagenet":
     return imagenet_config(arg.smoke)
   config = common.multi_run_config("sensitivity_vision", arg.setup, SETUPS)
-  # Training seeds per model (xsens.studies.compare.run_ids): >1 adds a table of the mean
+  # Training seeds per model (xsens.lab.multirun.run_ids): >1 adds a table of the mean
   # ± s.e. over seeds; the data and the measured examples stay the same.
   config.num_seeds = arg.seeds
   c = config.train

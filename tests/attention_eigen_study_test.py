@@ -12,6 +12,7 @@ from mlcollections_configs import attention_eigen as ae_config
 from tests.pretrained_test import fake_vit_checkpoint
 from xsens import studies
 from xsens.errors import ConfigError
+from xsens.lab import pretrained_runs
 from xsens.studies import attention_eigen_imagenet as ae_imagenet
 
 
@@ -104,7 +105,7 @@ def test_imagenet_setup_on_mock_data_and_fake_checkpoints(tmp_path):
   assert out["num_tokens"] == 65 and out["models"] == ["vit_b16", "vit_b16_compare"]
   # Top-1 of the plain checkpoint on the second half of the streamed images (the first
   # half gives the statistics).
-  loaded = ae_imagenet.robustness_imagenet.load_run(
+  loaded = pretrained_runs.load_run(
       "vit_b16", config.runs.vit_b16, (32, 32, 3), 1000)
   pred = np.asarray(loaded.model.apply(loaded.variables, images[4:8], train=False)).argmax(-1)
   assert out["top1"]["vit_b16"] == pytest.approx(float((pred == labels[4:8]).mean()))

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xsens.lab import head_similarity
 from xsens.measures import attention_similarity as asim
 from xsens.models import get_model
-from xsens.studies import reuse as reuse_study
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -66,7 +66,7 @@ def test_collect_over_dataset_on_random_and_reuse_models():
   vit = get_model("vit", 10, MNIST, **kwargs)
   variables = vit.init(jax.random.key(1), images[:1])
   apply_fn = functools.partial(vit.apply, train=False)
-  hs = reuse_study.collect_head_similarity(apply_fn, variables, images, batch_size=4)
+  hs = head_similarity.collect_head_similarity(apply_fn, variables, images, batch_size=4)
   assert hs.shape == (3, 2, 3, 2)
   assert np.all((hs >= -1e-6) & (hs <= 1 + 1e-6))
   # Batch-wise mean equals the mean over the whole set.
@@ -83,6 +83,6 @@ def test_collect_over_dataset_on_random_and_reuse_models():
 
   reuse = get_model("reuse_vit", 10, MNIST, reuse_heads=-1, reuse_layers=1, **kwargs)
   rv = reuse.init(jax.random.key(1), images[:1])
-  layer = asim.layer_similarity(reuse_study.collect_head_similarity(
+  layer = asim.layer_similarity(head_similarity.collect_head_similarity(
       functools.partial(reuse.apply, train=False), rv, images))
   np.testing.assert_allclose(layer[1, 0], 1.0, rtol=1e-5)   # layer 1 copies layer 0

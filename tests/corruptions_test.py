@@ -11,9 +11,10 @@ import tensorflow_datasets as tfds
 from xsens.data import config as data_config_lib
 from xsens.data import corrupted
 from xsens.data import pipeline
+from xsens.lab import corruptions as lab_corruptions
+from xsens.lab import robustness as lab_robustness
 from xsens.measures import corruption_eval as ce
 from xsens.measures import corruptions as C
-from xsens.studies import robustness_common as common
 
 SHAPES = [(28, 28, 1), (32, 32, 3)]
 RANDOM = ("gaussian_noise", "shot_noise", "impulse_noise", "glass_blur", "motion_blur", "snow",
@@ -247,7 +248,7 @@ def test_aggregates():
 def test_corruption_accuracy_bookkeeping():
   """Constant predictor: every accuracy is the class frequency; a mean-threshold predictor
   on a dark-vs-bright dataset is perfect on contrast (the mean is kept) and the inputs it sees
-  are in the model space ("half": [-1, 1]). Host loop of the study (NumPy corruptions)."""
+  are in the model space ("half": [-1, 1]). Host loop of the lab (NumPy corruptions)."""
   rng = np.random.default_rng(0)
   n, k = 37, 3
   labels = np.arange(n) % 2
@@ -256,32 +257,36 @@ def test_corruption_accuracy_bookkeeping():
   images = ce.from_unit_range(x01.astype(np.float32), "half")
   shapes = set()
 
-  def constant(x):
+  def constant(x, y):
     shapes.add(x.shape)
-    return jnp.argmax(jnp.tile(jnp.array([[0.0, 1.0, 0.5]]), (x.shape[0], 1)), -1)
+    return jnp.argmax(jnp.tile(jnp.array([[0.0, 1.0, 0.5]]), (x.shape[0], 1)), -1) == y
 
   names = ("contrast", "gaussian_noise")
-  acc = common.corruption_accuracy(constant, images, labels, normalize="half", names=names,
-                                   severities=(1, 5), batch_size=16)
+  acc = lab_corruptions.host_corruption_accuracy(constant, images, labels, normalize="half",
+                                                 names=names, severities=(1, 5),
+                                                 batch_size=16)
   assert set(acc) == {(m, s) for m in names for s in (1, 5)}
   assert all(v == pytest.approx(np.mean(labels == 1)) for v in acc.values())
   assert shapes == {(16, 8, 8, 1)}  # Padded last batch: one shape, one compile.
-  assert common.accuracy(constant, images, labels, batch_size=16) == pytest.approx(18 / 37)
+  assert lab_robustness.split_accuracy(constant, images, labels, batch_size=16) == (
+      pytest.approx(18 / 37))
 
   def by_mean(variables, x):
     assert x.shape[1:] == (8, 8, 1)
     m = jnp.mean(x, axis=(1, 2, 3)) * variables  # In [-1, 1]: dark < 0 < bright.
     return jnp.stack([-m, m, jnp.full_like(m, -10.0)], axis=-1)[:, :k]
 
-  label_fn = common.bind(by_mean, 1.0)
-  acc = common.corruption_accuracy(label_fn, images, labels, normalize="half",
-                                   names=("contrast",), batch_size=10)
+  correct_fn = lab_robustness.bind(by_mean, 1.0)
+  acc = lab_corruptions.host_corruption_accuracy(correct_fn, images, labels, normalize="half",
+                                                 names=("contrast",), batch_size=10)
   assert all(v == 1.0 for v in acc.values())
-  again = common.corruption_accuracy(label_fn, images, labels, normalize="half",
-                                     names=("gaussian_noise",), severities=(5,), seed=1)
+  again = lab_corruptions.host_corruption_accuracy(
+      correct_fn, images, labels, normalize="half", names=("gaussian_noise",),
+      severities=(5,), seed=1)
   assert 0.0 <= again[("gaussian_noise", 5)] <= 1.0
   with pytest.raises(ValueError, match="unknown corruption"):
-    common.corruption_accuracy(label_fn, images, labels, normalize="half", names=("rain",))
+    lab_corruptions.host_corruption_accuracy(correct_fn, images, labels, normalize="half",
+                                             names=("rain",))
 
 
 def test_corruption_accuracy_in_streams_equals_one_stream():
@@ -290,9 +295,10 @@ def test_corruption_accuracy_in_streams_equals_one_stream():
   images = rng.uniform(-1, 1, (40, 8, 8, 1)).astype(np.float32)
   labels = rng.integers(0, 3, 40)
   w = jnp.asarray(rng.normal(size=(64, 3)).astype(np.float32))
-  label_fn = jax.jit(lambda x: jnp.argmax(x.reshape(len(x), -1) @ w, -1))
-  got = {s: common.corruption_accuracy(label_fn, images, labels, normalize="half",
-                                       severities=(2, 4), batch_size=16, streams=s)
+  correct_fn = jax.jit(lambda x, y: jnp.argmax(x.reshape(len(x), -1) @ w, -1) == y)
+  got = {s: lab_corruptions.host_corruption_accuracy(correct_fn, images, labels,
+                                                     normalize="half", severities=(2, 4),
+                                                     batch_size=16, streams=s)
          for s in (1, 3)}
   assert got[3] == got[1] and list(got[3]) == list(got[1])
   assert len(got[1]) == 2 * len(C.NAMES)

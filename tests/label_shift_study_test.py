@@ -11,6 +11,7 @@ from mlcollections_configs import label_shift as ls_cfg
 from xsens import studies
 from xsens.data import pipeline
 from xsens.errors import ConfigError
+from xsens.lab import multirun
 from xsens.measures import label_shift
 from xsens.studies import label_shift as ls_study
 from xsens.train import trainer
@@ -50,14 +51,14 @@ def test_cifar100_lt_reads_a_data_dir_or_says_it_is_missing(tmp_path):
   dc.data_dir = str(tmp_path / "empty")
   with pytest.raises(ConfigError) as e:
     ls_study.validate(config) or trainer.build_experiment(
-        ls_study.compare.seeded_run_config(config, "dro", ls_study.compare.run_ids(config)))
+        multirun.seeded_run_config(config, "dro", multirun.run_ids(config)))
   assert e.value.field.startswith("data") and "\n" not in str(e.value)
   try:
     with tfds.testing.mock_data(num_examples=200, policy=tfds.testing.MockPolicy.USE_CODE):
-      ids = ls_study.compare.run_ids(config)
-      exp = trainer.build_experiment(ls_study.compare.seeded_run_config(config, "erm", ids))
+      ids = multirun.run_ids(config)
+      exp = trainer.build_experiment(multirun.seeded_run_config(config, "erm", ids))
       with pytest.raises(ConfigError) as e:   # 200 mock examples leave tail classes empty.
-        trainer.build_experiment(ls_study.compare.seeded_run_config(config, "dro", ids))
+        trainer.build_experiment(multirun.seeded_run_config(config, "dro", ids))
   finally:
     pipeline.clear_cache()
   assert exp.train.num_classes == 100 and exp.train.input_shape == (32, 32, 3)

@@ -1,7 +1,7 @@
-"""Study-level evaluation on the mesh (`robustness_common.batched`, which `accuracy`,
-`corruption_accuracy` and the adversarial section run through): each batch is split over
-all devices, with the numbers of the one-device loop. Runs on 8 simulated CPU devices in a
-subprocess (the device count is fixed when JAX starts)."""
+"""Study-level evaluation on the mesh (`xsens.lab.robustness.batched`, which
+`split_accuracy`, `host_corruption_accuracy` and the adversarial section run through): each
+batch is split over all devices, with the numbers of the one-device loop. Runs on 8
+simulated CPU devices in a subprocess (the device count is fixed when JAX starts)."""
 
 import subprocess
 import sys
@@ -18,7 +18,7 @@ _SCRIPT = textwrap.dedent("""
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from xsens.studies import robustness_common as common
+    from xsens.lab import robustness as common
     from xsens.train import sharding
 
     assert jax.device_count() == 8, jax.devices()
@@ -41,9 +41,9 @@ _SCRIPT = textwrap.dedent("""
     np.testing.assert_allclose(out["z"], ref["z"], rtol=1e-6)
 
     w = rng.normal(size=(16, 3)).astype(np.float32)
-    label_fn = common.bind(lambda v, a: a.reshape(a.shape[0], -1) @ v, w)
+    correct_fn = common.bind(lambda v, a: a.reshape(a.shape[0], -1) @ v, w)
     want = np.mean(np.argmax(x.reshape(37, -1) @ w, -1) == y)
-    assert abs(common.accuracy(label_fn, x, y, batch_size=8) - want) < 1e-9
+    assert abs(common.split_accuracy(correct_fn, x, y, batch_size=8) - want) < 1e-9
     print("MESH_EVAL_OK")
 """)
 

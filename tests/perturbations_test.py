@@ -1,6 +1,7 @@
 """Tests for xsens/measures/perturbations.py and the models' `skip` field."""
 
 import functools
+import types
 
 import flax.linen as nn
 import jax
@@ -9,11 +10,11 @@ import numpy as np
 import pytest
 
 from xsens.errors import ConfigError
+from xsens.lab import robustness as lab_robustness
 from xsens.measures import perturbations as pert
 from xsens.models import get_model
 from xsens.models import resnet as resnet_lib
 from xsens.models import vit as vit_lib
-from xsens.studies import robustness_common as common
 
 SHAPE = (8, 8, 1)
 VIT = dict(patch_size=4, width=8, depth=3, num_heads=2, mlp_dim=16)
@@ -50,6 +51,11 @@ def _resnet():
 
 def _fn(model):
   return functools.partial(model.apply, train=False)
+
+
+def _run(model, variables):
+  """A finished run as the lab's pooled measures take it."""
+  return types.SimpleNamespace(apply_fn=_fn(model), variables=variables, model=model)
 
 
 def _apply(model, variables, x):
@@ -274,8 +280,7 @@ def test_layer_removal_accuracy():
   model, variables = _vit()
   x = _images(7)
   labels = np.asarray(jnp.argmax(_apply(model, variables, x), -1))
-  out = common.layer_removal_accuracy(_fn(model), variables, x, labels, model=model,
-                                      batch_size=3)
+  out = lab_robustness.split_layer_removal(_run(model, variables), x, labels, batch_size=3)
   assert out["baseline"] == 1.0
   assert set(out["accuracy"]) == {(i, p) for i in range(3)
                                  for p in ("block", "attention", "mlp")}
@@ -285,8 +290,8 @@ def test_layer_removal_accuracy():
     want = np.mean(np.asarray(jnp.argmax(_apply(variant, variables, x), -1)) == labels)
     assert acc == pytest.approx(want)
   model, variables = _resnet()
-  out = common.layer_removal_accuracy(_fn(model), variables, x, labels, model=model,
-                                      layers=[(3, "block")], batch_size=4)
+  out = lab_robustness.split_layer_removal(_run(model, variables), x, labels,
+                                           layers=[(3, "block")], batch_size=4)
   assert list(out["accuracy"]) == [(3, "block")]
   assert 0.0 <= out["accuracy"][(3, "block")] <= 1.0
 
@@ -317,10 +322,11 @@ def test_accuracy_padding_is_masked():
   x = _images(5)
   labels = np.array([0, 1, 2, 3, 4])
   want = np.mean(np.asarray(jnp.argmax(_apply(model, variables, x), -1)) == labels)
-  label_fn = common.bind(_fn(model), variables)
+  correct_fn = lab_robustness.bind(_fn(model), variables)
   # Several batches with a padded last one, and one batch larger than the split.
   for batch_size in (2, 8):
-    assert common.accuracy(label_fn, x, labels, batch_size) == pytest.approx(want)
+    assert lab_robustness.split_accuracy(correct_fn, x, labels, batch_size) == (
+        pytest.approx(want))
   mask = jnp.array([1, 1, 1, 0, 0])
   out = pert.accuracy(_fn(model), variables, x, labels=labels, mask=mask)
   correct = np.asarray(jnp.argmax(_apply(model, variables, x), -1)) == labels
@@ -395,18 +401,18 @@ def test_weight_noise_accuracy():
       "embedding", "encoderblock_0", "encoderblock_1", "encoderblock_2", "head")
   # One draw per layer here (each draw is another forward in the program); the pooling
   # over several draws is checked with `num_draws=3` below.
-  out = common.weight_noise_accuracy(_fn(model), variables, x, labels, jax.random.key(0),
-                                     relative_scale=0.0, num_draws=1, batch_size=4)
+  out = lab_robustness.split_weight_noise(_run(model, variables), x, labels, jax.random.key(0),
+                                          relative_scale=0.0, num_draws=1, batch_size=4)
   assert out["baseline"] == 1.0
   assert out["per_layer"] == {name: 1.0 for name in pert.weight_layers(variables["params"])}
-  out = common.weight_noise_accuracy(_fn(model), variables, x, labels, jax.random.key(0),
-                                     relative_scale=5.0, num_draws=3, batch_size=4,
-                                     layers=["head"])
+  out = lab_robustness.split_weight_noise(_run(model, variables), x, labels, jax.random.key(0),
+                                          relative_scale=5.0, num_draws=3, batch_size=4,
+                                          layers=["head"])
   assert len(out["per_layer_draws"]["head"]) == 3
   assert out["per_layer"]["head"] < 1.0
   with pytest.raises(ValueError, match="unknown layer"):
-    common.weight_noise_accuracy(_fn(model), variables, x, labels, jax.random.key(0),
-                                 relative_scale=0.1, layers=["nope"])
+    lab_robustness.split_weight_noise(_run(model, variables), x, labels, jax.random.key(0),
+                                      relative_scale=0.1, layers=["nope"], batch_size=4)
   # The per-batch measure equals the pooled driver on one unpadded batch.
   one = pert.weight_noise_accuracy(_fn(model), variables, x, labels=labels,
                                    key=jax.random.key(0), relative_scale=5.0, num_draws=3,

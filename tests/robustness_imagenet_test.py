@@ -29,6 +29,8 @@ from tests.pretrained_test import fake_bit_checkpoint, fake_vit_checkpoint
 from xsens import studies
 from xsens.data import streaming
 from xsens.errors import ConfigError
+from xsens.lab import corruptions as lab_corruptions
+from xsens.lab import pretrained_runs
 from xsens.studies import robustness_imagenet as ri
 
 SIZES = [(40, 56), (64, 48), (50, 50), (33, 70), (48, 64), (60, 45), (45, 60), (56, 40),
@@ -132,7 +134,7 @@ def fake(tmp_path_factory):
   np.savez(root / "BiT-M-R50x1-ILSVRC2012.npz", **bit_ck)
   run_cfg = ml_collections.ConfigDict({"model": {"name": "vit"},
                                        "pretrained": {"path": str(root / "ViT-B_16.npz")}})
-  run = ri.load_run("vit", run_cfg, (IMAGE_SIZE, IMAGE_SIZE, 3), 1000)
+  run = pretrained_runs.load_run("vit", run_cfg, (IMAGE_SIZE, IMAGE_SIZE, 3), 1000)
   base = np.stack([_independent_base(j) for j in jpegs])
   right = {"clean": 8}
   _prepare(FakeImagenet, data_dir, list(zip(jpegs, _labels(_predict(run.model, run.variables,
@@ -521,10 +523,10 @@ def test_mock_data_streams_without_tensorflow(tmp_path):
 
 
 def test_alexnet_mce():
-  errors = {(c, s): e for c, e in ri.ALEXNET_ERRORS.items() for s in range(1, 6)}
-  assert ri.alexnet_mce(errors) == pytest.approx(1.0)  # AlexNet itself.
+  errors = {(c, s): e for c, e in lab_corruptions.ALEXNET_ERRORS.items() for s in range(1, 6)}
+  assert lab_corruptions.alexnet_mce(errors) == pytest.approx(1.0)  # AlexNet itself.
   half = {k: v / 2 for k, v in errors.items()}
-  half[("fog", 5)] += 0.05 * 5 * ri.ALEXNET_ERRORS["fog"]  # fog's CE rises by 0.05.
-  assert ri.alexnet_mce(half) == pytest.approx(0.5 + 0.05 / 15)
+  half[("fog", 5)] += 0.05 * 5 * lab_corruptions.ALEXNET_ERRORS["fog"]  # fog's CE rises by 0.05.
+  assert lab_corruptions.alexnet_mce(half) == pytest.approx(0.5 + 0.05 / 15)
   with pytest.raises(ValueError, match="all 15 corruptions"):
-    ri.alexnet_mce({k: v for k, v in errors.items() if k[1] != 5})
+    lab_corruptions.alexnet_mce({k: v for k, v in errors.items() if k[1] != 5})

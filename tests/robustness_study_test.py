@@ -17,8 +17,9 @@ from xsens import studies
 from xsens.data import corrupted
 from xsens.data import pipeline
 from xsens.errors import ConfigError
+from xsens.lab import corruptions as lab_corruptions
+from xsens.lab import robustness as lab_robustness
 from xsens.studies import robustness
-from xsens.studies import robustness_common
 from xsens.train.metrics import read_metrics
 
 
@@ -164,32 +165,32 @@ def test_cifar10_c_read_from_tfds_when_present_else_synthesised(tmp_path, monkey
   rc.num_examples, rc.batch_size = 20, 8
   rc.corruptions.names, rc.corruptions.severities = ("defocus_blur", "glass_blur"), (1, 5)
   dc.data_dir = str(tmp_path / "empty")
-  assert robustness.corruption_source(rc, dc) == "synthesize"  # Nothing prepared.
+  assert lab_corruptions.corruption_source(rc, dc) == "synthesize"  # Nothing prepared.
   rc.corruptions.source = "tfds"
   with pytest.raises(ConfigError, match="config.robustness.corruptions.source: 4 of the 4 "
                      "cifar10_corrupted sets are not prepared"):
-    robustness.corruption_source(rc, dc)
+    lab_corruptions.corruption_source(rc, dc)
   rc.corruptions.source = "auto"
   names = []
   load = corrupted.load_cifar10_corrupted
   monkeypatch.setattr(corrupted, "load_cifar10_corrupted",
                       lambda d, c, s, **kw: names.append((c, s)) or load(d, c, s, **kw))
-  synthesise = robustness_common.corruption_accuracy
-  monkeypatch.setattr(robustness_common, "corruption_accuracy",
+  synthesise = lab_corruptions.host_corruption_accuracy
+  monkeypatch.setattr(lab_corruptions, "host_corruption_accuracy",
                       lambda *a, **kw: pytest.fail("synthesised although TFDS serves the sets"))
   try:
     with tfds.testing.mock_data(num_examples=24, policy=tfds.testing.MockPolicy.USE_CODE):
-      assert robustness.corruption_source(rc, dc) == "tfds"
+      assert lab_corruptions.corruption_source(rc, dc) == "tfds"
       res = _linear_result(pipeline.load_split(dc, "test"))
-      corr = robustness.corruption_section({"resnet18": res, "vit": res}, rc, dc.normalize,
-                                           source="tfds",
-                                           data_configs={"resnet18": dc, "vit": dc})
+      corr = lab_corruptions.corruption_section({"resnet18": res, "vit": res}, rc,
+                                                dc.normalize, source="tfds",
+                                                data_configs={"resnet18": dc, "vit": dc})
       expected = {}
       for c, s in [(c, s) for c in rc.corruptions.names for s in rc.corruptions.severities]:
         split = load(dc, c, s)
-        label_fn = robustness_common.bind(res.apply_fn, res.variables)
-        expected[(c, s)] = robustness_common.accuracy(label_fn, split.images[:20],
-                                                      split.labels[:20], 8)
+        correct_fn = lab_robustness.bind(res.apply_fn, res.variables)
+        expected[(c, s)] = lab_robustness.split_accuracy(correct_fn, split.images[:20],
+                                                         split.labels[:20], 8)
   finally:
     pipeline.clear_cache()
   # Each set read once (shared by the two runs), as TFDS spells it.
@@ -197,8 +198,8 @@ def test_cifar10_c_read_from_tfds_when_present_else_synthesised(tmp_path, monkey
   assert corrupted.tfds_name("glass_blur", 5) == "cifar10_corrupted/frosted_glass_blur_5"
   assert corr["source"] == "tfds" and corr["accuracy"]["vit"] == expected
   assert "read from TFDS `cifar10_corrupted`" in robustness._source_note(corr, rc, dc)
-  monkeypatch.setattr(robustness_common, "corruption_accuracy", synthesise)
-  synth = robustness.corruption_section({"resnet18": res}, rc, dc.normalize)
+  monkeypatch.setattr(lab_corruptions, "host_corruption_accuracy", synthesise)
+  synth = lab_corruptions.corruption_section({"resnet18": res}, rc, dc.normalize)
   assert synth["source"] == "synthesize"
   note = robustness._source_note(synth, rc, dc)
   assert "synthesised" in note and "`cifar10_corrupted` is not (fully) prepared" in note

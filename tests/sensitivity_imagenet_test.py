@@ -17,9 +17,9 @@ from tests.convnext_test import _timm_checkpoint
 from tests.pretrained_test import fake_vit_checkpoint
 from xsens import studies
 from xsens.errors import ConfigError
+from xsens.lab import sensitivity as lab_sens
 from xsens.models import pretrained
 from xsens.studies import sensitivity_imagenet as si
-from xsens.studies import sensitivity_vision as sv
 
 jax.config.update("jax_disable_most_optimizations", True)
 
@@ -68,7 +68,7 @@ def test_imagenet_setup_runs_on_mock_data_and_matches_a_direct_measurement(files
   for i, b in enumerate(batches):
     key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(
         jax.random.key(config.sensitivity.seed), 1), 1), i)
-    per_example, _ = sv._patch_batch(  # pylint: disable=protected-access
+    per_example, _ = lab_sens.patch_batch(
         variables, jnp.asarray(b["image"]), jnp.asarray(b["mask"], jnp.float32), key,
         jnp.float32(1.0), model=model, patch_size=4, num_draws=config.sensitivity.num_draws,
         chunk_size=config.sensitivity.chunk_size)

@@ -280,9 +280,9 @@ def test_token_type_masks_and_seed_aggregation():
   np.testing.assert_allclose(agg["examples"], [0, 32, 64])
   np.testing.assert_allclose(agg["token_pooled"], [.2, .4, .6])
   rows = [{"run": "a", "S_token": 0.1}, {"run": "a_seed1", "S_token": 0.3}]
-  from xsens.studies import compare  # pylint: disable=g-import-not-at-top
-  summary = compare.seed_rows(rows, ids_map, ["S_token"])
-  md = compare.seed_summary_markdown(summary, ["S_token"])
+  from xsens.report import seed_stats  # pylint: disable=g-import-not-at-top
+  summary = seed_stats.seed_rows(rows, ids_map, ["S_token"])
+  md = seed_stats.seed_summary_markdown(summary, ["S_token"])
   assert "| a | 2 | 0.2 ± 0.1 |" in md
 
 

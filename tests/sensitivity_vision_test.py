@@ -17,7 +17,9 @@ from tests.helpers import snapshot
 from xsens import measures, studies
 from xsens.data import batching, pipeline
 from xsens.errors import ConfigError
-from xsens.studies import compare
+from xsens.lab import multirun
+from xsens.lab import sensitivity as lab_sens
+from xsens.report import seed_stats
 from xsens.studies import sensitivity_vision as sv
 from xsens.train import sharding
 
@@ -50,7 +52,7 @@ def test_smoke_study_writes_table_and_plots(smoke_run):
   md = open(os.path.join(workdir, "results.md")).read()
   assert "Ordering at σ=4" in md and "| vit |" in md
   for run in runs:
-    assert os.path.isdir(os.path.join(compare.run_workdir(workdir, run), "checkpoints"))
+    assert os.path.isdir(os.path.join(multirun.run_workdir(workdir, run), "checkpoints"))
 
 
 @pytest.mark.slow
@@ -84,7 +86,7 @@ def test_smoke_study_reports_global_noise_sharpness_and_noise_to_signal(smoke_ru
 def studies_images():
   """The smoke study's evaluated examples (the first 40 training images of mnist5k)."""
   config = sv_cfg.get_config("smoke")
-  exp = compare.validate_runs(config)["vit"]
+  exp = multirun.validate_runs(config)["vit"]
   return exp.train.images[:config.sensitivity.num_examples]
 
 
@@ -106,7 +108,7 @@ def test_rerun_resumes_without_training(smoke_run):
   config = sv_cfg.get_config("smoke")
   config.sensitivity.global_noise.enabled = False
   del config.sensitivity["sharpness"]
-  ckpts = lambda: {r: snapshot(os.path.join(compare.run_workdir(workdir, r), "checkpoints"))
+  ckpts = lambda: {r: snapshot(os.path.join(multirun.run_workdir(workdir, r), "checkpoints"))
                    for r in ("vit", "cnn")}
   before = ckpts()
   again = studies.run(config, workdir)
@@ -145,24 +147,24 @@ def test_bad_global_and_sharpness_settings(field, value, message):
   block, name = field.split(".")
   sc[block][name] = value
   with pytest.raises(ConfigError) as e:
-    sv.validate_sensitivity_config(sc, (28, 28, 1))
+    lab_sens.validate_sensitivity_config(sc, (28, 28, 1))
   assert str(e.value) == f"config.sensitivity.{field}: {message}"
 
 
 def test_configs_without_the_new_blocks_still_validate():
   sc = sv_cfg.get_config("smoke").sensitivity
   del sc["global_noise"], sc["sharpness"]
-  sv.validate_sensitivity_config(sc, (28, 28, 1))
-  assert not sv._enabled(sc, "global_noise") and not sv._enabled(sc, "sharpness")
+  lab_sens.validate_sensitivity_config(sc, (28, 28, 1))
+  assert not lab_sens.enabled(sc, "global_noise") and not lab_sens.enabled(sc, "sharpness")
 
 
 def test_token_rms_and_noise_to_signal():
   images = np.full((3, 4, 4, 3), 0.5, np.float32)
   images[0] = -0.5
-  rms = sv.token_rms(images, 2)
+  rms = lab_sens.token_rms(images, 2)
   assert rms == pytest.approx(np.sqrt(12 * 0.25), rel=1e-12)
-  assert sv.noise_to_signal(1.0, 2, 3, rms) == pytest.approx(2.0, rel=1e-12)
-  assert sv.noise_to_signal(0.25, 2, 3, rms) == pytest.approx(0.5, rel=1e-12)
+  assert lab_sens.noise_to_signal(1.0, 2, 3, rms) == pytest.approx(2.0, rel=1e-12)
+  assert lab_sens.noise_to_signal(0.25, 2, 3, rms) == pytest.approx(0.5, rel=1e-12)
 
 
 def test_spearman_exact_values():
@@ -204,7 +206,7 @@ def test_measure_sharpness_pools_batches_per_draw():
   once with that draw's key; mean and s.e. are over the draws."""
   res, sc = _fake_result(), _small_sc()
   key = jax.random.key(7)
-  out = sv.measure_sharpness(res, sc, key, sharding.data_mesh())
+  out = lab_sens.measure_sharpness(res, sc, key, sharding.data_mesh())
   draw_key = jax.random.fold_in(key, len(sc.sigmas) + 2)
   per_draw = np.array([[float(v) for v in (d["sharpness_l1"], d["sharpness_flip"])] for d in (
       measures.sharpness(res.model.apply, res.variables, res.train.images,
@@ -223,7 +225,7 @@ def test_measure_global_keys_and_zero_noise():
   len(σ) + 1), s), i) (a stream apart from the token-wise keys) on the padded batch."""
   res, sc = _fake_result(), _small_sc()
   key = jax.random.key(3)
-  out = sv.measure_global(res, sc, key, sharding.data_mesh())
+  out = lab_sens.measure_global(res, sc, key, sharding.data_mesh())
   assert out[0.0] == (0.0, 0.0)
   per_example = []
   for i, (idx, mask) in enumerate(batching.padded_index_batches(10, 4)):
@@ -243,15 +245,15 @@ def test_streams_measure_the_same_numbers():
   res, sc = _fake_result(), _small_sc()
   key, mesh = jax.random.key(11), sharding.data_mesh()
   sc.streams = 1
-  want = sv.measure_model(res, sc, key, mesh), sv.measure_global(res, sc, key, mesh)
+  want = lab_sens.measure_model(res, sc, key, mesh), lab_sens.measure_global(res, sc, key, mesh)
   sc.streams = 3  # 10 examples in batches of 4: three batches at once.
-  got = sv.measure_model(res, sc, key, mesh), sv.measure_global(res, sc, key, mesh)
+  got = lab_sens.measure_model(res, sc, key, mesh), lab_sens.measure_global(res, sc, key, mesh)
   assert got[0]["sigmas"] == want[0]["sigmas"] and got[1] == want[1]
   np.testing.assert_array_equal(got[0]["per_patch_map"], want[0]["per_patch_map"])
   assert got[0]["per_patch_map"].shape == (2, 2) and 0 < want[0]["sigmas"][3.0][0] < 1
   sc.streams = 0
   with pytest.raises(ConfigError, match="config.sensitivity.streams: must be None"):
-    sv.validate_sensitivity_config(sc, (4, 4, 1))
+    lab_sens.validate_sensitivity_config(sc, (4, 4, 1))
 
 
 def test_bad_run_model_names_the_run(tmp_path):
@@ -270,7 +272,7 @@ def test_paper_setups_build_on_their_tfds_datasets(setup):
   pipeline.clear_cache()
   try:
     with tfds.testing.mock_data(num_examples=300, policy=tfds.testing.MockPolicy.USE_CODE):
-      experiments = compare.validate_runs(config)
+      experiments = multirun.validate_runs(config)
   finally:
     pipeline.clear_cache()
   expected = {"cifar10": {"resnet18", "densenet", "convmixer", "vit", "simple_vit",
@@ -297,18 +299,18 @@ def test_run_ids_and_seeded_run_configs():
   with init/order/augment seeds shifted by i and the data seed kept."""
   config = sv_cfg.get_config("smoke,seeds=3")
   config.runs.cnn.init_seed = 10
-  ids = compare.run_ids(config)
+  ids = multirun.run_ids(config)
   assert len(ids) == 15 and list(ids)[-3:] == ["vit", "vit_seed1", "vit_seed2"]
   assert ids["cnn_seed2"] == ("cnn", 2)
-  base = compare.seeded_run_config(config, "vit", ids)
+  base = multirun.seeded_run_config(config, "vit", ids)
   assert base.to_dict() == sv_cfg.get_config("smoke").train.to_dict() | {
       "model": base.model.to_dict()}
   assert base.init_seed is None and base.order_seed is None
-  s2 = compare.seeded_run_config(config, "vit_seed2", ids)
+  s2 = multirun.seeded_run_config(config, "vit_seed2", ids)
   assert (s2.seed, s2.init_seed, s2.order_seed, s2.augment_seed) == (0, 2, 2, 2)
-  c1 = compare.seeded_run_config(config, "cnn_seed1", ids)
+  c1 = multirun.seeded_run_config(config, "cnn_seed1", ids)
   assert (c1.init_seed, c1.order_seed) == (11, 1)
-  assert compare.run_field(config, "cnn_seed1", "model.features") == "runs.cnn.model.features"
+  assert multirun.run_field(config, "cnn_seed1", "model.features") == "runs.cnn.model.features"
 
 
 @pytest.mark.parametrize("value", [0, -2])
@@ -324,18 +326,18 @@ def test_seed_run_clashing_with_a_run_name_is_refused():
   config = sv_cfg.get_config("smoke,seeds=2")
   config.runs.vit_seed1 = config.runs.cnn
   with pytest.raises(ConfigError, match=r"config.num_seeds: run 'vit_seed1'"):
-    compare.run_ids(config)
+    multirun.run_ids(config)
 
 
 def test_seed_rows_mean_and_standard_error():
   ids = {"a": ("a", 0), "a_seed1": ("a", 1), "a_seed2": ("a", 2), "b": ("b", 0)}
   rows = [{"run": "a", "x": 1.0}, {"run": "a_seed1", "x": 2.0}, {"run": "a_seed2", "x": 6.0},
           {"run": "b", "x": 5.0}]
-  out = compare.seed_rows(rows, ids, ["x"])
+  out = seed_stats.seed_rows(rows, ids, ["x"])
   assert out[0] == {"run": "a", "seeds": 3, "x": 3.0,
                     "x s.e.": pytest.approx(np.std([1, 2, 6], ddof=1) / np.sqrt(3))}
   assert out[1]["x"] == 5.0 and math.isnan(out[1]["x s.e."])
-  assert compare.mean_and_stderr([1.0, float("nan"), 3.0]) == pytest.approx(
+  assert seed_stats.mean_and_stderr([1.0, float("nan"), 3.0]) == pytest.approx(
       (2.0, np.sqrt(2) / np.sqrt(2)))
 
 
@@ -343,14 +345,14 @@ def test_token_rms_noise_scale_measures_sigma_times_the_rms_pixel():
   """noise_scale=token_rms at σ is the absolute measurement at σ·RMS pixel, same keys."""
   res, sc = _fake_result(), _small_sc()
   key, mesh = jax.random.key(5), sharding.data_mesh()
-  rms_pixel = sv.token_rms(res.train.images, 2) / 2
-  scaled = sv.measure_model(res, sc, key, mesh, rms_pixel)
+  rms_pixel = lab_sens.token_rms(res.train.images, 2) / 2
+  scaled = lab_sens.measure_model(res, sc, key, mesh, rms_pixel)
   sc.sigmas, sc.main_sigma = (0.0, 3.0 * rms_pixel), 3.0 * rms_pixel
-  absolute = sv.measure_model(res, sc, key, mesh)
+  absolute = lab_sens.measure_model(res, sc, key, mesh)
   assert scaled["sigmas"][3.0] == absolute["sigmas"][3.0 * rms_pixel]
   sc.noise_scale = "relative"
   with pytest.raises(ConfigError, match="config.sensitivity.noise_scale: unknown value"):
-    sv.validate_sensitivity_config(sc, (4, 4, 1))
+    lab_sens.validate_sensitivity_config(sc, (4, 4, 1))
 
 
 @pytest.mark.slow
@@ -377,7 +379,7 @@ def test_seeds_add_runs_and_a_seed_table_keeping_seed_zero(smoke_run, tmp_path):
   for name in ("vit", "mlp_relu"):
     assert rows[name]["S(σ=4)"] == single[name]["S(σ=4)"]
     assert rows[name]["steps"] == {r["run"]: r for r in out["rows"]}[name]["steps"]
-    assert os.path.isdir(os.path.join(compare.run_workdir(copy, f"{name}_seed1"),
+    assert os.path.isdir(os.path.join(multirun.run_workdir(copy, f"{name}_seed1"),
                                       "checkpoints"))
   summary = {r["run"]: r for r in seeded["seed_summary"]}
   vit = summary["vit"]

@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import run_cli
 from xsens import studies
 from xsens.errors import ConfigError, prefixed, require_finite
-from xsens.studies import compare
+from xsens.lab import multirun
 from xsens.train import interventions
 
 NAN, INF = float("nan"), float("inf")
@@ -89,13 +89,13 @@ def test_overrides_field_follows_run_config_merging(field, expected):
           "augment": {"gaussian_std": 0.0, "gaussian_prob": 1.0}}
   overrides = {"model": {"name": "cnn"}, "augment": {"gaussian_std": 0.5},
                "evals": {"test": {"kind": "classification"}}}
-  assert compare.overrides_field(base, overrides, field) is expected
+  assert multirun.overrides_field(base, overrides, field) is expected
 
 
 def test_overrides_field_merged_model_block_without_a_name():
   base = {"model": {"name": "vit", "patch_size": 4, "width": 8}}
-  assert compare.overrides_field(base, {"model": {"width": 16}}, "model.width")
-  assert not compare.overrides_field(base, {"model": {"width": 16}}, "model.patch_size")
+  assert multirun.overrides_field(base, {"model": {"width": 16}}, "model.width")
+  assert not multirun.overrides_field(base, {"model": {"width": 16}}, "model.patch_size")
 
 
 # ----------------------------------------------------- item 1: full paths, every study

@@ -6,7 +6,7 @@ import pytest
 from mlcollections_configs import verification as verification_config
 from xsens import studies
 from xsens.errors import ConfigError
-from xsens.studies import compare
+from xsens.lab import multirun
 from xsens.studies import verification as study
 
 
@@ -52,7 +52,7 @@ def test_bad_verification_fields_are_one_line_errors(field, value, message):
   config = verification_config.get_config("smoke")
   config.verification[field] = value
   with pytest.raises(ConfigError, match=message) as e:
-    study.validate(config, compare.validate_runs(config))
+    study.validate(config, multirun.validate_runs(config))
   assert e.value.field == f"verification.{field}" and "\n" not in str(e.value)
 
 
@@ -60,7 +60,7 @@ def test_a_max_pool_cnn_run_is_refused_naming_its_field():
   config = verification_config.get_config("smoke")
   config.runs.cnn_adv.model.features = (2, 2)
   with pytest.raises(ConfigError, match="max-pool") as e:
-    study.validate(config, compare.validate_runs(config))
+    study.validate(config, multirun.validate_runs(config))
   assert e.value.field == "runs.cnn_adv.model.features"
 
 
@@ -72,7 +72,7 @@ def test_cifar10_setup_builds_and_validates_on_mock_tfds_data():
   pipeline.clear_cache()
   try:
     with tfds.testing.mock_data(num_examples=100, policy=tfds.testing.MockPolicy.USE_CODE):
-      experiments = compare.validate_runs(config)
+      experiments = multirun.validate_runs(config)
   finally:
     pipeline.clear_cache()
   study.validate(config, experiments)

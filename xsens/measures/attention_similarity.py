@@ -18,7 +18,7 @@ with `apply_fn` a flax apply in eval mode that forwards the keyword `mutable` (e
 are read from the `intermediates` collection; `batch_head_similarity(apply_fn, variables,
 inputs, *, mask=None)` is the per-batch measure (a dict of masked sums; callers jit it
 with `apply_fn` static and pool it over padded batches, as
-`xsens.studies.reuse.collect_head_similarity` does). The other functions take maps or
+`xsens.lab.head_similarity.collect_head_similarity` does). The other functions take maps or
 similarity arrays.
 
 Works for any model that sows `attention_weights` [B, H, T, T] into the

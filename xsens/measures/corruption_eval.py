@@ -9,8 +9,8 @@ Common Corruptions and Perturbations", ICLR 2019, arXiv 1903.12261.
     inside a caller's `jax.jit` (the measures convention of `xsens.measures`: `apply_fn
     (variables, inputs) -> logits` in eval mode, a dict of arrays back, nothing jitted here).
     The `corruptions.HOST_ONLY` corruptions run on the host: `corrupt_normalized` corrupts
-    model-space images with the NumPy versions, and a study loops over the split
-    (`xsens.studies.robustness_common.corruption_accuracy`).
+    model-space images with the NumPy versions, and the lab loops over the split
+    (`xsens.lab.corruptions.host_corruption_accuracy`).
   * Aggregates: `per_corruption` (mean over severities), `per_category`,
     `mean_corruption_accuracy` (mCA), `errors` (1 - accuracy).
   * Corruption error of model f on corruption c relative to a baseline b (e.g. AlexNet for

@@ -30,6 +30,19 @@ STUDIES = {
     "verification": "xsens.studies.verification",
     "label_shift": "xsens.studies.label_shift",
 }
+# (study, config section) -> module: a config of that study holding that section runs the
+# module instead (`robustness.py:imagenet` keeps study "robustness" and evaluates
+# pretrained checkpoints on streamed ImageNet).
+STUDY_SETUPS = {("robustness", "imagenet"): "xsens.studies.robustness_imagenet"}
+
+
+def module_name(config) -> str:
+  """The module that runs `config`: `STUDIES[config.study]`, or its `STUDY_SETUPS` entry."""
+  name = config.get("study")
+  for (study, section), module in STUDY_SETUPS.items():
+    if name == study and section in config:
+      return module
+  return STUDIES[name]
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
@@ -50,7 +63,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   sharding.maybe_initialize_distributed()  # Before the record asks for the process index.
   claim = study_record.claim(workdir, name, overwrite=overwrite)
   try:
-    return importlib.import_module(STUDIES[name]).run(config, workdir, overwrite=overwrite)
+    return importlib.import_module(module_name(config)).run(config, workdir,
+                                                            overwrite=overwrite)
   except BaseException:
     claim.release_if_unused()
     raise

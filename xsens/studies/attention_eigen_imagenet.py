@@ -1,14 +1,14 @@
 """Set-up `imagenet` of study `attention_eigen`: pretrained ViT-B/16, no training.
 
 Bhojanapalli et al. (2021), arXiv 2106.08823 (spec: google_papers.md §C). The analysis of
-`xsens.studies.attention_eigen.analyse_runs` (eigen statistics of the score rows and
+`xsens.lab.eigen_analysis.analyse_runs` (eigen statistics of the score rows and
 matrices, overlaps across layers / heads, partial-reconstruction errors and the frozen
 model's accuracy vs (m, k)) on public checkpoints instead of trained runs:
 
   - `runs.<run>.pretrained.path`: a local vit_jax `.npz` (e.g. ViT-B_16.npz of
     google-research/vision_transformer, fine-tuned on ImageNet-1k; T = 14² + 1 = 197 at
-    224²), the architecture read off the file (`robustness_imagenet.load_run`); the first
-    run is analysed in full, and with two or more runs (e.g. the ImageNet-1k and the
+    224²), the architecture read off the file (`xsens.lab.pretrained_runs.load_run`); the
+    first run is analysed in full, and with two or more runs (e.g. the ImageNet-1k and the
     ImageNet-21k pre-trained fine-tunings) the "seed" overlaps become overlaps across
     models;
   - the images: `2 * eigen.num_examples` of a seeded permutation of TFDS imagenet2012
@@ -26,9 +26,8 @@ import numpy as np
 
 from xsens.data import streaming
 from xsens.errors import ConfigError
+from xsens.lab import eigen_analysis, pretrained_runs
 from xsens.models import eigen_vit
-from xsens.studies import attention_eigen as study
-from xsens.studies import robustness_imagenet
 
 # The checkpoint formats this set-up reads: vit_jax only (the analysis and the frozen
 # EigenViT are ViT-specific).
@@ -56,11 +55,11 @@ def validate(config) -> None:
   if config.eigen.analysed_run not in config.runs:
     raise ConfigError("eigen.analysed_run", f"{config.eigen.analysed_run!r} is not a run; "
                       f"runs: {', '.join(config.runs)}")
-  robustness_imagenet.validate_checkpoint_runs(used_runs(config), formats())
+  pretrained_runs.validate_checkpoint_runs(used_runs(config), formats())
   size = config.imagenet.image_size
   if isinstance(size, bool) or not isinstance(size, int) or size < 1:
     raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
-  study.validate_eigen_config(config.eigen)
+  eigen_analysis.validate_eigen_config(config.eigen)
 
 
 def read_images(ic, count: int, batch_size: int):
@@ -102,21 +101,21 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   shape = (int(ic.image_size),) * 2 + (3,)
   names = list(used_runs(config))
   runs = []
-  accuracy = study._accuracy  # pylint: disable=protected-access
   for name in names:
-    loaded = robustness_imagenet.load_run(name, config.runs[name], shape, num_classes)
-    top1 = accuracy(loaded.model, loaded.variables, test.images, test.labels, ec.batch_size)
+    loaded = pretrained_runs.load_run(name, config.runs[name], shape, num_classes)
+    top1 = eigen_analysis.top1_accuracy(loaded.model, loaded.variables, test.images,
+                                        test.labels, ec.batch_size)
     runs.append(types.SimpleNamespace(
         name=name, model=loaded.model, variables=loaded.variables, apply_fn=loaded.apply_fn,
         train=fit, test=test, summary={"test_accuracy": top1}))
   num_tokens = eigen_vit.num_tokens(runs[0].model, shape)
-  study.validate_eigen_config(ec, num_tokens)
+  eigen_analysis.validate_eigen_config(ec, num_tokens)
   for r in runs[1:]:
     if eigen_vit.num_tokens(r.model, shape) != num_tokens:
       raise ConfigError(f"runs.{r.name}.pretrained.path", "has a different number of "
                         f"tokens than run {names[0]!r} (T={num_tokens}); the overlaps "
                         "across models need the same T")
-  out = study.analyse_runs(
+  out = eigen_analysis.analyse_runs(
       runs, ec, workdir, num_tokens=num_tokens,
       title=f"Eigen-analysis of attention: pretrained {', '.join(names)} on {ic.name}",
       data=f"{half} {ic.name} {ic.split} images (errors and top-1 on {half} others)",

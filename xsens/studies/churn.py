@@ -26,9 +26,9 @@ import ml_collections
 import numpy as np
 
 from xsens.errors import ConfigError
+from xsens.lab import multirun
 from xsens.measures import churn as churn_lib
 from xsens.report import plots, tables
-from xsens.studies import compare
 from xsens.train import codistill
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
@@ -80,7 +80,7 @@ def _runs(config, plan) -> dict:
 
 
 def field_path(config, plan):
-  """`(run, field) -> full config path` of the plan's runs (see `compare.validate_runs`): a
+  """`(run, field) -> full config path` of the plan's runs (see `multirun.validate_runs`): a
   seed is `churn.base_seed`, a field the run's method sets `churn.methods.<method>.<field>`,
   anything else `train.<field>`."""
   method_of = {name: m for m, by_source in plan.items() for names in by_source.values()
@@ -91,7 +91,7 @@ def field_path(config, plan):
     method = method_of[name]
     if field in SOURCES.values():
       return "churn.base_seed"
-    if compare.overrides_field(base, config.churn.methods[method].to_dict(), field):
+    if multirun.overrides_field(base, config.churn.methods[method].to_dict(), field):
       return f"churn.methods.{method}.{field}"
     return f"train.{field}"
   return path
@@ -109,19 +109,19 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
                                        "runs": _runs(config, plan)})
   paths = field_path(config, plan)
-  experiments = compare.validate_runs(derived, paths)
+  experiments = multirun.validate_runs(derived, paths)
   co_cfg = {}
   for name, exp in experiments.items():
     if _is_codistill(exp):
-      with compare.run_errors(derived, name, paths):
+      with multirun.run_errors(derived, name, paths):
         co_cfg[name] = codistill.validate_codistill_config(exp.config)
-  workdirs = compare.check_run_workdirs(workdir, experiments, overwrite)
+  workdirs = multirun.check_run_workdirs(workdir, experiments, overwrite)
 
   logits, peer_churn, accuracy = {}, {}, {}
   for name, exp in experiments.items():
     wd = workdirs[name]
     wd.prepare(exp.config, overwrite=overwrite)
-    with compare.run_errors(derived, name, paths):
+    with multirun.run_errors(derived, name, paths):
       if name in co_cfg:
         out = codistill.run_experiment(exp, co_cfg[name], wd)
         res = out.a

@@ -35,9 +35,9 @@ import numpy as np
 from xsens import paths as path_lib  # (`paths` names config paths here)
 from xsens.config_utils import run_config
 from xsens.errors import ConfigError
+from xsens.lab import multirun
 from xsens.measures import subgroups
 from xsens.report import plots, tables
-from xsens.studies import compare
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
 
@@ -154,7 +154,7 @@ _DISTILL_SOURCES = {"alpha": "distillation.alpha", "temperature": "distillation.
 
 def field_path(config):
   """`(run, field) -> full config path` of the teacher and student runs (see
-  `compare.validate_runs`): a field the run's block sets is `teacher.<field>` /
+  `multirun.validate_runs`): a field the run's block sets is `teacher.<field>` /
   `student.<field>`, a seed `distillation.seeds`, the distill block's fields come from
   `config.distillation` (`_DISTILL_SOURCES`; the rest from the teacher), anything else
   `train.<field>`."""
@@ -167,7 +167,7 @@ def field_path(config):
         return "distillation.seeds"
       if field.split(".")[0] == "distill":
         return _DISTILL_SOURCES.get(field.partition(".")[2], TEACHER)
-    if compare.overrides_field(base, config[block].to_dict(), field):
+    if multirun.overrides_field(base, config[block].to_dict(), field):
       return f"{block}.{field}"
     return f"train.{field}"
   return path
@@ -194,17 +194,17 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   teacher_cfg = _with_runs(config, {TEACHER: config.teacher.to_dict()})
   paths = field_path(config)
   # Validate every run before training anything (students without their teacher's files).
-  teacher_exp = compare.validate_runs(teacher_cfg, paths)
+  teacher_exp = multirun.validate_runs(teacher_cfg, paths)
   probe = {run_name(v, s): student_overrides(config, v, s, "<teacher>") for v in variants
            for s in seeds}
   probe_cfg = _with_runs(config, probe)
   for name in probe:
-    with compare.run_errors(probe_cfg, name, paths):
+    with multirun.run_errors(probe_cfg, name, paths):
       trainer.build_experiment(run_config(probe_cfg, name), check_teacher=False)
 
-  teacher = compare.train_runs(teacher_cfg, workdir, overwrite=overwrite,
+  teacher = multirun.train_runs(teacher_cfg, workdir, overwrite=overwrite,
                                experiments=teacher_exp, field_path=paths)[TEACHER]
-  teacher_dir = path_lib.absolute(compare.run_workdir(workdir, TEACHER))
+  teacher_dir = path_lib.absolute(multirun.run_workdir(workdir, TEACHER))
   num_classes = teacher.train.num_classes
   val, ev = split_val_eval(len(teacher.test), dc.val_fraction, dc.split_seed)
   test_x, test_y = teacher.test.images, teacher.test.labels
@@ -219,7 +219,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   students_cfg = _with_runs(config, {
       run_name(v, s): student_overrides(config, v, s, teacher_dir, mitigation)
       for v in variants for s in seeds})
-  students = compare.train_runs(students_cfg, workdir, overwrite=overwrite, field_path=paths)
+  students = multirun.train_runs(students_cfg, workdir, overwrite=overwrite, field_path=paths)
 
   train_counts = np.asarray(subgroups.class_counts(teacher.train.labels, num_classes))
   head = subgroups.head_mask(train_counts, dc.head_fraction)

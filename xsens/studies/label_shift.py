@@ -3,7 +3,7 @@
 "Coping with label shift via distributionally robust optimisation" (Zhang, Menon, Veit,
 Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I). Every
 method of `config.runs` (objective terms of `xsens.train.dro`) is trained on a
-long-tailed training split through `compare.train_runs` (`config.num_seeds` seeds each).
+long-tailed training split through `multirun.train_runs` (`config.num_seeds` seeds each).
 Each model's per-class accuracy and loss on the balanced test split give its accuracy
 under any test prior π (acc_π = Σ_y π_y acc_y, `xsens.measures.label_shift`), for:
 the training prior p_train (in distribution), tilts π ∝ p_train^λ (`label_shift.tilts`:
@@ -25,9 +25,9 @@ import numpy as np
 
 from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.lab import multirun
 from xsens.measures import label_shift
-from xsens.report import plots, tables
-from xsens.studies import compare
+from xsens.report import plots, seed_stats, tables
 
 LABEL_SHIFT_FIELDS = ("tilts", "dirichlet_concentrations", "num_dirichlet", "radii", "seed",
                       "eval_batch_size", "headline_tilt")
@@ -150,10 +150,10 @@ def accuracy_vs_kl_plot(path: str, kl: np.ndarray, acc: dict[str, np.ndarray],
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every method for every seed, evaluates it under label shift, writes the report."""
   validate(config)
-  experiments = compare.validate_runs(config)
+  experiments = multirun.validate_runs(config)
   ls = config.label_shift
-  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
-  ids = compare.run_ids(config)
+  results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
+  ids = multirun.run_ids(config)
   first = next(iter(results.values()))
   k = first.train.num_classes
   p_train = np.bincount(first.train.labels, minlength=k) / len(first.train.labels)
@@ -162,14 +162,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   evals = {run_id: evaluate_run(res, p_train, priors, ls) for run_id, res in results.items()}
   rows = [run_row(run_id, ev, names, ls) for run_id, ev in evals.items()]
   columns = [c for c in rows[0] if c != "run"]
-  table = compare.seed_rows(rows, ids, columns)
+  table = seed_stats.seed_rows(rows, ids, columns)
   methods = list(config.runs)
   by_method = {m: [r for r in evals if ids[r][0] == m] for m in methods}
   mean_acc = {m: np.mean([evals[r]["accuracy"] for r in by_method[m]], 0) for m in methods}
   radii = [float(r) for r in ls.radii]
   worst_mean = {m: [np.mean([evals[r]["worst"][rho]["accuracy"] for r in by_method[m]])
                     for rho in radii] for m in methods}
-  worst_se = {m: [compare.mean_and_stderr([evals[r]["worst"][rho]["accuracy"]
+  worst_se = {m: [seed_stats.mean_and_stderr([evals[r]["worst"][rho]["accuracy"]
                                            for r in by_method[m]])[1] for rho in radii]
               for m in methods}
   plot_files = [

@@ -53,8 +53,8 @@ from xsens.data import cloze_batches, knowledge
 from xsens.errors import ConfigError, is_finite_number, is_int, prefixed, require
 from xsens.models import mlm
 from xsens.report import plots, tables
-from xsens.studies import compare
 from xsens.lab import cloze
+from xsens.report import seed_stats
 from xsens.train import constraints, full_batch, loop, optim
 from xsens.train.workdir import Workdir
 
@@ -459,8 +459,8 @@ def summary_rows(raw: list) -> list:
   for (base, size, method, variant), rs in groups.items():
     row = {"base": base, "|S|": size, "method": method, "variant": variant, "seeds": len(rs)}
     for k in METRICS:
-      row[k], row[f"{k}_se"] = compare.mean_and_stderr([r[k] for r in rs])
-    row["A_bar"], row["A_bar_se"] = compare.mean_and_stderr(
+      row[k], row[f"{k}_se"] = seed_stats.mean_and_stderr([r[k] for r in rs])
+    row["A_bar"], row["A_bar_se"] = seed_stats.mean_and_stderr(
         [(r["A_M"] + r["A_FS"]) / 2 for r in rs])
     row["‖θ−θ₀‖"] = float(np.mean([r["distance"] for r in rs]))
     rows.append(row)

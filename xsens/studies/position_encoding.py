@@ -1,11 +1,11 @@
 """Study `position_encoding`: DIET (Chen et al., EMNLP 2021, arXiv 2104.08698).
 
 Trains the text encoder once per (task, position mode) and training seed
-(`compare.train_runs`, `config.num_seeds`), then reports:
+(`multirun.train_runs`, `config.num_seeds`), then reports:
 - test accuracy mean ± s.e. over the seeds per task and mode;
 - per mode, measured identically: parameters, forward FLOPs (XLA cost analysis,
-  `reuse.forward_flops`) and best-of-n train-step time (loss + grads,
-  `reuse.train_step_cost`) on one batch, with ratios to `baseline_mode` (input PE);
+  `xsens.lab.model_cost`) and best-of-n train-step time (loss + grads,
+  `model_cost.train_step_cost`) on one batch, with ratios to `baseline_mode` (input PE);
 - Theorem 1 as a measurement: the numerical rank of every head's attention logits
   (`xsens.measures.logit_rank`) on test examples, per mode (first seed of each run);
 - heat maps of the learned position-to-position maps per head: DIET-ABS P_Q P_Kᵀ and
@@ -22,11 +22,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.lab import model_cost, multirun
 from xsens.measures import logit_rank as logit_rank_lib
 from xsens.models import position
 from xsens.models.text import RoBERTa, padding_mask
-from xsens.report import plots, tables
-from xsens.studies import compare, reuse
+from xsens.report import plots, seed_stats, tables
 
 MEASURE_FIELDS = ("rank_examples", "rank_rtol", "timing_batch", "timing_repeats",
                   "baseline_mode")
@@ -65,10 +65,10 @@ def validate(config, experiments) -> None:
                       f"mode of no run; allowed: {', '.join(sorted(modes))}")
   for run_id, exp in experiments.items():
     if not isinstance(exp.model, RoBERTa):
-      raise ConfigError(compare.run_field(config, run_id, "model.name"), "the position "
+      raise ConfigError(multirun.run_field(config, run_id, "model.name"), "the position "
                         "study needs the text encoder 'roberta'")
     if exp.model.attention_impl != "einsum":
-      raise ConfigError(compare.run_field(config, run_id, "model.attention_impl"),
+      raise ConfigError(multirun.run_field(config, run_id, "model.attention_impl"),
                         "the logit-rank check reads the logits of the 'einsum' path; "
                         "use 'einsum'")
 
@@ -78,15 +78,15 @@ def mode_costs(results, config) -> dict[str, dict]:
   `timing_batch` training examples, measured identically for every mode."""
   pc, out = config.position_encoding, {}
   for run_id, res in results.items():
-    mode = run_mode(config, compare.run_ids(config)[run_id][0])
+    mode = run_mode(config, multirun.run_ids(config)[run_id][0])
     if mode in out:
       continue
     ids = jnp.asarray(res.train.inputs[:pc.timing_batch])
     labels = jnp.asarray(res.train.labels[:pc.timing_batch])
-    cost = reuse.train_step_cost(res.model, res.variables, ids, labels,
+    cost = model_cost.train_step_cost(res.model, res.variables, ids, labels,
                                  repeats=pc.timing_repeats)
     out[mode] = {"params": res.summary["num_params"],
-                 "flops": reuse.forward_flops(res.model, res.variables, ids),
+                 "flops": model_cost.forward_flops(res.model, res.variables, ids),
                  "step_ms": cost["step_ms"]}
   return out
 
@@ -123,13 +123,13 @@ def _ratio(value, base) -> float:
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every (task, mode) run over the seeds, measures them, writes the report."""
-  experiments = compare.validate_runs(config)
+  experiments = multirun.validate_runs(config)
   validate(config, experiments)
-  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
-  pc, ids = config.position_encoding, compare.run_ids(config)
+  results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
+  pc, ids = config.position_encoding, multirun.run_ids(config)
   per_seed = [{"run": rid, "test_accuracy": r.summary["test_accuracy"],
                "train_accuracy": r.summary["train_accuracy"]} for rid, r in results.items()]
-  acc = {row["run"]: row for row in compare.seed_rows(per_seed, ids,
+  acc = {row["run"]: row for row in seed_stats.seed_rows(per_seed, ids,
                                                       ("test_accuracy", "train_accuracy"))}
   costs = mode_costs(results, config)
   base = costs[pc.baseline_mode]
@@ -167,7 +167,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
           ylabel="query position i"))
   d_h = {m: experiments[n].model.width // experiments[n].model.num_heads
          for n, m in ((n, run_mode(config, n)) for n in config.runs)}
-  notes = (f"Accuracy: mean ± s.e. over {compare.num_seeds(config)} training seeds. Costs: "
+  notes = (f"Accuracy: mean ± s.e. over {multirun.num_seeds(config)} training seeds. Costs: "
            f"batch {pc.timing_batch}, best of {pc.timing_repeats} train steps, ratios to "
            f"`{pc.baseline_mode}`. Logit rank: singular values > {pc.rank_rtol:g} · the "
            f"largest, on {pc.rank_examples} test examples, mean over layers, heads and "

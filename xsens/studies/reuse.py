@@ -3,7 +3,7 @@
 Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
 Transformers", arXiv 2110.06821 (spec §A). Trains a baseline ViT and ReuseViT
 variants (P reused heads in layers 1..K) with the one trainer
-(`compare.train_runs`) and reports per run:
+(`multirun.train_runs`) and reports per run:
 
 - params, train/test accuracy;
 - forward FLOPs of one eval batch and the attention share of it, both from XLA's
@@ -12,7 +12,7 @@ variants (P reused heads in layers 1..K) with the one trainer
 - peak temporary memory of one training step (loss + gradients) from XLA's
   memory analysis, and its wall time (best of a few timed calls);
 - the attention similarity (§A.1, `xsens.measures.attention_similarity`, pooled over
-  the test examples by `collect_head_similarity`) of the trained baseline vs two
+  the test examples by `xsens.lab.head_similarity`) of the trained baseline vs two
   controls: the same architecture at random init, and the same architecture trained on
   randomly labelled data (`reuse.random_labels_run`, a run with `data.random_labels`;
   the spec's "trained on random data" control, which tells redundancy learnt from the
@@ -25,86 +25,17 @@ similarity_kth_best.png.
 
 from __future__ import annotations
 
+import functools
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from xsens.data import batching
 from xsens.errors import ConfigError
+from xsens.lab import head_similarity, model_cost, multirun
 from xsens.measures import attention_similarity as asim
 from xsens.report import plots, tables
-from xsens.studies import compare
-
-
-def _cost(compiled) -> dict:
-  ca = compiled.cost_analysis()
-  if isinstance(ca, (list, tuple)):
-    ca = ca[0] if ca else {}
-  return ca or {}
-
-
-def forward_flops(model, variables, images) -> float:
-  """XLA's FLOP count of `model.apply(variables, images, train=False)`."""
-  fn = jax.jit(lambda v, x: model.apply(v, x, train=False))
-  return float(_cost(fn.lower(variables, images).compile()).get("flops", float("nan")))
-
-
-def attention_flops(model, variables, images) -> float:
-  """Forward FLOPs spent in the attention sub-layers (model minus attention-free model)."""
-  no_attention = tuple(model.skip) + tuple((i, "attention") for i in range(model.depth))
-  return (forward_flops(model, variables, images)
-          - forward_flops(model.clone(skip=no_attention), variables, images))
-
-
-def train_step_cost(model, variables, images, labels, *, repeats: int = 5) -> dict:
-  """Peak temp memory (XLA memory analysis) and best-of-`repeats` time of loss+grads."""
-  def loss(params, x, y):
-    logits = model.apply({**variables, "params": params}, x, train=False)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-  fn = jax.jit(jax.value_and_grad(loss))
-  compiled = fn.lower(variables["params"], images, labels).compile()
-  mem = compiled.memory_analysis()
-  temp = float(getattr(mem, "temp_size_in_bytes", float("nan"))) if mem else float("nan")
-  jax.block_until_ready(compiled(variables["params"], images, labels))
-  best = float("inf")
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(compiled(variables["params"], images, labels))
-    best = min(best, time.perf_counter() - t0)
-  return {"peak_temp_mb": temp / 2**20, "step_ms": 1e3 * best}
-
-
-# One compile per apply_fn and batch shape; the variables are traced, so trained and
-# random-init weights share it.
-_batch_head_similarity = jax.jit(asim.batch_head_similarity, static_argnums=0)
-
-
-def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
-                            batch_size: int = 100) -> np.ndarray:
-  """`attention_similarity.batch_head_similarity` pooled over a dataset held on the host.
-
-  Args:
-    apply_fn: see `attention_similarity.attention_maps`; every layer must have the same
-      head count.
-    variables: its variables (trained or random-init).
-    inputs: [N, ...] inputs.
-    batch_size: examples per forward pass (`padded_index_batches`: the last batch is
-      padded and masked).
-
-  Returns:
-    [L, H, L, H] float64 mean similarities over the N inputs.
-  """
-  total, count = 0.0, 0.0
-  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
-    out = _batch_head_similarity(apply_fn, variables, jnp.asarray(inputs[idx]),
-                                 mask=jnp.asarray(mask))
-    total = total + np.asarray(out["head_similarity"], np.float64) * float(out["count"])
-    count += float(out["count"])
-  return total / count
 
 
 def validate_reuse_config(rc) -> None:
@@ -138,7 +69,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run of `config.runs`, measures cost and similarity, writes the report."""
   rc = config.reuse
   validate_reuse_config(rc)
-  probe = compare.validate_runs(config)
+  probe = multirun.validate_runs(config)
   if rc.baseline not in probe:
     raise ConfigError("reuse.baseline", f"{rc.baseline!r} is not a run; runs: "
                       f"{', '.join(probe)}")
@@ -150,16 +81,17 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     if not probe[control].config.data.get("random_labels"):
       raise ConfigError("reuse.random_labels_run", f"run {control!r} trains on true labels; "
                         f"set runs.{control}.data.random_labels=1.0")
-  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
-  rows = compare.summary_rows(results)
+  results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
+  rows = multirun.summary_rows(results)
   by_name = {r["run"]: r for r in rows}
   for name, res in results.items():
     x = jnp.asarray(res.test.images[:rc.cost_batch_size])
     y = jnp.asarray(res.test.labels[:rc.cost_batch_size])
     p, k = _model_fields(res.model)
-    total = forward_flops(res.model, res.variables, x)
-    attn = attention_flops(res.model, res.variables, x)
-    cost = train_step_cost(res.model, res.variables, x, y, repeats=rc.timing_repeats)
+    total = model_cost.forward_flops(res.model, res.variables, x)
+    attn = model_cost.attention_flops(res.model, res.variables, x)
+    cost = model_cost.train_step_cost(res.model, res.variables, x, y,
+                                      repeats=rc.timing_repeats)
     by_name[name].update({
         "reuse_heads": p, "reuse_layers": k, "fwd_gflops": total / 1e9,
         "attn_gflops": attn / 1e9, "attn_share": attn / total, **cost})
@@ -176,20 +108,17 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   images = res.test.images[:rc.num_examples]
   random_vars = res.model.init(jax.random.key(rc.seed), jnp.asarray(images[:1]),
                                train=False)
-  head_sim = {
-      "trained": collect_head_similarity(res.apply_fn, res.variables, images,
-                                         batch_size=rc.batch_size),
-      "random init": collect_head_similarity(res.apply_fn, random_vars, images,
-                                             batch_size=rc.batch_size)}
+  collect = functools.partial(head_similarity.collect_head_similarity, inputs=images,
+                              batch_size=rc.batch_size)
+  head_sim = {"trained": collect(res.apply_fn, res.variables),
+              "random init": collect(res.apply_fn, random_vars)}
   if control is not None:
     r = results[control]
-    head_sim["random labels"] = collect_head_similarity(r.apply_fn, r.variables, images,
-                                                        batch_size=rc.batch_size)
+    head_sim["random labels"] = collect(r.apply_fn, r.variables)
   for name in rc.similarity_runs:
     if name not in (rc.baseline, control) and name in results:
       r = results[name]
-      head_sim[f"{name} (trained)"] = collect_head_similarity(
-          r.apply_fn, r.variables, images, batch_size=rc.batch_size)
+      head_sim[f"{name} (trained)"] = collect(r.apply_fn, r.variables)
   layer_sim = {n: asim.layer_similarity(s) for n, s in head_sim.items()}
   kth = {n: asim.adjacent_kth_best(s) for n, s in head_sim.items()}
 

@@ -25,27 +25,18 @@ import functools
 import os
 import re
 
-from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.data import corrupted
 from xsens.data import splits
 from xsens.errors import ConfigError
+from xsens.lab import corruptions, multirun
+from xsens.lab import robustness as lab_robustness
 from xsens.measures import adversarial as adv
-from xsens.measures import corruption_eval
 from xsens.measures import perturbations as pert
 from xsens.measures import similarity
-from xsens.report import plots, tables
-from xsens.train.progress import progress
-from xsens.studies import compare
-from xsens.studies import robustness_common as common
-
-# Kept here for callers of the old names; defined in `robustness_common`.
-PIXEL_SCALE = common.PIXEL_SCALE
-PIXEL_RANGE = common.PIXEL_RANGE
-validate_robustness_config = common.validate_robustness_config
+from xsens.report import plots, seed_stats, tables
 
 
 OPTIONAL_SECTIONS = ("perturbations", "representations")
@@ -69,114 +60,7 @@ def validate_patch_size(config, experiments) -> None:
   h, w, _ = next(iter(experiments.values())).train.image_shape
   if h % p or w % p:
     raise ConfigError("robustness.patch_size", f"{p} must divide the image size {h}x{w}")
-  compare.require_vit_patch_size(config, experiments, "robustness.patch_size", p)
-
-
-# --------------------------------------------------------------------------- corruptions
-
-CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
-# Data fields that only select or relabel training examples: the test split (and so its
-# pre-computed corruptions) does not depend on them.
-_TRAIN_ONLY_DATA_FIELDS = ("num_train", "class_fractions", "random_labels", "train_split")
-
-
-def corruption_source(rc, data_config) -> str:
-  """"tfds" or "synthesize": where the corrupted test images come from.
-
-  `robustness.corruptions.source` "synthesize" (or no `tfds_name`): `xsens.measures.corruptions`
-  on the clean test images; "tfds": the pre-computed sets `<tfds_name>/<corruption>_<severity>`
-  (e.g. CIFAR-10-C, `xsens.data.corrupted`) from `train.data.data_dir`, refused
-  (ConfigError) unless every needed set is there; "auto" (default): "tfds" when every needed
-  set is there, else "synthesize". Fields absent from older configs mean "synthesize".
-  """
-  cc = rc.corruptions
-  source, dataset = cc.get("source", "synthesize"), cc.get("tfds_name")
-  if source not in CORRUPTION_SOURCES:
-    raise ConfigError("robustness.corruptions.source", f"got {source!r}; allowed: "
-                      f"{', '.join(CORRUPTION_SOURCES)}")
-  if source == "synthesize":
-    return source
-  if dataset is None:
-    if source == "tfds":
-      raise ConfigError("robustness.corruptions.tfds_name", "must name the TFDS dataset of "
-                        "pre-computed corruptions (e.g. 'cifar10_corrupted') when "
-                        "robustness.corruptions.source='tfds'")
-    return "synthesize"
-  wanted = [(c, s) for c in rc.corruptions.names for s in rc.corruptions.severities]
-  missing = [(c, s) for c, s in wanted
-             if not corrupted.is_prepared(data_config, c, s, dataset=dataset)]
-  if not missing:
-    return "tfds"
-  if source == "tfds":
-    c, s = missing[0]
-    raise ConfigError("robustness.corruptions.source", f"{len(missing)} of the {len(wanted)} "
-                      f"{dataset} sets are not prepared in "
-                      f"{splits.resolve_data_dir(data_config)!r}, e.g. "
-                      f"{corrupted.tfds_name(c, s, dataset)!r} (xsens never downloads: "
-                      f"`tfds build {dataset} --file_format=array_record` elsewhere), or set "
-                      "robustness.corruptions.source='synthesize' or 'auto'")
-  return "synthesize"
-
-
-def _test_data_key(data_config) -> str:
-  """Runs whose data configs differ only in train-only fields share one test split."""
-  d = data_config.to_dict()
-  for field in _TRAIN_ONLY_DATA_FIELDS:
-    d.pop(field, None)
-  return repr(sorted(d.items()))
-
-
-def corruption_section(results, rc, normalize, *, source: str = "synthesize",
-                       data_configs=None, data_seeds=None) -> dict:
-  """Accuracy per (corruption, severity) of every run, summaries and mCE.
-
-  `source` "synthesize": the first `robustness.num_examples` clean test images of each run,
-  corrupted by `xsens.measures.corruptions` (seed `robustness.seed`). "tfds": the first
-  `robustness.num_examples` images of each pre-computed set
-  `<robustness.corruptions.tfds_name>/<corruption>_<severity>`, read with
-  `xsens.data.corrupted.load_cifar10_corrupted` and preprocessed like the run's data
-  (`data_configs[run]`; split order seeded by `data_seeds[run]`, default 0, the run's
-  `seed`, as its clean split): a random sample of the same size, not the same images as
-  the clean one (TFDS stores each set in its own order). One set is held at a time, shared
-  by the runs whose test data are the same.
-  """
-  acc, summary = {}, {}
-  names, sevs = list(rc.corruptions.names), list(rc.corruptions.severities)
-  label_fns = {name: common.bind(res.apply_fn, res.variables) for name, res in results.items()}
-  if source == "tfds":
-    acc = {name: {} for name in results}
-    for c, sev in progress([(c, s) for c in names for s in sevs], desc="corruptions",
-                           unit="set"):
-      loaded = {}  # {(test-data key, seed): first num_examples of the set}
-      for name in results:
-        dc, seed = data_configs[name], int((data_seeds or {}).get(name, 0))
-        key = (_test_data_key(dc), seed)
-        if key not in loaded:
-          split = corrupted.load_cifar10_corrupted(dc, c, sev, seed=seed,
-                                                   dataset=rc.corruptions.tfds_name)
-          loaded[key] = (split.images[:rc.num_examples], split.labels[:rc.num_examples])
-        acc[name][(c, sev)] = common.accuracy(label_fns[name], *loaded[key],
-                                              rc.batch_size)
-  for name, res in results.items():
-    images = res.test.images[:rc.num_examples]
-    labels = res.test.labels[:rc.num_examples]
-    if source != "tfds":
-      acc[name] = common.corruption_accuracy(
-          label_fns[name], images, labels, normalize=normalize, names=names,
-          severities=sevs, seed=rc.seed, batch_size=rc.batch_size)
-    clean = common.accuracy(label_fns[name], images, labels, rc.batch_size)
-    summary[name] = corruption_eval.summarize(acc[name], clean)
-  errs = {n: corruption_eval.errors(a) for n, a in acc.items()}
-  mce = corruption_eval.mce_table(errs, rc.baseline_run,
-                                  {n: 1 - s["clean"] for n, s in summary.items()})
-  by_severity = {n: [float(np.mean([a[(c, s)] for c in rc.corruptions.names]))
-                     for s in rc.corruptions.severities] for n, a in acc.items()}
-  warning = corruption_eval.relative_mce_warning(
-      errs[rc.baseline_run], 1 - summary[rc.baseline_run]["clean"])
-  if warning:
-    logging.warning("%s", warning)
-  return {"accuracy": acc, "summary": summary, "mce": mce, "by_severity": by_severity,
-          "source": source, "rel_mce_warning": warning}
+  multirun.require_vit_patch_size(config, experiments, "robustness.patch_size", p)
 
 
 # --------------------------------------------------------------------------- adversarial
@@ -184,7 +68,7 @@ def corruption_section(results, rc, normalize, *, source: str = "synthesize",
 
 def _attack_fns(apply_fn, variables, ac):
   """Jitted FGSM / PGD of one model (closed over its variables, see
-  `robustness_common`); ε, step size, key and pixel range are traced: one compile each."""
+  `xsens.lab.robustness`); ε, step size, key and pixel range are traced: one compile each."""
   fgsm = jax.jit(lambda x, y, eps, lo, hi: adv.fgsm(
       apply_fn, variables, x, labels=y, epsilon=eps, norm=ac.norm, clip_min=lo,
       clip_max=hi)["adv_inputs"])
@@ -197,12 +81,13 @@ def _attack_fns(apply_fn, variables, ac):
 def adversarial_section(results, rc, normalize, key) -> dict:
   """FGSM/PGD accuracy vs ε per run, transfer at the main ε, and perturbation structure."""
   ac = rc.adversarial
-  lo, hi = common.PIXEL_RANGE[normalize]
-  scale = common.PIXEL_SCALE[normalize]
+  lo, hi = lab_robustness.PIXEL_RANGE[normalize]
+  scale = lab_robustness.PIXEL_SCALE[normalize]
   out = {"fgsm": {}, "pgd": {}, "transfer": {}, "patch_energy": {}, "low_freq_share": {},
          "patch_alignment": {}}
   deltas = {}
-  label_fns = {name: common.bind(res.apply_fn, res.variables) for name, res in results.items()}
+  correct_fns = {name: lab_robustness.bind(res.apply_fn, res.variables)
+                 for name, res in results.items()}
   for j, (name, res) in enumerate(results.items()):
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
@@ -210,13 +95,15 @@ def adversarial_section(results, rc, normalize, key) -> dict:
     out["fgsm"][name], out["pgd"][name] = [], []
     for e_idx, eps in enumerate(ac.epsilons):
       e = eps * scale
-      x_f = common.batched(lambda x, y: fgsm(x, y, e, lo, hi), images, labels,
-                           batch_size=rc.batch_size)
+      x_f = lab_robustness.batched(lambda x, y: fgsm(x, y, e, lo, hi), images, labels,
+                                   batch_size=rc.batch_size)
       k = jax.random.fold_in(jax.random.fold_in(key, j), e_idx)
-      x_p = common.batched(lambda x, y: pgd(x, y, k, e, e * ac.step_size_fraction, lo, hi),
-                           images, labels, batch_size=rc.batch_size)
-      out["fgsm"][name].append(common.accuracy(label_fns[name], x_f, labels, rc.batch_size))
-      out["pgd"][name].append(common.accuracy(label_fns[name], x_p, labels, rc.batch_size))
+      x_p = lab_robustness.batched(
+          lambda x, y: pgd(x, y, k, e, e * ac.step_size_fraction, lo, hi), images, labels,
+          batch_size=rc.batch_size)
+      for attack, x_adv in (("fgsm", x_f), ("pgd", x_p)):
+        out[attack][name].append(lab_robustness.split_accuracy(
+            correct_fns[name], x_adv, labels, rc.batch_size))
       if eps == ac.main_epsilon:
         deltas[name] = x_p - images
     d = jnp.asarray(deltas[name])
@@ -229,8 +116,8 @@ def adversarial_section(results, rc, normalize, key) -> dict:
         images = results[target].test.images[:rc.num_examples]
         labels = results[target].test.labels[:rc.num_examples]
         x_adv = images + deltas[source]
-        out["transfer"][f"{source}->{target}"] = common.accuracy(
-            label_fns[target], x_adv, labels, rc.batch_size)
+        out["transfer"][f"{source}->{target}"] = lab_robustness.split_accuracy(
+            correct_fns[target], x_adv, labels, rc.batch_size)
   return out
 
 
@@ -243,11 +130,10 @@ def perturbation_section(results, rc, key) -> dict:
   for j, (name, res) in enumerate(results.items()):
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
-    out["layer_removal"][name] = common.layer_removal_accuracy(
-        res.apply_fn, res.variables, images, labels, model=res.model,
-        batch_size=rc.batch_size)
-    out["weight_noise"][name] = common.weight_noise_accuracy(
-        res.apply_fn, res.variables, images, labels, jax.random.fold_in(key, j),
+    out["layer_removal"][name] = lab_robustness.split_layer_removal(
+        res, images, labels, batch_size=rc.batch_size)
+    out["weight_noise"][name] = lab_robustness.split_weight_noise(
+        res, images, labels, jax.random.fold_in(key, j),
         relative_scale=rc.perturbations.relative_scale,
         num_draws=rc.perturbations.num_draws, batch_size=rc.batch_size)
     train_x = jnp.asarray(res.train.images[:rc.perturbations.sharpness_examples])
@@ -299,49 +185,46 @@ def _forward_order(features: dict) -> dict:
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains the runs, measures every section, writes results.md/json and the plots.
 
-  A config with an `imagenet` section (setup "imagenet") evaluates pretrained checkpoints on
-  streamed ImageNet instead: see `xsens.studies.robustness_imagenet`.
+  (A config with an `imagenet` section, setup "imagenet", runs
+  `xsens.studies.robustness_imagenet` instead: `xsens.studies.STUDY_SETUPS`.)
   """
-  if "imagenet" in config:
-    from xsens.studies import robustness_imagenet  # pylint: disable=g-import-not-at-top
-    return robustness_imagenet.run(config, workdir, overwrite=overwrite)
   rc = config.robustness
-  experiments = compare.validate_runs(config)
-  common.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
+  experiments = multirun.validate_runs(config)
+  lab_robustness.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
   validate_patch_size(config, experiments)
   skipped_sections(rc)
-  source = corruption_source(rc, config.train.data)  # Before training: may refuse.
-  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
+  source = corruptions.corruption_source(rc, config.train.data)  # Before training: may refuse.
+  results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
   key = jax.random.key(rc.seed)
   normalize = config.train.data.normalize
   timings = {}
-  with common.timed(timings, "corruptions"):
-    corr = corruption_section(
+  with lab_robustness.timed(timings, "corruptions"):
+    corr = corruptions.corruption_section(
         results, rc, normalize, source=source,
         data_configs={n: e.config.data for n, e in experiments.items()},
         data_seeds={n: e.config.seed for n, e in experiments.items()})
-  with common.timed(timings, "adversarial"):
+  with lab_robustness.timed(timings, "adversarial"):
     advs = adversarial_section(results, rc, normalize, jax.random.fold_in(key, 1))
   skip = skipped_sections(rc)
   perts = reps = None
   if "perturbations" not in skip:
-    with common.timed(timings, "perturbations"):
+    with lab_robustness.timed(timings, "perturbations"):
       perts = perturbation_section(results, rc, jax.random.fold_in(key, 2))
   if "representations" not in skip:
-    with common.timed(timings, "representations"):
+    with lab_robustness.timed(timings, "representations"):
       reps = representation_section(results, rc)
   rows = _rows(results, rc, corr, advs, perts)
-  ids = compare.run_ids(config)
+  ids = multirun.run_ids(config)
   scale = data_scale_section(results, rows, ids)
   num_classes = next(iter(results.values())).train.num_classes
   plot_files = _plots(workdir, rc, corr, advs, perts, reps, num_classes=num_classes)
   if scale:
     plot_files.append(_scale_plot(workdir, scale, num_classes))
   seed_summary, seed_table = None, ""
-  if compare.num_seeds(config) > 1:
+  if multirun.num_seeds(config) > 1:
     columns = [c for c in rows[0] if c not in ("run", "params", "train_examples")]
-    seed_summary = compare.seed_rows(rows, ids, columns)
-    seed_table = compare.seed_summary_markdown(
+    seed_summary = seed_stats.seed_rows(rows, ids, columns)
+    seed_table = seed_stats.seed_summary_markdown(
         seed_summary, columns, f"; every seed's mCE is relative to run `{rc.baseline_run}`")
   md = tables.write_results(
       workdir, f"Robustness on {config.train.data.name}", rows,
@@ -365,7 +248,7 @@ def data_scale_section(results, rows, ids=None) -> dict:
   Runs are grouped by model name (e.g. vit, resnet18); a group counts only if its runs
   have different numbers of training examples (`data.num_train`, e.g. the
   `robustness.py:scale` sweep). The training seeds of a run (`ids`, from
-  `compare.run_ids`; None: every run id is its own run) are averaged. Returns
+  `multirun.run_ids`; None: every run id is its own run) are averaged. Returns
   {model: {"runs": [...], "train_examples": [...], "seeds": [...], <measure>: [mean ...],
   "<measure> s.e.": [standard error over seeds (NaN for one seed) ...]}} sorted by size
   ({} when no group qualifies); FGSM / PGD at the main ε.
@@ -388,7 +271,7 @@ def data_scale_section(results, rows, ids=None) -> dict:
       col = next((k for k in first if k == m or k.startswith(f"{m}@")), None)
       if col is None:  # (worst_removal_acc: absent when perturbations are skipped)
         continue
-      stats = [compare.mean_and_stderr([by_row[r][col] for r in by_size[n]]) for n in sizes]
+      stats = [seed_stats.mean_and_stderr([by_row[r][col] for r in by_size[n]]) for n in sizes]
       entry[m] = [mean for mean, _ in stats]
       entry[f"{m} s.e."] = [se for _, se in stats]
     out[model] = entry

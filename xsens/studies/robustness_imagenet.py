@@ -60,24 +60,24 @@ import functools
 import os
 
 from absl import logging
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens import paths
 from xsens import models as models_lib
+from xsens import paths
 from xsens.data import batching
 from xsens.data import streaming
 from xsens.errors import ConfigError
+from xsens.lab import corruptions as lab_corruptions
+from xsens.lab import pretrained_runs
+from xsens.lab import robustness as lab_robustness
 from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
-from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
 from xsens.train.progress import progress
-from xsens.studies import robustness_common as common
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
 CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
@@ -86,51 +86,6 @@ CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
 # ImageNet mean / std inputs and are evaluated by `xsens.studies.sensitivity_imagenet`.
 LOADERS = {name: fmt for name, fmt in models_lib.pretrained_formats().items()
            if fmt.input_normalization == "half"}
-DOWNLOADS = {
-    "vit": "e.g. https://storage.googleapis.com/vit_models/imagenet21k+imagenet2012/"
-           "ViT-B_16.npz (google-research/vision_transformer)",
-    "bit_resnet": "e.g. https://storage.googleapis.com/bit_models/BiT-M-R50x1-ILSVRC2012.npz "
-                  "(google-research/big_transfer)",
-    "convnext": "e.g. model.safetensors of timm/convnext_tiny.fb_in1k on the Hugging Face "
-                "hub (huggingface/pytorch-image-models)"}
-
-# Hendrycks & Dietterich (ICLR 2019) AlexNet top-1 errors on ImageNet-C, mean over the five
-# severities, as listed in github.com/hendrycks/robustness (ImageNet-C/test.py); mCE relative
-# to AlexNet is mean_c [mean_s E(c, s) / ALEXNET_ERRORS[c]].
-ALEXNET_ERRORS = {
-    "gaussian_noise": 0.886428, "shot_noise": 0.894468, "impulse_noise": 0.922640,
-    "defocus_blur": 0.819880, "glass_blur": 0.826268, "motion_blur": 0.785948,
-    "zoom_blur": 0.798360, "snow": 0.866816, "frost": 0.826572, "fog": 0.819324,
-    "brightness": 0.564592, "contrast": 0.853204, "elastic_transform": 0.646056,
-    "pixelate": 0.717840, "jpeg_compression": 0.606500}
-
-
-def alexnet_mce(errors) -> float:
-  """Hendrycks' ImageNet-C mCE: mean_c [sum_s E(c, s) / sum_s E_AlexNet(c, s)].
-
-  Args:
-    errors: {(corruption, severity): top-1 error} for all 15 corruptions × severities 1..5.
-  """
-  names = {c for c, _ in errors}
-  if names != set(ALEXNET_ERRORS) or len(errors) != 5 * len(ALEXNET_ERRORS):
-    raise ValueError("the AlexNet-normalised mCE needs all 15 corruptions at severities 1..5")
-  return float(np.mean([np.mean([errors[(c, s)] for s in corruptions.SEVERITIES])
-                        / ALEXNET_ERRORS[c] for c in ALEXNET_ERRORS]))
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class PretrainedRun:
-  """One loaded checkpoint."""
-  model: nn.Module
-  variables: dict
-  num_params: int
-  path: str
-
-  @functools.cached_property
-  def apply_fn(self):
-    """`apply_fn(variables, inputs) -> logits` in eval mode; one object per run."""
-    return functools.partial(self.model.apply, train=False)
-
 
 # ------------------------------------------------------------------------------------ validation
 
@@ -140,42 +95,22 @@ def _positive_int(value, field: str) -> None:
     raise ConfigError(field, f"must be a positive int, got {value!r}")
 
 
-def validate_checkpoint_runs(runs, formats: dict) -> None:
-  """Each run of `runs` names a model of `formats` ({name: checkpoint format}) and an
-  existing local checkpoint file in `pretrained.path` (ConfigError naming the field)."""
-  for name, run in runs.items():
-    kind = run.model.get("name")
-    if kind not in formats:
-      raise ConfigError(f"runs.{name}.model.name", f"got {kind!r}; the ImageNet set-up "
-                        f"evaluates pretrained checkpoints of: {', '.join(formats)}")
-    path = run.get("pretrained", {}).get("path")
-    hint = DOWNLOADS.get(kind, "")
-    if path is None:
-      raise ConfigError(f"runs.{name}.pretrained.path", f"must be set to a local {kind} "
-                        f"checkpoint fine-tuned on ImageNet-1k, {hint}; e.g. "
-                        f"--config.runs.{name}.pretrained.path=/path/to/file"
-                        f"{formats[kind].suffix}")
-    if not paths.isfile(paths.absolute(str(path))):
-      raise ConfigError(f"runs.{name}.pretrained.path", f"no checkpoint file at {path!r} "
-                        f"({hint})")
-
-
 def validate(config) -> None:
   """Cheap checks of `config.imagenet`, `config.robustness` and `config.runs` (no I/O)."""
   ic, rc = config.imagenet, config.robustness
   if not config.runs:
     raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
-  validate_checkpoint_runs(config.runs, LOADERS)
+  pretrained_runs.validate_checkpoint_runs(config.runs, LOADERS)
   for name, run in config.runs.items():
     data = run.get("pretraining")
     if data is not None and not (isinstance(data, str) and data.strip()):
       raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "
                         f"pre-training data (e.g. 'ImageNet-21k'), got {data!r}")
-  if ic.normalize not in common.PIXEL_SCALE:
+  if ic.normalize not in lab_robustness.PIXEL_SCALE:
     raise ConfigError("imagenet.normalize", f"got {ic.normalize!r}; allowed: "
-                      f"{', '.join(common.PIXEL_SCALE)} (vit_jax and big_transfer use "
-                      "'half', [-1, 1])")
-  common.validate_robustness_config(rc, list(config.runs), ic.normalize)
+                      f"{', '.join(lab_robustness.PIXEL_SCALE)} (vit_jax and big_transfer "
+                      "use 'half', [-1, 1])")
+  lab_robustness.validate_robustness_config(rc, list(config.runs), ic.normalize)
   if ic.corruption_source not in CORRUPTION_SOURCES:
     raise ConfigError("imagenet.corruption_source", f"got {ic.corruption_source!r}; allowed: "
                       f"{', '.join(CORRUPTION_SOURCES)}")
@@ -223,39 +158,6 @@ def corruption_source(ic, rc) -> str:
                       "--file_format=array_record` needs TensorFlow and the ImageNet tars), "
                       "or set imagenet.corruption_source='synthesize'")
   return "synthesize"
-
-
-def load_run(name: str, run, image_shape, num_classes: int | None) -> PretrainedRun:
-  """Builds the model implied by the checkpoint (+ `runs.<name>.model` overrides) and loads it."""
-  field = f"runs.{name}.pretrained.path"
-  path = paths.absolute(str(run.pretrained.path))
-  kind = run.model.name
-  fmt = models_lib.pretrained_formats()[kind]  # (`validate` restricts the kinds.)
-  try:
-    ckpt = fmt.read(path)
-    kwargs = fmt.config_from_checkpoint(ckpt)
-  except (OSError, ValueError) as e:
-    raise ConfigError(field, f"cannot read {path!r} as a {kind} checkpoint "
-                      f"({fmt.name} {fmt.suffix}): {pretrained.one_line(e)}") from None
-  overrides = {k: v for k, v in run.model.items() if k != "name" and v is not None}
-  kwargs.update(overrides)
-  classes = kwargs.pop("num_classes")
-  if num_classes is not None and classes != num_classes:
-    raise ConfigError(field, f"{path!r} has a {classes}-way head but the dataset has "
-                      f"{num_classes} classes; use a checkpoint fine-tuned on ImageNet-1k "
-                      f"({DOWNLOADS[kind]})")
-  try:
-    model = models_lib.get_model(kind, classes, image_shape, **kwargs)
-  except ConfigError as e:
-    raise ConfigError(f"runs.{name}.{e.field}", e.message) from None
-  try:
-    params = fmt.params_from_checkpoint(ckpt, model, image_shape)
-  except pretrained.CheckpointError as e:
-    raise ConfigError(field, f"{path!r} does not fit the model: "
-                      f"{pretrained.one_line(e)}") from None
-  num_params = int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))
-  return PretrainedRun(model=model, variables={"params": params}, num_params=num_params,
-                       path=path)
 
 
 # ---------------------------------------------------------------------------- jitted helpers
@@ -386,8 +288,9 @@ def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
     except ValueError:  # The baseline does not degrade on some corruption: undefined.
       mce[r]["relative_mce"] = float("nan")
   alexnet = None
-  if set(names) == set(ALEXNET_ERRORS) and sorted(sevs) == list(corruptions.SEVERITIES):
-    alexnet = {r: alexnet_mce(e) for r, e in errs.items()}
+  if (set(names) == set(lab_corruptions.ALEXNET_ERRORS)
+      and sorted(sevs) == list(corruptions.SEVERITIES)):
+    alexnet = {r: lab_corruptions.alexnet_mce(e) for r, e in errs.items()}
   by_severity = {r: [float(np.mean([a[(c, s)] for c in names])) for s in sevs]
                  for r, a in acc.items()}
   warning = corruption_eval.relative_mce_warning(errs[rc.baseline_run],
@@ -417,8 +320,8 @@ def _subset(ic, rc, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
 def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
   """FGSM / PGD accuracy vs ε per run, PGD transfer at the main ε, perturbation structure."""
   ac = rc.adversarial
-  lo, hi = common.PIXEL_RANGE[normalize]
-  scale = common.PIXEL_SCALE[normalize]
+  lo, hi = lab_robustness.PIXEL_RANGE[normalize]
+  scale = lab_robustness.PIXEL_SCALE[normalize]
   n, bs = len(labels), int(rc.batch_size)
   names = list(runs)
   fgsm = {r: [0.0] * len(ac.epsilons) for r in names}
@@ -465,9 +368,8 @@ def removal_section(runs, rc, images, labels) -> dict:
   for r, run in runs.items():
     parts = pert.PARTS if isinstance(run.model, vit_lib.ViT) else ("block",)
     layers = pert.removable_layers(run.model, parts)
-    out[r] = (common.layer_removal_accuracy(run.apply_fn, run.variables, images, labels,
-                                            model=run.model, layers=layers,
-                                            batch_size=int(rc.batch_size))
+    out[r] = (lab_robustness.split_layer_removal(run, images, labels, layers=layers,
+                                                 batch_size=int(rc.batch_size))
               if layers else None)
   return out
 
@@ -488,18 +390,18 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   clean = _open_clean(ic, batch_size)  # Missing dataset -> ConfigError before any work.
   source = corruption_source(ic, rc)
   image_shape = (int(ic.image_size), int(ic.image_size), 3)
-  runs = {name: load_run(name, run_cfg, image_shape, clean.num_classes)
+  runs = {name: pretrained_runs.load_run(name, run_cfg, image_shape, clean.num_classes)
           for name, run_cfg in config.runs.items()}
   key = jax.random.key(rc.seed)
   timings = {}
-  with common.timed(timings, "corruptions"):
+  with lab_robustness.timed(timings, "corruptions"):
     corr = corruption_section(runs, ic, rc, source, batch_size)
-  with common.timed(timings, "subset"):
+  with lab_robustness.timed(timings, "subset"):
     images, labels = _subset(ic, rc, batch_size)
-  with common.timed(timings, "adversarial"):
+  with lab_robustness.timed(timings, "adversarial"):
     advs = adversarial_section(runs, rc, ic.normalize, images, labels,
                                jax.random.fold_in(key, 1))
-  with common.timed(timings, "layer_removal"):
+  with lab_robustness.timed(timings, "layer_removal"):
     removal = removal_section(runs, rc, images, labels)
   pretraining = {name: run_cfg.get("pretraining") for name, run_cfg in config.runs.items()}
   rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)

@@ -4,7 +4,7 @@
 the small-scale ordering holds for large pretrained models on ImageNet-1k: ConvNeXt 0.0342
 vs ViT-B/16 0.0191 (submitted version, as quoted by a reviewer; the σ, the token size and
 the number of examples are not known). This set-up measures the same token-wise Gaussian
-sensitivity as the small set-ups (`xsens.studies.sensitivity_vision`, spec §2.1) on public
+sensitivity as the small set-ups (`xsens.lab.sensitivity`, spec §2.1) on public
 checkpoints fine-tuned on ImageNet-1k, with nothing trained:
 
   - `runs.<run>.pretrained.path`: a local checkpoint of a registry entry with a loader
@@ -13,7 +13,7 @@ checkpoints fine-tuned on ImageNet-1k, with nothing trained:
     or a timm ConvNeXt `.safetensors` (e.g. model.safetensors of timm/convnext_tiny.fb_in1k);
   - the examples: the first `sensitivity.num_examples` of a seeded permutation of TFDS
     imagenet2012 `validation`, streamed from `imagenet.data_dir` by `xsens.data.streaming`
-    (the geometry of `xsens.studies.robustness_imagenet`: the central
+    (the geometry of study `robustness`'s ImageNet set-up: the central
     `imagenet.crop_fraction` of the shorter side, bicubic to `imagenet.image_size`²);
   - the noise: N(0, σ²) on one `sensitivity.patch_size`² patch at a time (all patches of
     the grid, `sensitivity.num_draws` draws each; 16 = ViT-B/16's tokens), and optionally on
@@ -26,7 +26,7 @@ checkpoints fine-tuned on ImageNet-1k, with nothing trained:
     [0, 1] images, per-patch maps at the main σ, and bar / σ-curve / heat-map plots.
 
 Keys: run j uses fold_in(key(sensitivity.seed), j), then the σ index and the batch index,
-as `sensitivity_vision.measure_model` does (global: first folded with len(σ) + 1).
+as `xsens.lab.sensitivity.measure_model` does (global: first folded with len(σ) + 1).
 """
 
 from __future__ import annotations
@@ -40,25 +40,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens import paths
 from xsens import models as models_lib
+from xsens import paths
 from xsens.data import streaming
 from xsens.errors import ConfigError
+from xsens.lab import pretrained_runs
+from xsens.lab import sensitivity as lab_sens
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
 from xsens.train.progress import progress
-from xsens.studies import robustness_imagenet
-from xsens.studies import sensitivity_vision as sv
 from xsens.train import sharding
-
-# sensitivity_vision's jitted batch measures and report helpers, shared with its trained
-# set-ups (the same estimator, keys and plots).
-# pylint: disable=protected-access
-_patch_batch, _global_batch, _stderr = sv._patch_batch, sv._global_batch, sv._stderr
-_enabled, _round_up, _sigma_plot = sv._enabled, sv._round_up, sv._sigma_plot
-_config_summary = sv._config_summary
-# pylint: enable=protected-access
 
 # The paper's ImageNet numbers (submitted version, reviewer quote; spec "Facts from the full
 # paper text" §3): {model kind: sensitivity}.
@@ -89,11 +81,11 @@ def validate(config) -> None:
   ic, sc = config.imagenet, config.sensitivity
   if not config.runs:
     raise ConfigError("runs", "needs at least one run (a pretrained checkpoint)")
-  robustness_imagenet.validate_checkpoint_runs(config.runs, loaders())
+  pretrained_runs.validate_checkpoint_runs(config.runs, loaders())
   size = ic.image_size
   if isinstance(size, bool) or not isinstance(size, int) or size < 1:
     raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
-  sv.validate_sensitivity_config(sc, (size, size, 3))
+  lab_sens.validate_sensitivity_config(sc, (size, size, 3))
   if sc.get("noise_scale", "absolute") != "absolute":
     raise ConfigError("sensitivity.noise_scale", f"the imagenet set-up takes σ in [0, 1] "
                       f"pixel units ('absolute'; its noise-to-signal ratio is reported); "
@@ -123,11 +115,11 @@ def _open(ic, sc, batch_size: int) -> streaming.Stream:
 
 def load_runs(config, image_shape, num_classes):
   """{run: (Normalized model, variables, num_params, path)}, via
-  `robustness_imagenet.load_run` (architecture read off each checkpoint)."""
+  `pretrained_runs.load_run` (architecture read off each checkpoint)."""
   sc = config.sensitivity
   out = {}
   for name, run_cfg in config.runs.items():
-    run = robustness_imagenet.load_run(name, run_cfg, image_shape, num_classes)
+    run = pretrained_runs.load_run(name, run_cfg, image_shape, num_classes)
     if isinstance(run.model, vit_lib.ViT) and run.model.patch_size != sc.patch_size:
       raise ConfigError("sensitivity.patch_size", f"{sc.patch_size} differs from the patch "
                         f"size {run.model.patch_size} of run {name!r} (a ViT: its tokens are "
@@ -149,7 +141,7 @@ def measure(runs, sc, stream, mesh) -> dict:
   """One pass over the stream: per run clean hits, per-example flips at every σ (and
   globally), per-patch maps at the main σ; plus Σ x² for the noise-to-signal ratio."""
   sigmas = [float(s) for s in sc.sigmas]
-  with_global = _enabled(sc, "global_noise")
+  with_global = lab_sens.enabled(sc, "global_noise")
   key = jax.random.key(sc.seed)
   acc = {r: {"hits": 0.0, "token": {s: [] for s in sigmas}, "global": {s: [] for s in sigmas},
              "map": None, "seconds": 0.0} for r in runs}
@@ -169,7 +161,7 @@ def measure(runs, sc, stream, mesh) -> dict:
       a["hits"] += float(_correct(variables, x, labels, m, model=model))
       for s_idx, sigma in enumerate(sigmas):
         k = jax.random.fold_in(jax.random.fold_in(model_key, s_idx), i)
-        pe, pm = _patch_batch(
+        pe, pm = lab_sens.patch_batch(
             variables, x, m, k, jnp.float32(sigma), model=model, patch_size=sc.patch_size,
             num_draws=sc.num_draws, chunk_size=sc.chunk_size)
         a["token"][sigma].append(np.asarray(pe)[valid])
@@ -179,7 +171,7 @@ def measure(runs, sc, stream, mesh) -> dict:
         if with_global:
           gk = jax.random.fold_in(jax.random.fold_in(
               jax.random.fold_in(model_key, len(sigmas) + 1), s_idx), i)
-          ge = _global_batch(
+          ge = lab_sens.global_batch(
               variables, x, m, gk, jnp.float32(sigma), model=model,
               patch_size=sc.patch_size, num_draws=sc.global_noise.num_draws,
               chunk_size=sc.chunk_size)
@@ -189,7 +181,7 @@ def measure(runs, sc, stream, mesh) -> dict:
   for name, a in acc.items():
     def summary(parts):
       pe = np.concatenate(parts)
-      return float(pe.mean()), _stderr(pe)
+      return float(pe.mean()), lab_sens.stderr(pe)
     measured[name] = {"accuracy": a["hits"] / total,
                       "sigmas": {s: summary(a["token"][s]) for s in sigmas},
                       "per_patch_map": a["map"] / total, "measure_s": round(a["seconds"], 1)}
@@ -208,7 +200,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   validate(config)
   ic, sc = config.imagenet, config.sensitivity
   mesh = sharding.data_mesh()
-  batch_size = _round_up(int(sc.batch_size), mesh.size)
+  batch_size = lab_sens.round_up(int(sc.batch_size), mesh.size)
   stream = _open(ic, sc, batch_size)  # Missing dataset -> ConfigError before any work.
   image_shape = (int(ic.image_size), int(ic.image_size), 3)
   runs = load_runs(config, image_shape, stream.num_classes)
@@ -216,7 +208,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   measured = out["runs"]
   sigmas = [float(s) for s in sc.sigmas]
   main = float(sc.main_sigma)
-  nsr = {s: sv.noise_to_signal(s, sc.patch_size, 3, out["token_rms"]) for s in sigmas}
+  nsr = {s: lab_sens.noise_to_signal(s, sc.patch_size, 3, out["token_rms"]) for s in sigmas}
   rows = []
   for name, (model, _, num_params, path) in runs.items():
     m = measured[name]
@@ -238,7 +230,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                      errors=[measured[n]["sigmas"][main][1] for n in names],
                      ylabel="sensitivity, ImageNet val (flip probability)", xlabel="model",
                      title=f"Token-wise sensitivity, σ={main:g}"),
-      _sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
+      lab_sens.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: measured[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",
@@ -247,7 +239,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   ]
   extra = {"checkpoints": {n: runs[n][3] for n in names},
            "per_patch_maps": {n: measured[n]["per_patch_map"].tolist() for n in names},
-           "sensitivity": _config_summary(sc),
+           "sensitivity": lab_sens.config_summary(sc),
            "noise_to_signal": {"token_rms": out["token_rms"],
                                "token_dim": sc.patch_size ** 2 * 3,
                                "num_examples": out["num_examples"],
@@ -274,7 +266,7 @@ def _notes(ic, sc, rows, main, out, nsr) -> str:
       f"Ordering at σ={main:g}: {order}. paper_S: the paper's ImageNet numbers (ConvNeXt "
       f"0.0342, ViT-B/16 0.0191; submitted version, reviewer quote; its σ and token size "
       f"are not known), so compare the ordering, not the values.")
-  if _enabled(sc, "global_noise"):
+  if lab_sens.enabled(sc, "global_noise"):
     text += (f"\n\nS_global: N(0, σ²) on every pixel at once (App. A.2), "
              f"{sc.global_noise.num_draws} draws per example and σ.")
   text += (f"\n\nσ as noise-to-signal σ·√D / RMS‖x_i‖ (D = {sc.patch_size ** 2 * 3}, "

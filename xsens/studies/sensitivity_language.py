@@ -28,7 +28,7 @@ noise actually added) and the per-token-type breakdown: pooled token-wise sensit
 the signal words (the words the synthetic label rule reads,
 `xsens.data.text.signal_token_ids`), on the other words and on the special tokens.
 
-Seeds: with `config.num_seeds` = n > 1 every run trains n times (`compare.run_ids`: ids
+Seeds: with `config.num_seeds` = n > 1 every run trains n times (`multirun.run_ids`: ids
 `<run>`, `<run>_seed1`, ...; same data, shifted init / order / dropout seeds); results.md
 has the per-seed rows and a table of mean ± standard error over the seeds per run, and
 the plots show seed means.
@@ -56,11 +56,12 @@ from xsens.data import batching
 from xsens.data import pipeline
 from xsens.data import text as text_data
 from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
 from xsens.measures import text_sensitivity as ts
 from xsens.models import text as text_models
 from xsens.report import plots, tables
-from xsens.studies import compare
+from xsens.report import seed_stats
 from xsens.train import trainer
 from xsens.train.metrics import read_metrics
 
@@ -127,10 +128,10 @@ def validate(config) -> dict[str, trainer.Experiment]:
   for name in config.runs:
     model_name = run_config(config, name).model.name
     if model_name not in text_models.TEXT_MODELS:
-      raise ConfigError(compare.run_field(config, name, "model.name"),
+      raise ConfigError(multirun.run_field(config, name, "model.name"),
                         f"{model_name!r} is not a text model (run {name}); allowed: "
                         f"{', '.join(text_models.TEXT_MODELS)}")
-  experiments = compare.validate_runs(config)  # Keyed by run id (`compare.run_ids`).
+  experiments = multirun.validate_runs(config)  # Keyed by run id (`multirun.run_ids`).
   validate_sensitivity_config(config.sensitivity,
                               min(len(e.train) for e in experiments.values()))
   return experiments
@@ -278,7 +279,7 @@ def history(workdir: str, batch_size: int) -> dict[str, np.ndarray]:
   return out
 
 
-# The per-run columns of results.md, and those averaged over seeds (`compare.seed_rows`).
+# The per-run columns of results.md, and those averaged over seeds (`seed_stats.seed_rows`).
 COLUMNS = ["run", "params", "steps", "stop_reason", "train_accuracy", "test_accuracy",
            "S_token", "s.e._token", "S_token_sentence", "s.e._sentence", "S_token_content",
            "S_signal", "S_other", "S_special", "S_global", "s.e._global", "S_early",
@@ -294,8 +295,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   models, reports."""
   sc = config.sensitivity
   experiments = validate(config)  # Nothing trained, compiled or written before this.
-  ids = compare.run_ids(config)
-  workdirs = compare.check_run_workdirs(workdir, experiments, overwrite)
+  ids = multirun.run_ids(config)
+  workdirs = multirun.check_run_workdirs(workdir, experiments, overwrite)
   key = jax.random.key(sc.seed)
   results, measured, measure_s = {}, {}, {}
   for run_id, exp in experiments.items():
@@ -305,14 +306,14 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     labels = exp.train.labels[:sc.num_examples]
     types = token_type_masks(exp.config.data, exp.config.seed, x)
     hook = make_hook(exp.model, x, labels, sc, key, types)
-    with compare.run_errors(config, ids[run_id][0]):
+    with multirun.run_errors(config, ids[run_id][0]):
       results[run_id] = trainer.run_experiment(exp, wd, hooks=(hook,))
     t0 = time.time()
     measured[run_id] = measure(exp.model, results[run_id].variables, x, labels, sc, key,
                                sc.final_num_draws, types)
     measure_s[run_id] = round(time.time() - t0, 1)
 
-  rows = compare.summary_rows(results)
+  rows = multirun.summary_rows(results)
   for row in rows:
     m = measured[row["run"]]
     h = m["headline"]
@@ -328,15 +329,15 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
         "nsr": m["sigma"] / m["token_rms"], "global_nsr": m["global_sigma"] / m["token_rms"],
         "measure_s": measure_s[row["run"]]})
   names = list(results)
-  hist = {n: history(compare.run_workdir(workdir, n), experiments[n].config.batch_size)
+  hist = {n: history(multirun.run_workdir(workdir, n), experiments[n].config.batch_size)
           for n in names}
-  seeds = compare.num_seeds(config)
-  seed_summary = compare.seed_rows(rows, ids, SEED_COLUMNS)
+  seeds = multirun.num_seeds(config)
+  seed_summary = seed_stats.seed_rows(rows, ids, SEED_COLUMNS)
   plot_files = [_plot_history(workdir, seed_history(hist, ids), sc,
                               results[names[0]].train.num_classes),
                 _plot_positions(workdir, seed_curves(measured, ids), sc)]
   n = min(sc.num_examples, min(len(e.train) for e in experiments.values()))
-  seed_table = (compare.seed_summary_markdown(seed_summary, SEED_COLUMNS, "; its ± is over "
+  seed_table = (seed_stats.seed_summary_markdown(seed_summary, SEED_COLUMNS, "; its ± is over "
                                                 "sentences") if seeds > 1 else "")
   md = tables.write_results(
       workdir, f"Token-wise sensitivity of language models on {config.train.data.name}",
@@ -445,7 +446,7 @@ def _plot_positions(workdir, measured, sc) -> str:
 
 def _notes(config, rows, n) -> str:
   """The notes below the tables; `rows` are the per-run rows or, with several seeds, the
-  seed means (`compare.seed_rows`)."""
+  seed means (`seed_stats.seed_rows`)."""
   sc = config.sensitivity
   ranked = sorted(rows, key=lambda r: r["S_token"])
   order = " < ".join(f"{r['run']} ({r['S_token']:.3g})" for r in ranked)

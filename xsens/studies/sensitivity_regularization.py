@@ -5,7 +5,7 @@ a ViT trained plainly, with Gaussian noise augmentation, and with the sensitivit
 regulariser (1−p)·CE + p·MSE(f(x̃), f(x)) (`xsens.train.interventions`), next to a ResNet.
 For each run: clean test accuracy, accuracy under the common corruptions per category
 (`xsens.measures.corruption_eval`), and train-set token-wise sensitivity
-(`xsens.studies.sensitivity_vision.measure_model`). Writes results.md/json and plots.
+(`xsens.lab.sensitivity.measure_model`). Writes results.md/json and plots.
 """
 
 from __future__ import annotations
@@ -14,22 +14,25 @@ import os
 
 import jax
 
+from xsens.lab import corruptions, multirun
+from xsens.lab import robustness as lab_robustness
+from xsens.lab import sensitivity as lab_sens
 from xsens.report import plots, tables
-from xsens.studies import compare, robustness, sensitivity_vision
 from xsens.train import sharding
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run, measures corrupted accuracy and sensitivity, writes the report."""
-  experiments = compare.validate_runs(config)
-  sensitivity_vision.validate(config, experiments)
-  robustness.validate_robustness_config(config.robustness, list(experiments),
+  experiments = multirun.validate_runs(config)
+  lab_sens.validate_against_runs(config, experiments)
+  lab_robustness.validate_robustness_config(config.robustness, list(experiments),
+                                            config.train.data.normalize)
+  results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
+  corr = corruptions.corruption_section(results, config.robustness,
                                         config.train.data.normalize)
-  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
-  corr = robustness.corruption_section(results, config.robustness, config.train.data.normalize)
   key, mesh = jax.random.key(config.sensitivity.seed), sharding.data_mesh()
-  sens = {name: sensitivity_vision.measure_model(res, config.sensitivity,
-                                                 jax.random.fold_in(key, j), mesh)
+  sens = {name: lab_sens.measure_model(res, config.sensitivity, jax.random.fold_in(key, j),
+                                       mesh)
           for j, (name, res) in enumerate(results.items())}
   main = float(config.sensitivity.main_sigma)
   rows = []

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from xsens.errors import prefixed
+from xsens.lab.multirun import TABLE_COLUMNS
 from xsens.report import tables
-from xsens.studies.compare import TABLE_COLUMNS
 from xsens.train import sharding, trainer
 
 

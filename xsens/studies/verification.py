@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.errors import is_finite_number, is_int, require
+from xsens.lab import multirun
 from xsens.measures import verification as verification_measures
 from xsens.report import plots, tables
-from xsens.studies import compare
+from xsens.report import seed_stats
 from xsens.verify import bounds as bounds_lib
 from xsens.verify import lp, nonconvex
 
@@ -63,7 +64,7 @@ def validate(config, experiments) -> None:
     require(not unknown, f"verification.{field}",
             f"unknown runs {unknown!r}; allowed: {', '.join(config.runs)}")
   for name, exp in experiments.items():
-    with compare.run_errors(config, compare.run_ids(config)[name][0]):
+    with multirun.run_errors(config, multirun.run_ids(config)[name][0]):
       # The input boxes are cut to [0, 1]: the run's own pixels must be in [0, 1].
       require(exp.config.data.normalize == "zero_one", "data.normalize",
               f"verification needs pixels in [0, 1] ('zero_one'), got "
@@ -181,17 +182,17 @@ def _rows(name, verified, lp_results, vc) -> list[dict]:
 def seed_table(rows: list[dict], ids: dict[str, tuple[str, int]]) -> list[dict]:
   """One row per (run, method, ε) of the per-seed `rows` (key "run": a run id): verified,
   falsified and open rates, their mean and `<rate> s.e.` over the seeds; `seeds` = n."""
-  return compare.seed_rows(rows, ids, ("verified", "falsified", "open"),
+  return seed_stats.seed_rows(rows, ids, ("verified", "falsified", "open"),
                            group_by=("method", "epsilon"))
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run, verifies it with every method at every ε, writes the report."""
-  experiments = compare.validate_runs(config)
+  experiments = multirun.validate_runs(config)
   validate(config, experiments)
-  results = compare.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
+  results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=experiments)
   vc = config.verification
-  ids = compare.run_ids(config)
+  ids = multirun.run_ids(config)
   key = jax.random.key(vc.seed)
   rows, verified, lps, traces = [], {}, {}, {}
   log = logging.getLogger("xsens.studies")
@@ -235,12 +236,12 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   md = tables.write_results(workdir, f"Verification on {config.train.data.name}", table,
                             notes=notes, plots=plot_files,
                             extra={"per_seed": rows,
-                                   "training": compare.summary_rows(results),
+                                   "training": multirun.summary_rows(results),
                                    "traces": traces,
                                    "lp": {n: {str(e): r for e, r in v.items()}
                                           for n, v in lps.items()}})
   return {"rows": table, "per_seed": rows, "markdown": md, "verified": verified, "lp": lps, "traces": traces,
-          "training": compare.summary_rows(results)}
+          "training": multirun.summary_rows(results)}
 
 
 def _gap_time_plot(path: str, trace: dict, title: str) -> str:

@@ -1,0 +1,387 @@
+"""Eigen-analysis of the attention of finished runs, and its report.
+
+Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), "Eigen Analysis of
+Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823 (spec:
+google_papers.md §C; definitions in `xsens.measures.attention_eigen`). For a list of runs
+(the training seeds of one trained model, or pretrained models) and the first run's
+architecture at random init, `analyse_runs`:
+
+1. streams the covariance of score rows (per layer and head) and of vectorised score
+   matrices (per layer) over `eigen.num_examples` training examples (logits and
+   probabilities; `score_moments` + `merge_moments`, batch by batch);
+2. PCA: explained variance vs k per layer, the k reaching each of `eigen.levels`;
+   subspace overlap (rank `eigen.overlap_rank`) across layers, across heads of a layer,
+   across runs (same layer), trained vs random init, and the random-subspace value k/T;
+3. partial computation on the test examples: exact logits on m keys (`eigen.subset_rules`),
+   the rest from the top-k PCA basis and mean of each head, for every m in `eigen.key_counts`
+   and k in `eigen.ranks`: score MSE and attention TV distance per layer (each layer from
+   its own exact scores), and, for ViTs, the test accuracy of the frozen model run with
+   reconstructed attention in layers >= 1 (`EigenViT` with the PCA bases, rule
+   `eigen.accuracy_rule`), mean ± s.e. over the runs;
+
+then writes results.md/json, explained_variance.png, overlap.png, reconstruction.png and
+accuracy_vs_keys.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xsens import paths
+from xsens.data import batching
+from xsens.errors import ConfigError, is_finite_number
+from xsens.measures import attention_eigen as ae
+from xsens.models import eigen_vit
+from xsens.report import plots, seed_stats, tables
+
+
+def _positive_int(value, field: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ConfigError(field, f"must be a positive int; got {value!r}")
+
+
+def validate_eigen_config(ec, num_tokens: int | None = None) -> None:
+  """ConfigError naming `eigen.<field>` for a bad value; `num_tokens` T bounds m."""
+  for field in ("num_examples", "batch_size", "overlap_rank", "cost_batch_size",
+                "timing_repeats"):
+    _positive_int(ec[field], f"eigen.{field}")
+  keys, ranks = tuple(ec.key_counts), tuple(ec.ranks)
+  if not keys or not ranks:
+    raise ConfigError("eigen.key_counts" if not keys else "eigen.ranks", "must not be empty")
+  for m in keys:
+    _positive_int(m, "eigen.key_counts")
+    if num_tokens is not None and m > num_tokens:
+      raise ConfigError("eigen.key_counts", f"m={m} exceeds the T={num_tokens} tokens; "
+                        f"use 1 <= m <= {num_tokens}")
+  for k in ranks:
+    _positive_int(k, "eigen.ranks")
+    if k > min(keys):
+      raise ConfigError("eigen.ranks", f"k={k} exceeds the smallest m={min(keys)} of "
+                        "eigen.key_counts (least squares needs k <= m)")
+  for rule in tuple(ec.subset_rules) + (ec.accuracy_rule,):
+    if rule not in ae.SUBSET_RULES:
+      field = "eigen.accuracy_rule" if rule == ec.accuracy_rule and rule not in tuple(
+          ec.subset_rules) else "eigen.subset_rules"
+      raise ConfigError(field, f"unknown subset rule {rule!r}; allowed: "
+                        f"{', '.join(ae.SUBSET_RULES)}")
+  if num_tokens is not None and ec.overlap_rank > num_tokens:
+    raise ConfigError("eigen.overlap_rank", f"{ec.overlap_rank} exceeds T={num_tokens}")
+  levels = ec.levels
+  if (not isinstance(levels, (tuple, list)) or not levels
+      or not all(is_finite_number(v) and 0 < v <= 1 for v in levels)):
+    raise ConfigError("eigen.levels", f"must be a non-empty tuple of numbers in (0, 1]; "
+                      f"got {levels!r}")
+  if ec.matrix_tokens is not None:
+    _positive_int(ec.matrix_tokens, "eigen.matrix_tokens")
+
+
+@functools.partial(jax.jit, static_argnums=0, static_argnames=("kind", "matrix_tokens"))
+def _moments(apply_fn, variables, inputs, mask, *, kind, matrix_tokens):
+  return ae.score_moments(apply_fn, variables, inputs, mask=mask, kind=kind,
+                          matrix_tokens=matrix_tokens)
+
+
+def collect_moments(apply_fn, variables, inputs: np.ndarray, *, batch_size: int,
+                    kind: str, matrix_tokens) -> dict:
+  """`score_moments` streamed over `inputs` [N, ...] (padded, masked batches), float64."""
+  total = None
+  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
+    out = _moments(apply_fn, variables, jnp.asarray(inputs[idx]), jnp.asarray(mask),
+                   kind=kind, matrix_tokens=matrix_tokens)
+    out = jax.tree.map(lambda a: np.asarray(a, np.float64), out)
+    total = out if total is None else {
+        part: ae.merge_moments(total[part], out[part]) for part in out}
+  return total
+
+
+_reconstruction = jax.jit(ae.partial_reconstruction, static_argnums=0)
+
+
+def reconstruction_errors(apply_fn, variables, inputs, *, batch_size, bases, means, keys
+                          ) -> dict[str, np.ndarray]:
+  """`partial_reconstruction` pooled over `inputs`: {"score_mse": [L], "tv": [L]}."""
+  sums, count = {"score_mse": 0.0, "tv": 0.0}, 0.0
+  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
+    out = _reconstruction(apply_fn, variables, jnp.asarray(inputs[idx]),
+                          mask=jnp.asarray(mask), bases=bases, means=means,
+                          keys=jnp.asarray(keys))
+    c = float(out["count"])
+    for name in sums:
+      sums[name] = sums[name] + np.asarray(out[name], np.float64) * c
+    count += c
+  return {name: v / count for name, v in sums.items()}
+
+
+def analyse(moments: dict, ec, num_tokens: int) -> dict:
+  """PCA of one model's moments: explained variance, dimensions, bases."""
+  row_cov = ae.covariance(moments["rows"])                         # [L, H, T, T]
+  pooled_cov = ae.covariance(ae.pool_heads(moments["rows"]))        # [L, T, T]
+  mat_cov = ae.covariance(moments["matrices"])                     # [L, t², t²]
+  ev_rows, ev_mats = ae.explained_variance(pooled_cov), ae.explained_variance(mat_cov)
+  return {
+      "ev_rows": ev_rows, "ev_matrices": ev_mats,
+      "ev_heads": ae.explained_variance(row_cov),
+      "dim_rows": {lv: ae.dimension_at(ev_rows, lv) for lv in ec.levels},
+      "dim_matrices": {lv: ae.dimension_at(ev_mats, lv) for lv in ec.levels},
+      "layer_basis": ae.top_basis(pooled_cov, ec.overlap_rank),     # [L, T, k]
+      "head_basis": ae.top_basis(row_cov, ec.overlap_rank),         # [L, H, T, k]
+      "head_cov": row_cov, "head_mean": np.asarray(moments["rows"]["mean"]),
+      "num_tokens": num_tokens}
+
+
+def overlaps(analyses: list[dict], random_init: dict, key, num_tokens: int, k: int) -> dict:
+  """Layer x layer, head x head, seed vs seed, trained vs random-init overlaps."""
+  first = analyses[0]
+  layer = ae.pairwise_overlap(first["layer_basis"])
+  heads = np.stack([ae.pairwise_overlap(hb) for hb in first["head_basis"]])   # [L, H, H]
+  h = heads.shape[-1]
+  off = ~np.eye(h, dtype=bool)
+  head_mean = heads[:, off].mean(-1) if h > 1 else np.full(len(heads), np.nan)
+  seeds = [np.asarray(ae.subspace_overlap(a["layer_basis"], b["layer_basis"]))
+           for i, a in enumerate(analyses) for b in analyses[i + 1:]]
+  init = [np.asarray(ae.subspace_overlap(a["layer_basis"], random_init["layer_basis"]))
+          for a in analyses]
+  rand = np.asarray(ae.subspace_overlap(
+      first["layer_basis"], ae.random_basis(key, num_tokens, k,
+                                            (len(first["layer_basis"]), 64)).transpose(
+          1, 0, 2, 3)))                                                      # [64, L]
+  cross = lambda a, b: np.asarray(ae.subspace_overlap(a["layer_basis"][:, None],
+                                                      b["layer_basis"][None]))
+  return {"layers": layer, "heads": heads, "head_mean": head_mean,
+          "seed_layers": cross(first, analyses[1]) if len(analyses) > 1 else None,
+          "init_layers": cross(first, random_init),
+          "seeds": np.stack(seeds) if seeds else None, "random_init": np.stack(init),
+          "random_subspace": rand.mean(0), "random_expected": k / num_tokens}
+
+
+def frozen_accuracy(res, analysis: dict, m: int, k: int, rule: str, ec) -> float:
+  """Test accuracy of the trained ViT run with attention reconstructed in layers >= 1."""
+  model = res.model
+  depth = model.depth
+  bases = {i: analysis["head_cov_basis"][i][..., :k] for i in range(1, depth)}
+  means = {i: analysis["head_mean"][i] for i in range(1, depth)}
+  keys = tuple(tuple(map(tuple, ae.choose_keys(rule, bases[i], m, ec.seed + i).tolist()))
+               for i in range(1, depth))
+  eig = eigen_vit.EigenViT(**{f: getattr(model, f) for f in _vit_fields(model)},
+                           keys_kept=m, basis_rank=k, kept_keys=keys)
+  params = eigen_vit.with_basis(res.variables["params"], bases, means)
+  return top1_accuracy(eig, {"params": params}, res.test.images, res.test.labels, ec.batch_size)
+
+
+def _vit_fields(model) -> list[str]:
+  """The ViT fields of `model` (an EigenViT built from them has the same params)."""
+  del model
+  return [f.name for f in dataclasses.fields(eigen_vit.ViT) if f.name not in ("parent", "name")]
+
+
+def top1_accuracy(model, variables, images, labels, batch_size: int) -> float:
+  """Top-1 accuracy of `model.apply(variables, ·, train=False)` over a split held on the
+  host (padded batches of `batch_size`). images [N, ...], labels [N] int."""
+  fn = jax.jit(lambda v, x: model.apply(v, x, train=False).argmax(-1))
+  hits = 0
+  for idx, mask in batching.padded_index_batches(len(images), batch_size):
+    pred = np.asarray(fn(variables, jnp.asarray(images[idx])))
+    hits += float(((pred == np.asarray(labels)[idx]) * mask).sum())
+  return hits / len(images)
+
+
+def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, data: str,
+                 unit: str = "seed", cost_rows=None) -> dict:
+  """Steps 1-3 of the module docstring on `runs` (trained seeds, or pretrained models),
+  and the report (results.md / results.json and the plots in `workdir`).
+
+  Each run has `apply_fn`, `variables`, `model`, `train.images` (the statistics take the
+  first `eigen.num_examples` of runs[0]), `test.images` / `test.labels` (the errors and
+  accuracies) and `summary["test_accuracy"]`. runs[0]'s architecture at random init
+  (`eigen.seed`) is the control. `cost_rows` (or None): a function returning the rows of
+  step 4. `data` / `unit` describe the examples and what the runs are in the notes.
+  """
+  base = runs[0]
+  fit_inputs = base.train.images[:ec.num_examples]
+  test_inputs = base.test.images[:ec.num_examples]
+  collect = functools.partial(collect_moments, batch_size=ec.batch_size,
+                              matrix_tokens=ec.matrix_tokens)
+
+  analyses = []
+  for res in runs:
+    a = analyse(collect(res.apply_fn, res.variables, fit_inputs, kind="logits"), ec,
+                num_tokens)
+    a["head_cov_basis"] = ae.top_basis(a["head_cov"], max(ec.ranks))
+    analyses.append(a)
+  probs = analyse(collect(base.apply_fn, base.variables, fit_inputs, kind="probs"), ec,
+                  num_tokens)
+  init_vars = base.model.init(jax.random.key(ec.seed), jnp.asarray(fit_inputs[:1]),
+                              train=False)
+  random_init = analyse(collect(base.apply_fn, init_vars, fit_inputs, kind="logits"), ec,
+                        num_tokens)
+  over = overlaps(analyses, random_init, jax.random.key(ec.seed + 1), num_tokens,
+                  ec.overlap_rank)
+
+  # Partial computation: per-layer errors on the test inputs (seed 0 model).
+  first = analyses[0]
+  recon_rows = []
+  for rule in ec.subset_rules:
+    for k in ec.ranks:
+      bases = first["head_cov_basis"][..., :k]
+      for m in ec.key_counts:
+        keys = np.stack([ae.choose_keys(rule, b, m, ec.seed + i)
+                         for i, b in enumerate(bases)])
+        err = reconstruction_errors(base.apply_fn, base.variables, test_inputs,
+                                    batch_size=ec.batch_size, bases=jnp.asarray(bases),
+                                    means=jnp.asarray(first["head_mean"]), keys=keys)
+        recon_rows.append({"rule": rule, "k": k, "m": m,
+                           "score_mse": float(err["score_mse"].mean()),
+                           "tv": float(err["tv"].mean()),
+                           "tv_per_layer": err["tv"].tolist()})
+
+  is_vit = type(base.model) is eigen_vit.ViT  # pylint: disable=unidiomatic-typecheck
+  acc_rows = []
+  if is_vit:
+    full = [res.summary["test_accuracy"] for res in runs]
+    for k in ec.ranks:
+      for m in ec.key_counts:
+        accs = [frozen_accuracy(res, a, m, k, ec.accuracy_rule, ec)
+                for res, a in zip(runs, analyses)]
+        mean, se = seed_stats.mean_and_stderr(accs)
+        acc_rows.append({"k": k, "m": m, "accuracy": mean, "accuracy s.e.": se,
+                         "full_accuracy": seed_stats.mean_and_stderr(full)[0]})
+
+  cost_rows = cost_rows() if is_vit and cost_rows is not None else []
+  summary = _summary_rows(analyses, probs, random_init, over, ec)
+  plot_files = _plots(workdir, analyses[0], random_init, probs, over, recon_rows, acc_rows,
+                      cost_rows, ec, num_tokens)
+  notes = _notes(data, over, num_tokens, len(runs), unit, ec)
+  md = tables.write_results(
+      workdir, title, summary,
+      notes=notes, plots=plot_files,
+      extra={"reconstruction": recon_rows, "frozen_accuracy": acc_rows,
+             "trained": cost_rows,
+             "overlap": {"layers": over["layers"].tolist(),
+                         "head_mean": over["head_mean"].tolist(),
+                         "seed_layers": None if over["seed_layers"] is None
+                         else over["seed_layers"].tolist(),
+                         "init_layers": over["init_layers"].tolist(),
+                         "seeds": None if over["seeds"] is None else over["seeds"].tolist(),
+                         "random_init": over["random_init"].tolist(),
+                         "random_subspace": over["random_subspace"].tolist(),
+                         "random_expected": over["random_expected"]},
+             "explained_variance_rows": analyses[0]["ev_rows"].tolist(),
+             "explained_variance_matrices": analyses[0]["ev_matrices"].tolist(),
+             "num_tokens": num_tokens, "device": jax.devices()[0].device_kind})
+  md = _append_tables(workdir, md, recon_rows, acc_rows, cost_rows)
+  return {"rows": summary, "markdown": md, "reconstruction": recon_rows,
+          "frozen_accuracy": acc_rows, "trained": cost_rows, "overlap": over,
+          "num_tokens": num_tokens,
+          "explained_variance": {"rows": analyses[0]["ev_rows"],
+                                 "matrices": analyses[0]["ev_matrices"],
+                                 "rows_probs": probs["ev_rows"],
+                                 "rows_random_init": random_init["ev_rows"]}}
+
+
+def _summary_rows(analyses, probs, random_init, over, ec) -> list[dict]:
+  """One row per layer: dimensions (mean ± s.e. over seeds) and overlaps."""
+  rows = []
+  num_layers = len(analyses[0]["ev_rows"])
+  lv = max(ec.levels)
+  for layer in range(num_layers):
+    dims = [float(a["dim_rows"][lv][layer]) for a in analyses]
+    mats = [float(a["dim_matrices"][lv][layer]) for a in analyses]
+    row = {"layer": layer}
+    row["row_dim"], row["row_dim s.e."] = seed_stats.mean_and_stderr(dims)
+    row["matrix_dim"], row["matrix_dim s.e."] = seed_stats.mean_and_stderr(mats)
+    row["row_dim_probs"] = float(probs["dim_rows"][lv][layer])
+    row["row_dim_random_init"] = float(random_init["dim_rows"][lv][layer])
+    row["ev_rows_at_k"] = float(analyses[0]["ev_rows"][layer, ec.overlap_rank - 1])
+    row["overlap_next_layer"] = (float(over["layers"][layer, layer + 1])
+                                 if layer + 1 < num_layers else float("nan"))
+    row["overlap_heads"] = float(over["head_mean"][layer])
+    if over["seeds"] is not None:
+      row["overlap_seeds"], row["overlap_seeds s.e."] = seed_stats.mean_and_stderr(
+          over["seeds"][:, layer])
+    row["overlap_random_init"] = float(over["random_init"][:, layer].mean())
+    row["overlap_random_subspace"] = float(over["random_subspace"][layer])
+    rows.append(row)
+  return rows
+
+
+def _plots(workdir, first, random_init, probs, over, recon_rows, acc_rows, cost_rows, ec,
+           num_tokens) -> list[str]:
+  ks = list(range(1, num_tokens + 1))
+  series = {f"layer {l}": first["ev_rows"][l] for l in range(len(first["ev_rows"]))}
+  series.update({f"layer {l} (probs)": probs["ev_rows"][l]
+                 for l in range(len(probs["ev_rows"]))})
+  series["random init (mean over layers)"] = random_init["ev_rows"].mean(0)
+  files = [plots.line_plot(os.path.join(workdir, "explained_variance.png"), ks, series,
+                           xlabel="k (principal directions of score rows)",
+                           ylabel="explained variance (fraction)", logx=False,
+                           title="Score rows: explained variance vs k")]
+  maps = {"layers, seed 0 (row) vs seed 0": over["layers"]}
+  if over["seed_layers"] is not None:
+    maps["seed 0 (row) vs seed 1 (column)"] = over["seed_layers"]
+  maps["seed 0 (row) vs random init"] = over["init_layers"]
+  maps["heads of layer 0"] = over["heads"][0]
+  files.append(plots.heatmap_grid(
+      os.path.join(workdir, "overlap.png"), maps, cbar_label="overlap ‖UᵀV‖²/k",
+      title=f"Subspace overlap, k={ec.overlap_rank} (random: {over['random_expected']:.2f})",
+      xlabel="layer (head in the last panel)", ylabel="layer (head in the last panel)"))
+  files.append(plots.line_plot(
+      os.path.join(workdir, "reconstruction.png"), list(ec.key_counts),
+      {f"{r} k={k}": [max(next(x["tv"] for x in recon_rows
+                               if x["rule"] == r and x["k"] == k and x["m"] == m), 1e-8)
+                      for m in ec.key_counts]
+       for r in ec.subset_rules for k in ec.ranks},
+      xlabel="m (keys with exact scores)", ylabel="attention TV distance (mean; 0 shown as 1e-8)",
+      title="Reconstruction error vs (m, k)", logy=True))
+  if acc_rows:
+    series = {f"frozen, k={k}": [next(x["accuracy"] for x in acc_rows
+                                      if x["k"] == k and x["m"] == m) for m in ec.key_counts]
+              for k in ec.ranks}
+    errors = {f"frozen, k={k}": [next(x["accuracy s.e."] for x in acc_rows
+                                      if x["k"] == k and x["m"] == m) for m in ec.key_counts]
+              for k in ec.ranks}
+    series["full attention"] = [acc_rows[0]["full_accuracy"]] * len(ec.key_counts)
+    files.append(plots.line_plot(
+        os.path.join(workdir, "accuracy_vs_keys.png"), list(ec.key_counts), series,
+        errors=errors, xlabel="m (keys with exact scores)", ylabel="test accuracy",
+        title=f"Frozen ViT with reconstructed attention ({ec.accuracy_rule})"))
+  return files
+
+
+def _append_tables(workdir, md, recon_rows, acc_rows, cost_rows) -> str:
+  """Adds the reconstruction, frozen-accuracy and trained-run tables to results.md."""
+  parts = [md, "\n## Reconstruction from partial computation (test examples)\n",
+           tables.markdown_table(recon_rows, ["rule", "k", "m", "score_mse", "tv"])]
+  if acc_rows:
+    parts += ["\n## Frozen model with reconstructed attention (layers >= 1)\n",
+              tables.markdown_table(acc_rows, ["k", "m", "accuracy", "accuracy s.e.",
+                                               "full_accuracy"])]
+  if cost_rows:
+    parts += ["\n## Trained with the approximation (eigen_vit) vs the ViT\n",
+              tables.markdown_table(cost_rows, [
+                  "run", "keys_kept", "basis_rank", "seeds", "test_accuracy",
+                  "test_accuracy s.e.", "fwd_gflops", "attn_gflops", "flops_vs_base",
+                  "attn_flops_vs_base", "peak_temp_mb", "mem_vs_base", "step_ms",
+                  "step_time_vs_base"])]
+  text = "\n".join(parts) + "\n"
+  if paths.is_writer():
+    paths.write_text(os.path.join(workdir, "results.md"), text)
+  return text
+
+
+def _notes(data, over, num_tokens, num_runs, unit, ec) -> str:
+  lv = max(ec.levels)
+  return (f"Analysed run `{ec.analysed_run}` ({num_runs} {unit}(s)) on "
+          f"{data}, T = "
+          f"{num_tokens} tokens. Per layer: `row_dim` / `matrix_dim` = smallest k whose top-k "
+          f"PCA directions explain {lv:.0%} of the variance of the logit rows (pooled over "
+          f"heads) / vectorised logit matrices, mean ± s.e. over seeds; `row_dim_probs` the "
+          f"same for softmax rows; `row_dim_random_init` for the untrained model. Overlaps "
+          f"‖UᵀV‖²/k at k = {ec.overlap_rank}: with the next layer, mean over head pairs, "
+          f"same layer across seeds, vs the random-init model, and vs uniformly random "
+          f"subspaces (expected k/T = {over['random_expected']:.3f}).")
