@@ -1,4 +1,5 @@
-"""The layer rule: studies never import studies; the lab never imports a study.
+"""The layer rule (docs/architecture.md, "Layers"): each part of xsens imports only lower
+layers; in particular studies never import studies and the lab never imports a study.
 
 Every module of xsens/studies/ (but the dispatcher `__init__.py`) and of xsens/lab/ is
 parsed; any import of `xsens.studies` or one of its modules fails the test, wherever it
@@ -13,7 +14,8 @@ import pytest
 
 from tests.helpers import REPO
 
-STUDIES = pathlib.Path(REPO) / "xsens" / "studies"
+ROOT = pathlib.Path(REPO)
+STUDIES = ROOT / "xsens" / "studies"
 LAB = pathlib.Path(REPO) / "xsens" / "lab"
 
 
@@ -78,3 +80,88 @@ def test_the_check_sees_every_spelling(tmp_path):
   assert [line.split(":")[0] for line in study_imports(path)] == [
       "4", "5", "6", "7", "8", "9", "11", "12"]
   assert STUDIES.is_dir() and len(_modules(STUDIES)) > 10 and len(_modules(LAB)) > 3
+
+
+
+# Each part of the package with its layer: a module may import its own part, the base
+# (layer 0) and any part of a lower layer. main and launch are the entry points above all.
+LAYERS = {
+    "errors": 0, "paths": 0, "config_utils": 0, "boolean_cube": 0,
+    "data": 1, "models": 1,
+    "verify": 2,
+    "measures": 3,
+    "train": 4,
+    "report": 5,
+    "lab": 6,
+    "studies": 7,
+    "main": 8, "launch": 8,
+    "__main__": 9,
+}
+
+
+def _part(module: str) -> str | None:
+  """`xsens.<part>...` -> part (a subpackage or a top-level module); None otherwise."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 and parts[0] == "xsens" else None
+
+
+def xsens_imports(source: str, package: str):
+  """(line, part) for every import of an xsens part in `source` (a module of `package`,
+  e.g. "xsens.train"), at any depth, relative imports resolved."""
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        if _part(alias.name):
+          yield node.lineno, _part(alias.name)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        up = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+      if base == "xsens":
+        for alias in node.names:
+          yield node.lineno, alias.name
+      elif _part(base):
+        yield node.lineno, _part(base)
+
+
+def layer_violations(part: str, source: str, package: str) -> list[str]:
+  """`line: part (layer) imports other (layer)` for each import of `source` that breaks the
+  rule."""
+  wrong = []
+  for line, target in xsens_imports(source, package):
+    if target == part or target not in LAYERS:
+      continue
+    if LAYERS[target] >= LAYERS[part] and not LAYERS[target] == LAYERS[part] == 0:
+      wrong.append(f"{line}: {part} (layer {LAYERS[part]}) imports {target} "
+                   f"(layer {LAYERS[target]})")
+  return wrong
+
+
+def test_every_part_imports_only_lower_layers():
+  wrong = []
+  for path in sorted((ROOT / "xsens").rglob("*.py")):
+    rel = path.relative_to(ROOT / "xsens").with_suffix("").parts
+    if rel == ("__init__",):
+      continue
+    assert rel[0] in LAYERS, f"{path}: a part with no layer; add it to LAYERS and the docs"
+    package = ".".join(("xsens",) + rel[:-1])
+    wrong += [f"{path.relative_to(ROOT)}:{w}"
+              for w in layer_violations(rel[0], path.read_text(), package)]
+  assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_sees_upward_imports():
+  source = "\n".join([
+      "from xsens import errors, measures",        # 1: allowed for train
+      "from xsens.report import plots",           # 2: report is above train
+      "import xsens.lab.multirun",                # 3: lab is above train
+      "from ..studies import reuse",              # 4: relative, studies above train
+      "from . import loop",                       # 5: its own part
+      "def f():",
+      "  from xsens import report",               # 7: inside a function
+  ])
+  assert [w.split(":")[0] for w in layer_violations("train", source, "xsens.train")] == [
+      "2", "3", "4", "7"]
+  # A study may import every part below it (a study importing a study is the rule above).
+  assert layer_violations("studies", source, "xsens.studies") == []
