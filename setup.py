@@ -36,6 +36,9 @@ EXTRAS = {
     # The real PyTorch baselines of experiments/bench_*.py (docs/benchmarks.md); a CPU build:
     # pip install -e ".[bench]" --extra-index-url https://download.pytorch.org/whl/cpu
     "bench": ["torch==2.13.0"],
+    # `tensorboard --logdir WORKDIR` (docs/usage.md); xsens writes the events with tensorboardX
+    # and never imports tensorboard.
+    "tensorboard": ["tensorboard>=2.16"],
 }
 
 setup(

@@ -1,7 +1,8 @@
 """Eigen-analysis of attention and its reconstruction from partial computation.
 
-Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), arXiv 2106.08823 (spec:
-google_papers.md §C; study `xsens.studies.attention_eigen`).
+Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit, "Eigen analysis of self-attention
+and its reconstruction from partial computation", arXiv 2106.08823 (study
+`xsens.studies.attention_eigen`; results: docs/results.md).
 
   xsens --config=mlcollections_configs/attention_eigen.py --workdir=workdirs/attention_eigen
   xsens --config=mlcollections_configs/attention_eigen.py:smoke --workdir=workdirs/ae_smoke

@@ -1,7 +1,7 @@
 """Prediction churn between retrainings, and two ways to lower it.
 
 Bhojanapalli, Wilber, Veit, Rawat, Kim, Menon, Kumar, "On the reproducibility of neural
-network predictions", arXiv 2102.03349 (spec: google_papers.md §F).
+network predictions", arXiv 2102.03349 (results: docs/results.md).
 
   xsens --config=mlcollections_configs/churn.py --workdir=workdirs/churn
   xsens --config=mlcollections_configs/churn.py:smoke --workdir=/tmp/churn_smoke

@@ -1,7 +1,7 @@
 """Teacher's pet: does distillation hurt the weakest classes, and do mitigations help?
 
 Lukasik, Bhojanapalli, Menon, Kumar, "Teacher's pet: understanding and mitigating biases
-in distillation", TMLR 2022, arXiv 2106.10494 (spec: google_papers.md §B).
+in distillation", TMLR 2022, arXiv 2106.10494 (results: docs/results.md).
 
   xsens --config=mlcollections_configs/distillation.py --workdir=workdirs/distillation
   xsens --config=mlcollections_configs/distillation.py:smoke --workdir=/tmp/distill_smoke

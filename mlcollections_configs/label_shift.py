@@ -1,5 +1,5 @@
 """Coping with label shift via distributionally robust optimisation (Zhang, Menon, Veit,
-Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I).
+Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; results in docs/results.md).
 
   xsens --config=mlcollections_configs/label_shift.py --workdir=workdirs/label_shift
   xsens --config=mlcollections_configs/label_shift.py:smoke --workdir=/tmp/label_shift_smoke

@@ -1,7 +1,7 @@
 """DIET position encodings: position at the input vs per-head terms on the attention logits.
 
 "A Simple and Effective Positional Encoding for Transformers" (Chen et al., EMNLP 2021,
-arXiv 2104.08698); docs/drafts/position_encoding.md.
+arXiv 2104.08698); results in docs/results.md.
 
   xsens --config=mlcollections_configs/position_encoding.py --workdir=workdirs/position
   xsens --config=mlcollections_configs/position_encoding.py:smoke --workdir=workdirs/pe_smoke

@@ -1,7 +1,7 @@
 """Reuse Transformers: a ViT vs ViTs that reuse attention of the previous layer.
 
 Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
-Transformers", arXiv 2110.06821 (spec: google_papers.md §A).
+Transformers", arXiv 2110.06821 (results: docs/results.md).
 
   xsens --config=mlcollections_configs/reuse.py --workdir=workdirs/reuse
   xsens --config=mlcollections_configs/reuse.py:smoke --workdir=/tmp/reuse_smoke

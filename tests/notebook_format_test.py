@@ -69,7 +69,12 @@ def test_readme_badges_match_the_one_repository():
   with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
     readme = f.read()
   assert en.readme_badges(NAMES) in readme
-  assert f'REPOSITORY = "{en.REPOSITORY}"' in readme
+  for name in NAMES:  # Each notebook is also named in the README's prose.
+    assert f"`{name.removesuffix('.ipynb')}`" in readme.split("<!-- colab-badges")[0], name
+  with open(os.path.join(REPO, "docs", "usage.md"), encoding="utf-8") as f:
+    usage = f.read()
+  assert "`REPOSITORY` in\n  `experiments/execute_notebooks.py`" in usage  # Where to set it.
+  assert hasattr(en, "REPOSITORY")
 
 
 def _run_cell(cwd, prelude="", env_extra=None):

@@ -1,6 +1,6 @@
 """Sensitivity measures on a batch split over 8 simulated CPU devices give the one-device
-numbers, under `jit` with a batch sharding and under `jax.shard_map`; the README's sharded
-snippet runs as written (own process: the device count is fixed when JAX starts)."""
+numbers, under `jit` with a batch sharding and under `jax.shard_map`; the sharded snippet of
+docs/usage.md runs as written (own process: the device count is fixed when JAX starts)."""
 
 import os
 import re
@@ -145,7 +145,7 @@ _SCRIPT = textwrap.dedent("""
       assert 0 < float(ref["mean"]) < 1, name
     print("image_shard_map ok")
 
-    # The README snippet as written, on the names the README's example defines.
+    # The docs/usage.md snippet as written, on the names its first example defines.
     scope = {"jax": jax, "measures": measures, "apply_fn": apply_fn,
              "variables": variables, "x": x}
     exec(sys.argv[1], scope)
@@ -158,9 +158,10 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def readme_snippet() -> str:
-  """The README's sharded-batch block: the "Use it from Python" block with `batch_sharding`."""
-  with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+def docs_snippet() -> str:
+  """The sharded-batch block of docs/usage.md: the "Use it from Python" block with
+  `batch_sharding`."""
+  with open(os.path.join(REPO, "docs", "usage.md"), encoding="utf-8") as f:
     section = f.read().split("## Use it from Python", 1)[1].split("\n## ", 1)[0]
   blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S)
             if "batch_sharding" in b]
@@ -168,8 +169,8 @@ def readme_snippet() -> str:
   return blocks[0]
 
 
-def test_readme_shows_a_sharded_batch():
-  snippet = readme_snippet()
+def test_docs_show_a_sharded_batch():
+  snippet = docs_snippet()
   for line in ("x_split = jax.device_put(x, sharding.batch_sharding(mesh))",
                "out = sens_fn(variables, x_split, jax.random.key(0))"):
     assert line in snippet, line
@@ -177,7 +178,7 @@ def test_readme_shows_a_sharded_batch():
 
 @pytest.mark.slow
 def test_sharded_measures_match_one_device():
-  proc = subprocess.run([sys.executable, "-c", _SCRIPT, readme_snippet()], cwd=REPO,
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT, docs_snippet()], cwd=REPO,
                         capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
   assert "SHARDED_MEASURES_OK" in proc.stdout
