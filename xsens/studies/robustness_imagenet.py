@@ -42,12 +42,12 @@ resizes the whole image (no crop) to the fine-tuning resolution (384 for the
 imagenet21k+imagenet2012 ViT-B/16, 480 for BiT-M-ILSVRC2012), so clean accuracies here are a
 little different from the published ones.
 
-Cost of synthesised corruptions (host CPU at 224², `experiments/bench_corruptions.py`):
-about 0.4 CPU-s per image per severity for all 15 (zoom and defocus blur half of it), so
-10 000 images × 5 severities are about 5–6 CPU-hours, spread over `imagenet.num_workers` threads (NumPy releases the GIL); a prepared
-imagenet2012_corrupted (decode only) or a smaller `imagenet.limit` is much cheaper.
+Cost: synthesised corruptions run on the host CPU at 224² (zoom and defocus blur the
+costliest; `experiments/bench_corruptions.py` measures them), spread over
+`imagenet.num_workers` threads (NumPy releases the GIL); a prepared imagenet2012_corrupted
+(decode only) or a smaller `imagenet.limit` is much cheaper.
 
-Memory: the streaming passes hold two batches of `imagenet.batch_size` × 224² × 3; the
+Memory: the streaming pass holds two batches of `imagenet.batch_size` × 224² × 3; the
 adversarial / layer-removal subset is materialised in model space:
 `robustness.num_examples` × image_size² × 3 × 4 bytes (500 × 224² ≈ 0.3 GB).
 """
@@ -102,7 +102,7 @@ def validate(config) -> None:
     raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
   pretrained_runs.validate_checkpoint_runs(config.runs, LOADERS)
   for name, run in config.runs.items():
-    data = run.get("pretraining")
+    data = run.pretraining
     if data is not None and not (isinstance(data, str) and data.strip()):
       raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "
                         f"pre-training data (e.g. 'ImageNet-21k'), got {data!r}")
@@ -423,7 +423,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                jax.random.fold_in(key, 1))
   with lab_robustness.timed(timings, "layer_removal"):
     removal = removal_section(runs, rc, images, labels)
-  pretraining = {name: run_cfg.get("pretraining") for name, run_cfg in config.runs.items()}
+  pretraining = {name: run_cfg.pretraining for name, run_cfg in config.runs.items()}
   rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)
   scale = pretraining_comparison(rows, {n: r.model.name for n, r in config.runs.items()})
   paths.makedirs(workdir)
