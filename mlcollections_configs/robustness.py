@@ -65,13 +65,20 @@ def robustness_config() -> ml_collections.ConfigDict:
       "batch_size": 250,
       "patch_size": 4,              # the ViT's patch grid, for perturbation structure
       "baseline_run": "resnet18",   # mCE is relative to this run
-      "corruptions": {"names": tuple(corruptions.NAMES), "severities": (1, 2, 3, 4, 5)},
+      # Where the corrupted test images come from: `tfds_name` (pre-computed sets
+      # `<tfds_name>/<corruption>_<severity>` in train.data.data_dir, e.g. CIFAR-10-C) read
+      # when all are prepared ("auto") or always ("tfds"), else synthesised ("synthesize");
+      # mnist5k has no pre-computed set.
+      "corruptions": {"names": tuple(corruptions.NAMES), "severities": (1, 2, 3, 4, 5),
+                      "source": "auto",
+                      "tfds_name": ml_collections.FieldReference(None, field_type=str)},
       "adversarial": {"norm": "linf", "epsilons": (0.01, 0.02, 0.05, 0.1),
                       "main_epsilon": 0.05, "pgd_steps": 10, "step_size_fraction": 0.25,
                       "low_freq_cutoff": 0.25},
       "perturbations": {"relative_scale": 0.5, "num_draws": 3, "sharpness_sigma": 0.05,
                         "sharpness_examples": 500},
       "representations": {"num_examples": 500},
+      "skip_sections": (),          # optional sections not measured (OPTIONAL_SECTIONS)
   })
 
 
@@ -110,8 +117,10 @@ def imagenet_config(smoke: bool = False, scale: bool = False) -> ml_collections.
       batch_size=250)
   config.robustness = rc = robustness_config()
   # Not measured in this setup (see xsens.studies.robustness_imagenet): weight noise,
-  # sharpness, CKA and probes.
-  del rc["perturbations"], rc["representations"]
+  # sharpness, CKA and probes; the corrupted images' source is `imagenet.corruption_source`.
+  del rc["perturbations"], rc["representations"], rc["skip_sections"]
+  del rc.corruptions["source"], rc.corruptions["tfds_name"]
+  rc.perturbations = rc.representations = None
   rc.num_examples = 500                     # adversarial and layer-removal subset
   rc.batch_size = 50
   rc.patch_size = 16                        # ViT-B/16's patch grid
@@ -175,12 +184,6 @@ def get_config(arg=None):
   config.num_seeds = arg.seeds  # Training seeds per run (xsens.lab.multirun.run_ids).
   c = config.train
   config.robustness = rc = robustness_config()
-  # Where the corrupted test images come from: `tfds_name` (pre-computed sets
-  # `<tfds_name>/<corruption>_<severity>` in train.data.data_dir, e.g. CIFAR-10-C) read when
-  # all are prepared ("auto") or always ("tfds"), else synthesised ("synthesize"); mnist5k
-  # has no pre-computed set.
-  rc.corruptions.source = "auto"
-  rc.corruptions.tfds_name = ml_collections.FieldReference(None, field_type=str)
   if arg.setup == "mnist5k":
     c.data.name = "mnist5k"
     c.total_steps = 1500

@@ -102,6 +102,8 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
   sc.scattered = ml_collections.ConfigDict(  # Not measured here.
       {"enabled": False, "sigma": 0.1, "num_pixels": 16, "num_draws": 5})
   sc.global_noise = ml_collections.ConfigDict({"enabled": True, "num_draws": 4})
+  sc.sharpness = None                       # Not measured here (no training runs).
+  sc.streams = ml_collections.FieldReference(None, field_type=int)  # batches at once
   config.runs = ml_collections.ConfigDict({
       "convnext_t": {"model": {"name": "convnext"}, "pretrained": {"path": path()}},
       "vit_b16": {"model": {"name": "vit"}, "pretrained": {"path": path()}}})
@@ -134,8 +136,7 @@ def get_config(arg=None):
   sc.batch_size = 128
   sc.chunk_size = ml_collections.FieldReference(16, field_type=int)
   # Batches measured at once (host threads, xsens.train.streams): None = auto (one per
-  # core on a single CPU device: the ViT measured 1.5x faster on 2 cores; 1 otherwise).
-  # Same numbers for any value.
+  # core on a single CPU device, 1 otherwise). Same numbers for any value.
   sc.streams = ml_collections.FieldReference(None, field_type=int)
   # "absolute": σ in pixels (the paper's); "token_rms": σ in units of the RMS pixel of the
   # measured examples, i.e. σ is the noise-to-signal ratio (xsens.measures.sensitivity).

@@ -257,18 +257,19 @@ def test_corruption_accuracy_bookkeeping():
   images = ce.from_unit_range(x01.astype(np.float32), "half")
   shapes = set()
 
-  def constant(x, y):
+  def constant(variables, x):
+    del variables
     shapes.add(x.shape)
-    return jnp.argmax(jnp.tile(jnp.array([[0.0, 1.0, 0.5]]), (x.shape[0], 1)), -1) == y
+    return jnp.tile(jnp.array([[0.0, 1.0, 0.5]]), (x.shape[0], 1))
 
   names = ("contrast", "gaussian_noise")
-  acc = lab_corruptions.host_corruption_accuracy(constant, images, labels, normalize="half",
-                                                 names=names, severities=(1, 5),
-                                                 batch_size=16)
+  acc = lab_corruptions.host_corruption_accuracy(constant, {}, images, labels,
+                                                 normalize="half", names=names,
+                                                 severities=(1, 5), batch_size=16)
   assert set(acc) == {(m, s) for m in names for s in (1, 5)}
   assert all(v == pytest.approx(np.mean(labels == 1)) for v in acc.values())
   assert shapes == {(16, 8, 8, 1)}  # Padded last batch: one shape, one compile.
-  assert lab_robustness.split_accuracy(constant, images, labels, batch_size=16) == (
+  assert lab_robustness.split_accuracy(constant, {}, images, labels, batch_size=16) == (
       pytest.approx(18 / 37))
 
   def by_mean(variables, x):
@@ -276,16 +277,16 @@ def test_corruption_accuracy_bookkeeping():
     m = jnp.mean(x, axis=(1, 2, 3)) * variables  # In [-1, 1]: dark < 0 < bright.
     return jnp.stack([-m, m, jnp.full_like(m, -10.0)], axis=-1)[:, :k]
 
-  correct_fn = lab_robustness.bind(by_mean, 1.0)
-  acc = lab_corruptions.host_corruption_accuracy(correct_fn, images, labels, normalize="half",
-                                                 names=("contrast",), batch_size=10)
+  acc = lab_corruptions.host_corruption_accuracy(by_mean, 1.0, images, labels,
+                                                 normalize="half", names=("contrast",),
+                                                 batch_size=10)
   assert all(v == 1.0 for v in acc.values())
   again = lab_corruptions.host_corruption_accuracy(
-      correct_fn, images, labels, normalize="half", names=("gaussian_noise",),
+      by_mean, 1.0, images, labels, normalize="half", names=("gaussian_noise",),
       severities=(5,), seed=1)
   assert 0.0 <= again[("gaussian_noise", 5)] <= 1.0
   with pytest.raises(ValueError, match="unknown corruption"):
-    lab_corruptions.host_corruption_accuracy(correct_fn, images, labels, normalize="half",
+    lab_corruptions.host_corruption_accuracy(by_mean, 1.0, images, labels, normalize="half",
                                              names=("rain",))
 
 
@@ -295,8 +296,8 @@ def test_corruption_accuracy_in_streams_equals_one_stream():
   images = rng.uniform(-1, 1, (40, 8, 8, 1)).astype(np.float32)
   labels = rng.integers(0, 3, 40)
   w = jnp.asarray(rng.normal(size=(64, 3)).astype(np.float32))
-  correct_fn = jax.jit(lambda x, y: jnp.argmax(x.reshape(len(x), -1) @ w, -1) == y)
-  got = {s: lab_corruptions.host_corruption_accuracy(correct_fn, images, labels,
+  linear = lambda w, x: x.reshape(len(x), -1) @ w
+  got = {s: lab_corruptions.host_corruption_accuracy(linear, w, images, labels,
                                                      normalize="half", severities=(2, 4),
                                                      batch_size=16, streams=s)
          for s in (1, 3)}

@@ -322,10 +322,10 @@ def test_accuracy_padding_is_masked():
   x = _images(5)
   labels = np.array([0, 1, 2, 3, 4])
   want = np.mean(np.asarray(jnp.argmax(_apply(model, variables, x), -1)) == labels)
-  correct_fn = lab_robustness.bind(_fn(model), variables)
+  apply_fn = _fn(model)
   # Several batches with a padded last one, and one batch larger than the split.
   for batch_size in (2, 8):
-    assert lab_robustness.split_accuracy(correct_fn, x, labels, batch_size) == (
+    assert lab_robustness.split_accuracy(apply_fn, variables, x, labels, batch_size) == (
         pytest.approx(want))
   mask = jnp.array([1, 1, 1, 0, 0])
   out = pert.accuracy(_fn(model), variables, x, labels=labels, mask=mask)

@@ -113,7 +113,7 @@ def _check_style(axes: list[dict], *, chance=None, integer_x=False, integer_y=Fa
 
 def _robustness_inputs(names=("vit", "resnet"), layers=3):
   rc = ml_collections.ConfigDict({
-      "corruptions": {"severities": [1, 2, 3, 4, 5]},
+      "corruptions": {"severities": [1, 2, 3, 4, 5], "source": "auto", "tfds_name": None},
       "adversarial": {"epsilons": [0.0, 1 / 255, 2 / 255, 4 / 255], "norm": "linf",
                       "main_epsilon": 2 / 255},
       "patch_size": 4})

@@ -188,8 +188,8 @@ def test_cifar10_c_read_from_tfds_when_present_else_synthesised(tmp_path, monkey
       expected = {}
       for c, s in [(c, s) for c in rc.corruptions.names for s in rc.corruptions.severities]:
         split = load(dc, c, s)
-        correct_fn = lab_robustness.bind(res.apply_fn, res.variables)
-        expected[(c, s)] = lab_robustness.split_accuracy(correct_fn, split.images[:20],
+        expected[(c, s)] = lab_robustness.split_accuracy(res.apply_fn, res.variables,
+                                                         split.images[:20],
                                                          split.labels[:20], 8)
   finally:
     pipeline.clear_cache()

@@ -151,9 +151,10 @@ def test_bad_global_and_sharpness_settings(field, value, message):
   assert str(e.value) == f"config.sensitivity.{field}: {message}"
 
 
-def test_configs_without_the_new_blocks_still_validate():
+def test_configs_without_the_optional_blocks_validate():
   sc = sv_cfg.get_config("smoke").sensitivity
   del sc["global_noise"], sc["sharpness"]
+  sc.global_noise = sc.sharpness = None  # Not measured.
   lab_sens.validate_sensitivity_config(sc, (28, 28, 1))
   assert not lab_sens.enabled(sc, "global_noise") and not lab_sens.enabled(sc, "sharpness")
 

@@ -34,10 +34,10 @@ def corruption_source(rc, data_config) -> str:
   on the clean test images; "tfds": the pre-computed sets `<tfds_name>/<corruption>_<severity>`
   (e.g. CIFAR-10-C, `xsens.data.corrupted`) from `train.data.data_dir`, refused
   (ConfigError) unless every needed set is there; "auto" (default): "tfds" when every needed
-  set is there, else "synthesize". An absent `source` or `tfds_name` means "synthesize".
+  set is there, else "synthesize". A `tfds_name` of None means "synthesize".
   """
   cc = rc.corruptions
-  source, dataset = cc.get("source", "synthesize"), cc.get("tfds_name")
+  source, dataset = cc.source, cc.tfds_name
   if source not in CORRUPTION_SOURCES:
     raise ConfigError("robustness.corruptions.source", f"got {source!r}; allowed: "
                       f"{', '.join(CORRUPTION_SOURCES)}")
@@ -89,8 +89,6 @@ def corruption_section(results, rc, normalize, *, source: str = "synthesize",
   """
   acc, summary = {}, {}
   names, sevs = list(rc.corruptions.names), list(rc.corruptions.severities)
-  correct_fns = {name: robustness.bind(res.apply_fn, res.variables)
-                 for name, res in results.items()}
   if source == "tfds":
     acc = {name: {} for name in results}
     for c, sev in progress([(c, s) for c in names for s in sevs], desc="corruptions",
@@ -103,16 +101,18 @@ def corruption_section(results, rc, normalize, *, source: str = "synthesize",
           split = corrupted.load_cifar10_corrupted(dc, c, sev, seed=seed,
                                                    dataset=rc.corruptions.tfds_name)
           loaded[key] = (split.images[:rc.num_examples], split.labels[:rc.num_examples])
-        acc[name][(c, sev)] = robustness.split_accuracy(correct_fns[name], *loaded[key],
-                                                        rc.batch_size)
+        res = results[name]
+        acc[name][(c, sev)] = robustness.split_accuracy(res.apply_fn, res.variables,
+                                                        *loaded[key], rc.batch_size)
   for name, res in results.items():
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
     if source != "tfds":
       acc[name] = host_corruption_accuracy(
-          correct_fns[name], images, labels, normalize=normalize, names=names,
+          res.apply_fn, res.variables, images, labels, normalize=normalize, names=names,
           severities=sevs, seed=rc.seed, batch_size=rc.batch_size)
-    clean = robustness.split_accuracy(correct_fns[name], images, labels, rc.batch_size)
+    clean = robustness.split_accuracy(res.apply_fn, res.variables, images, labels,
+                                      rc.batch_size)
     summary[name] = corruption_eval.summarize(acc[name], clean)
   errs = {n: corruption_eval.errors(a) for n, a in acc.items()}
   mce = corruption_eval.mce_table(errs, rc.baseline_run,
@@ -127,7 +127,7 @@ def corruption_section(results, rc, normalize, *, source: str = "synthesize",
           "source": source, "rel_mce_warning": warning}
 
 
-def host_corruption_accuracy(correct_fn, images: np.ndarray, labels: np.ndarray, *,
+def host_corruption_accuracy(apply_fn, variables, images: np.ndarray, labels: np.ndarray, *,
                              normalize: str, stats=None,
                              names: Sequence[str] = corruptions.NAMES,
                              severities: Sequence[int] = corruptions.SEVERITIES,
@@ -136,16 +136,17 @@ def host_corruption_accuracy(correct_fn, images: np.ndarray, labels: np.ndarray,
   """Top-1 accuracy on every (corruption, severity) of a split, NumPy corruptions on the host.
 
   Every corruption of `corruptions.NAMES` (the `HOST_ONLY` ones too), corrupted in chunks
-  by `corruption_eval.corrupt_normalized`, scored by `xsens.measures.accuracy` through
-  `correct_fn` (`robustness.split_accuracy`).
+  by `corruption_eval.corrupt_normalized`, scored by `xsens.measures.accuracy`
+  (`robustness.split_accuracy`, one batch at a time within a set).
 
   Up to `streams` (corruption, severity) sets are corrupted and predicted at once, one host
   thread each (`xsens.train.streams`; None: one per core on a CPU); each set's corruption
   has its own seed, so the accuracies do not depend on it.
 
   Args:
-    correct_fn: `(inputs [B, H, W, C] (model space), labels [B]) -> correct [B]`, e.g.
-      `robustness.bind(apply_fn, variables)`.
+    apply_fn: `(variables, inputs [B, H, W, C] (model space)) -> logits [B, K]`, eval
+      mode; one stable object per model (it is static to the jitted batch function).
+    variables: the model's variables.
     images: [N, H, W, C] in model space (a `Split.images`), C in {1, 3}.
     labels: [N] int.
     normalize: how `images` were normalised ("zero_one" | "half" | "standardize").
@@ -170,7 +171,7 @@ def host_corruption_accuracy(correct_fn, images: np.ndarray, labels: np.ndarray,
   def one(name_severity):
     x = corruption_eval.corrupt_normalized(images, *name_severity, normalize=normalize,
                                            stats=stats, seed=seed)
-    return robustness.split_accuracy(correct_fn, x, labels, batch_size)
+    return robustness.split_accuracy(apply_fn, variables, x, labels, batch_size, streams=1)
 
   accs = streams_lib.ordered_map(one, progress(sets, desc="corruptions", unit="set"),
                                  streams_lib.resolve(streams))

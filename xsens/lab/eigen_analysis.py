@@ -39,6 +39,7 @@ from xsens.errors import ConfigError, is_finite_number
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit
 from xsens.report import plots, seed_stats, tables
+from xsens.train import evaluators
 
 
 def _positive_int(value, field: str) -> None:
@@ -180,15 +181,22 @@ def _vit_fields(model) -> list[str]:
   return [f.name for f in dataclasses.fields(eigen_vit.ViT) if f.name not in ("parent", "name")]
 
 
+@functools.lru_cache(maxsize=None)
+def _correct_fn(model):
+  """`fn(batch {"image", "label"}, variables) -> correct [B] bool` of `model` in eval
+  mode; one function object per model, so `over_split` compiles it once per shape."""
+  def fn(batch, variables):
+    return model.apply(variables, batch["image"], train=False).argmax(-1) == batch["label"]
+  return fn
+
+
 def top1_accuracy(model, variables, images, labels, batch_size: int) -> float:
   """Top-1 accuracy of `model.apply(variables, ·, train=False)` over a split held on the
-  host (padded batches of `batch_size`). images [N, ...], labels [N] int."""
-  fn = jax.jit(lambda v, x: model.apply(v, x, train=False).argmax(-1))
-  hits = 0
-  for idx, mask in batching.padded_index_batches(len(images), batch_size):
-    pred = np.asarray(fn(variables, jnp.asarray(images[idx])))
-    hits += float(((pred == np.asarray(labels)[idx]) * mask).sum())
-  return hits / len(images)
+  host (`evaluators.over_split`, padded batches of `batch_size`). images [N, ...],
+  labels [N] int."""
+  hits = evaluators.over_split(_correct_fn(model), {"image": images, "label": labels},
+                               args=(variables,), reduce="sum", batch_size=batch_size)
+  return float(hits) / len(images)
 
 
 def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, data: str,

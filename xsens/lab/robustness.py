@@ -1,17 +1,12 @@
 """Robustness evaluation of finished runs over a split held in memory.
 
 Config checks of `config.robustness`, the pixel range of each `data.normalize`, a section
-timer, and the host loops that pool the per-batch measures of `xsens.measures`
-(`accuracy`, `layer_removal_accuracy`, `weight_noise_accuracy`, the attacks) over a split:
-fixed-size batches (`xsens.data.batching.padded_index_batches`: the last one padded and
-masked), so every jitted function compiles once per model and shape.
-
-Compilation. Where a section scores a model held fixed over many batches and attacks
-(`bind`), the jitted function closes over the variables: XLA then folds computations on
-the weights (e.g. BatchNorm's scale / sqrt(var + eps)) at compile time, and keeping that
-form keeps the published numbers bit-identical. Build it once per run and reuse it: it
-compiles once. `pooled_correct` jits nothing: its caller jits the measure with `apply_fn`
-static (one stable object per run, e.g. `TrainResult.apply_fn`) and the variables traced.
+timer, and the split-level scores built on `xsens.train.evaluators.over_split` (fixed-size
+padded batches, so every jitted function compiles once per model and shape): top-1
+accuracy (`split_accuracy`), and the correct counts of `xsens.measures.layer_removal_accuracy`
+and `weight_noise_accuracy` summed over a split (`pooled_correct`). The variables are
+traced arguments of the jitted batch functions; the model's `apply_fn` is static (one
+stable object per run, e.g. `TrainResult.apply_fn`).
 """
 
 from __future__ import annotations
@@ -23,17 +18,15 @@ import time
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jax.experimental import multihost_utils
-
 from xsens import measures
-from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int, require
 from xsens.measures import adversarial as adv
 from xsens.measures import corruptions
 from xsens.measures import perturbations as pert
-from xsens.train import sharding
+from xsens.train import evaluators
 
 # Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
 PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
@@ -73,7 +66,7 @@ def validate_robustness_config(rc, run_names, normalize) -> None:
   for field in ("num_examples", "batch_size", "patch_size"):
     require(is_int(rc[field]) and rc[field] > 0, f"robustness.{field}",
             f"must be an int > 0, got {rc[field]!r}")
-  pc = rc.get("perturbations")  # Not in the ImageNet setup.
+  pc = rc.perturbations  # None in the ImageNet setup.
   if pc is not None:
     for field in ("relative_scale", "sharpness_sigma"):
       require(is_finite_number(pc[field]) and pc[field] >= 0,
@@ -82,7 +75,7 @@ def validate_robustness_config(rc, run_names, normalize) -> None:
     for field in ("num_draws", "sharpness_examples"):
       require(is_int(pc[field]) and pc[field] > 0, f"robustness.perturbations.{field}",
               f"must be an int > 0, got {pc[field]!r}")
-  reps = rc.get("representations")
+  reps = rc.representations
   if reps is not None:
     require(is_int(reps.num_examples) and reps.num_examples > 0,
             "robustness.representations.num_examples",
@@ -101,44 +94,30 @@ def timed(timings: dict, name: str):
   log.info("Stage %s: done in %.1f s", name, timings[name])
 
 
-# ------------------------------------------------------------------------------ batching
+# ------------------------------------------------------------------------------ accuracy
 
 
-def batched(fn, *arrays, batch_size, mesh=None):
-  """Applies `fn` to equal-size batches (last one padded) and concatenates.
-
-  `fn(*batches) -> pytree of [B, ...]`; returns that pytree over the N real examples,
-  [N, ...] (padding rows dropped), as host arrays. Each batch is split over the devices of
-  `mesh` (default: all devices, `sharding.data_mesh()`), B = `batch_size` rounded up to a
-  multiple of their number; with several processes each one puts its slice of the batch
-  and the outputs are gathered (`process_allgather`), so every process returns the same
-  arrays. On one device this is the plain host loop.
-  """
-  mesh = sharding.data_mesh() if mesh is None else mesh
-  size = -(-batch_size // mesh.size) * mesh.size
-  pc, pi = jax.process_count(), jax.process_index()
-  local = slice(pi * size // pc, (pi + 1) * size // pc)
-  outs = []
-  for idx, mask in batching.padded_index_batches(len(arrays[0]), size):
-    out = fn(*sharding.global_batch(tuple(np.asarray(a[idx[local]]) for a in arrays), mesh))
-    if pc > 1:
-      out = multihost_utils.process_allgather(out, tiled=True)
-    keep = int(mask.sum())
-    outs.append(jax.tree.map(lambda o, k=keep: np.asarray(o)[:k], out))
-  return jax.tree.map(lambda *o: np.concatenate(o), *outs)
+@functools.lru_cache(maxsize=None)
+def correct_fn(apply_fn) -> Callable[[dict, object], jax.Array]:
+  """`fn(batch {"image" [B, ...], "label" [B]}, variables) -> correct [B] bool` of
+  `xsens.measures.accuracy`, one function object per `apply_fn` (so `over_split` compiles
+  it once per model and shape)."""
+  def fn(batch, variables):
+    return measures.accuracy(apply_fn, variables, batch["image"],
+                             labels=batch["label"])["correct"]
+  return fn
 
 
-def bind(apply_fn, variables) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """jit(`(inputs [B, ...], labels [B]) -> correct [B] bool`) of one model
-  (`xsens.measures.accuracy`), closed over its variables (see the module docstring);
-  build once per run."""
-  return jax.jit(lambda x, y: measures.accuracy(apply_fn, variables, x, labels=y)["correct"])
-
-
-def split_accuracy(correct_fn, images, labels, batch_size: int) -> float:
-  """Top-1 accuracy over a split: the mean of `correct_fn` (from `bind`) over fixed-size
-  batches (`batched`). images [N, ...], labels [N] int."""
-  return float(np.mean(batched(correct_fn, images, labels, batch_size=batch_size)))
+def split_accuracy(apply_fn, variables, images, labels, batch_size: int, *, mesh=None,
+                   streams: int | None = None) -> float:
+  """Top-1 accuracy over a split: correct examples (`correct_fn`, summed by
+  `evaluators.over_split`) over N. images [N, ...], labels [N] int; `batch_size` global
+  examples per batch (rounded up to the mesh), `mesh` default all devices, `streams`
+  batches at once (see `over_split`)."""
+  correct = evaluators.over_split(correct_fn(apply_fn), {"image": images, "label": labels},
+                                  args=(variables,), reduce="sum", batch_size=batch_size,
+                                  mesh=mesh, streams=streams)
+  return float(correct) / len(images)
 
 
 def pooled_correct(measure, variables, images, labels, *, batch_size: int,
@@ -146,13 +125,14 @@ def pooled_correct(measure, variables, images, labels, *, batch_size: int,
   """Counts of correct real examples of a per-batch measure, summed over a split.
 
   Args:
-    measure: jitted `(variables, inputs [B, ...], labels=[B], **kwargs) -> dict` with
-      bool entries "baseline_correct" [B] and "correct" [..., B] (e.g.
+    measure: `(variables, inputs [B, ...], labels=[B], **kwargs) -> dict` with bool
+      entries "baseline_correct" [B] and "correct" [..., B] (e.g.
       `xsens.measures.layer_removal_accuracy` or `weight_noise_accuracy` with its
-      options bound).
+      options bound); jitted here by `evaluators.over_split`.
     variables: the model's variables.
     images: [N, ...] inputs; labels: [N] int.
     batch_size: examples per call (the last batch padded, its padding rows not counted).
+    **kwargs: array arguments of `measure` (e.g. `key`), traced.
 
   Returns:
     {"baseline_correct": int64 [], "correct": int64 [...]}: correct examples out of N.
@@ -160,15 +140,17 @@ def pooled_correct(measure, variables, images, labels, *, batch_size: int,
   if len(images) != len(labels) or not len(images):
     raise ValueError(f"need as many labels as images (at least one); got "
                      f"{len(images)} images and {len(labels)} labels.")
-  sums = {}
-  for idx, mask in batching.padded_index_batches(len(images), batch_size):
-    out = measure(variables, np.asarray(images)[idx], labels=np.asarray(labels)[idx],
-                  **kwargs)
-    keep = mask > 0
-    for name in ("baseline_correct", "correct"):
-      count = np.asarray(out[name])[..., keep].sum(axis=-1)
-      sums[name] = count if name not in sums else sums[name] + count
-  return sums
+  names = tuple(kwargs)
+
+  def fn(batch, variables, *values):
+    out = measure(variables, batch["image"], labels=batch["label"],
+                  **dict(zip(names, values)))
+    return {"baseline_correct": out["baseline_correct"],
+            "correct": jnp.moveaxis(out["correct"], -1, 0)}  # Examples first: [B, ...].
+  sums = evaluators.over_split(fn, {"image": images, "label": labels},
+                               args=(variables, *kwargs.values()), reduce="sum",
+                               batch_size=batch_size)
+  return {k: np.rint(v).astype(np.int64) for k, v in sums.items()}
 
 
 def split_layer_removal(run, images, labels, *, batch_size: int, layers=None) -> dict:
@@ -188,8 +170,8 @@ def split_layer_removal(run, images, labels, *, batch_size: int, layers=None) ->
   if layers is None:
     layers = pert.removable_layers(run.model)
   layers = tuple((int(i), str(p)) for i, p in layers)
-  fn = jax.jit(functools.partial(measures.layer_removal_accuracy, run.apply_fn,
-                                 model=run.model, layers=layers))
+  fn = functools.partial(measures.layer_removal_accuracy, run.apply_fn, model=run.model,
+                         layers=layers)
   c = pooled_correct(fn, run.variables, images, labels, batch_size=batch_size)
   n = len(images)
   return {"baseline": int(c["baseline_correct"]) / n,
@@ -215,9 +197,8 @@ def split_weight_noise(run, images, labels, key, *, relative_scale: float,
   """
   params = run.variables["params"]
   layers = pert.weight_layers(params) if layers is None else tuple(layers)
-  fn = jax.jit(functools.partial(measures.weight_noise_accuracy, run.apply_fn,
-                                 relative_scale=relative_scale, num_draws=num_draws,
-                                 layers=layers))
+  fn = functools.partial(measures.weight_noise_accuracy, run.apply_fn,
+                         relative_scale=relative_scale, num_draws=num_draws, layers=layers)
   c = pooled_correct(fn, run.variables, images, labels, batch_size=batch_size, key=key)
   n = len(images)
   per_draw = {name: tuple(int(k) / n for k in row) for name, row in zip(layers, c["correct"])}

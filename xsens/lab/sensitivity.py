@@ -5,8 +5,9 @@ token-wise Gaussian sensitivity S_σ(f) of a model on its training examples, for
 `sensitivity.sigmas` (spec §2.1), the official code's scattered-pixel estimate (spec §2.2),
 the global variant with noise on every patch at once (App. A.2), and the sharpness of the
 weights (the official code's `check_sharpness`, spec §4), by the estimators of
-`xsens.measures.sensitivity` over padded batches of the examples. Keys: a run's key folded
-with the σ index, then the batch index (global: first with len(σ) + 1; sharpness: len(σ) + 2).
+`xsens.measures.sensitivity` over padded batches of the examples
+(`xsens.train.evaluators.over_split`). Keys: a run's key folded with the σ index, then the
+batch number (global: first with len(σ) + 1; sharpness: len(σ) + 2, then the draw).
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from xsens import measures
-from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
 from xsens.report import plots
+from xsens.train import evaluators
 from xsens.train.progress import progress
-from xsens.train import sharding
 from xsens.train import streams as streams_lib
 
 
@@ -50,14 +50,14 @@ def validate_sensitivity_config(sc, image_shape) -> None:
   if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
     raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
                       f"{sc.chunk_size!r}")
-  streams_lib.check_field("sensitivity.streams", sc.get("streams"))
-  noise_scale = sc.get("noise_scale", "absolute")
+  streams_lib.check_field("sensitivity.streams", sc.streams)
+  noise_scale = sc.noise_scale
   if noise_scale not in sens.NOISE_SCALES:
     raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
                       f"{', '.join(sens.NOISE_SCALES)}")
   validate_scattered_config(sc.scattered)
-  validate_global_config(sc.get("global_noise"))
-  validate_sharpness_config(sc.get("sharpness"))
+  validate_global_config(sc.global_noise)
+  validate_sharpness_config(sc.sharpness)
 
 
 def _check_enabled(block, path: str) -> None:
@@ -66,7 +66,7 @@ def _check_enabled(block, path: str) -> None:
 
 
 def validate_global_config(block) -> None:
-  """Checks `config.sensitivity.global_noise` (App. A.2; absent: not measured)."""
+  """Checks `config.sensitivity.global_noise` (App. A.2; None: not measured)."""
   if block is None:
     return
   path = "sensitivity.global_noise"
@@ -77,7 +77,7 @@ def validate_global_config(block) -> None:
 
 
 def validate_sharpness_config(block) -> None:
-  """Checks `config.sensitivity.sharpness` (spec §4; absent: not measured)."""
+  """Checks `config.sensitivity.sharpness` (spec §4; None: not measured)."""
   if block is None:
     return
   path = "sensitivity.sharpness"
@@ -113,8 +113,8 @@ def validate_against_runs(config, experiments) -> None:
 
 
 def enabled(sc, name: str) -> bool:
-  """Whether the optional block `sensitivity.<name>` is present and enabled."""
-  block = sc.get(name)
+  """Whether the optional block `sensitivity.<name>` is set (not None) and enabled."""
+  block = sc[name]
   return block is not None and block.enabled
 
 
@@ -124,7 +124,7 @@ def config_summary(sc) -> dict:
          "num_draws": sc.num_draws, "num_examples": sc.num_examples,
          "scattered": sc.scattered.to_dict()}
   for name in ("global_noise", "sharpness"):
-    if sc.get(name) is not None:
+    if sc[name] is not None:
       out[name] = sc[name].to_dict()
   return out
 
@@ -169,30 +169,43 @@ def global_batch(variables, images, mask, key, sigma, *, model, patch_size, num_
 @functools.partial(jax.jit, static_argnames=("model",))
 def _sharpness_batch(variables, images, mask, key, sigma, *, model):
   """Masked means over one padded batch of one weight-noise draw (spec §4): the L1 logit
-  change and the label flips. The draw depends on `key` only, not on the batch."""
+  change and the label flips, each repeated over the batch ([B] each). The draw depends on
+  `key` only, not on the batch."""
   out = measures.sharpness(functools.partial(model.apply, train=False), variables, images,
                            key=key, sigma=sigma, num_draws=1, mask=mask)
-  return out["sharpness_l1"], out["sharpness_flip"]
+  b = images.shape[0]
+  return (jnp.broadcast_to(out["sharpness_l1"], (b,)),
+          jnp.broadcast_to(out["sharpness_flip"], (b,)))
 
 
-def _batches(images: np.ndarray, batch_size: int, mesh):
-  """Yields (batch number, padded images, mask) — the last two global arrays sharded on
-  the batch axis — and the host [batch_size] bool of real rows."""
-  for i, (idx, mask) in enumerate(batching.padded_index_batches(len(images), batch_size)):
-    yield i, *sharding.global_batch((images[idx], mask), mesh), mask > 0
+_BATCH_FNS = {"patch": patch_batch, "scattered": _scattered_batch, "global": global_batch,
+              "sharpness": _sharpness_batch}
 
 
-def _map_batches(images: np.ndarray, sc, mesh, batch_fn):
-  """`batch_fn(batch number, images, mask)` -> per-example outputs ([bs, ...] each), over
-  the padded batches of `images` (`sensitivity.batch_size`, rounded up to the mesh), up
-  to `sensitivity.streams` batches at once (`xsens.train.streams`; the results do not
-  depend on it); the outputs concatenated over the real examples, on the host."""
+@functools.lru_cache(maxsize=None)
+def _keyed(kind: str, batch_size: int, fold_batch: bool, static: tuple):
+  """`fn(batch, variables, key, sigma)` for `evaluators.over_split`: the batch function
+  `_BATCH_FNS[kind]` (static arguments `dict(static)`) on the batch's images and mask, with
+  `key` folded with the batch number (`batch["index"][0] // batch_size`) when
+  `fold_batch`. One function object per argument tuple, so it compiles once per shape."""
+  inner, kw = _BATCH_FNS[kind], dict(static)
+
+  def fn(batch, variables, key, sigma):
+    if fold_batch:
+      key = jax.random.fold_in(key, batch["index"][0] // batch_size)
+    return inner(variables, batch["image"], batch["mask"], key, sigma, **kw)
+  return fn
+
+
+def _map_batches(kind: str, images: np.ndarray, sc, mesh, variables, key, sigma, *,
+                 fold_batch: bool = True, **static):
+  """The per-example outputs ([N, ...] each, on the host) of the batch function `kind` over
+  the padded batches of `images` (`sensitivity.batch_size`, rounded up to the mesh; up to
+  `sensitivity.streams` at once, the results do not depend on it)."""
   bs = round_up(sc.batch_size, mesh.size)
-  outs = streams_lib.ordered_map(
-      lambda b: (jax.device_get(batch_fn(*b[:3])), b[3]), _batches(images, bs, mesh),
-      streams_lib.resolve(sc.get("streams")))
-  return jax.tree.map(lambda *a: np.concatenate(a),
-                      *[jax.tree.map(lambda v, ok=ok: np.asarray(v)[ok], o) for o, ok in outs])
+  fn = _keyed(kind, bs, fold_batch, tuple(sorted(static.items())))
+  return evaluators.over_split(fn, {"image": images}, args=(variables, key, sigma),
+                               reduce="concat", batch_size=bs, mesh=mesh, streams=sc.streams)
 
 
 def stderr(per_example: np.ndarray) -> float:
@@ -210,21 +223,20 @@ def measure_model(result, sc, key, mesh, scale: float = 1.0) -> dict:
   (sample std of per-example means / √N), which includes the Monte-Carlo noise.
   """
   images = result.train.images[:sc.num_examples]
-  over_batches = functools.partial(_map_batches, images, sc, mesh)
+  over_batches = functools.partial(_map_batches, images=images, sc=sc, mesh=mesh,
+                                   variables=result.variables, model=result.model)
   out = {"sigmas": {}, "per_patch_map": None, "scattered": None}
   for s_idx, sigma in enumerate(progress(sc.sigmas, desc="σ sweep", unit="σ")):
-    pe, pm = over_batches(lambda i, x, m, s_idx=s_idx, sigma=sigma: patch_batch(
-        result.variables, x, m, jax.random.fold_in(jax.random.fold_in(key, s_idx), i),
-        jnp.float32(sigma * scale), model=result.model, patch_size=sc.patch_size,
-        num_draws=sc.num_draws, chunk_size=sc.chunk_size))
+    pe, pm = over_batches("patch", key=jax.random.fold_in(key, s_idx),
+                          sigma=jnp.float32(sigma * scale), patch_size=sc.patch_size,
+                          num_draws=sc.num_draws, chunk_size=sc.chunk_size)
     out["sigmas"][float(sigma)] = (float(pe.mean()), stderr(pe))
     if sigma == sc.main_sigma:
       out["per_patch_map"] = pm.mean(axis=0)
   if sc.scattered.enabled:
-    pe = over_batches(lambda i, x, m: _scattered_batch(
-        result.variables, x, m, jax.random.fold_in(jax.random.fold_in(key, len(sc.sigmas)), i),
-        jnp.float32(sc.scattered.sigma * scale), model=result.model,
-        num_draws=sc.scattered.num_draws, num_pixels=sc.scattered.num_pixels))
+    pe = over_batches("scattered", key=jax.random.fold_in(key, len(sc.sigmas)),
+                      sigma=jnp.float32(sc.scattered.sigma * scale),
+                      num_draws=sc.scattered.num_draws, num_pixels=sc.scattered.num_pixels)
     out["scattered"] = (float(pe.mean()), stderr(pe))
   return out
 
@@ -242,10 +254,10 @@ def measure_global(result, sc, key, mesh, scale: float = 1.0) -> dict:
   key = jax.random.fold_in(key, len(sc.sigmas) + 1)
   out = {}
   for s_idx, sigma in enumerate(progress(sc.sigmas, desc="global σ sweep", unit="σ")):
-    pe = _map_batches(images, sc, mesh, lambda i, x, m, s_idx=s_idx, sigma=sigma: global_batch(
-        result.variables, x, m, jax.random.fold_in(jax.random.fold_in(key, s_idx), i),
-        jnp.float32(sigma * scale), model=result.model, patch_size=sc.patch_size,
-        num_draws=sc.global_noise.num_draws, chunk_size=sc.chunk_size))
+    pe = _map_batches("global", images, sc, mesh, result.variables,
+                      jax.random.fold_in(key, s_idx), jnp.float32(sigma * scale),
+                      model=result.model, patch_size=sc.patch_size,
+                      num_draws=sc.global_noise.num_draws, chunk_size=sc.chunk_size)
     out[float(sigma)] = (float(pe.mean()), stderr(pe))
   return out
 
@@ -263,17 +275,17 @@ def measure_sharpness(result, sc, key, mesh) -> dict:
   images = result.train.images[:sc.num_examples]
   bs = round_up(sc.batch_size, mesh.size)
   key = jax.random.fold_in(key, len(sc.sigmas) + 2)
+  counts = [len(images[i:i + bs]) for i in range(0, len(images), bs)]
   draws = np.zeros((shc.num_draws, 2))
   for r in range(shc.num_draws):
-    k = jax.random.fold_in(key, r)
-    sums, count = np.zeros(2), 0
-    for _, x, m, valid in _batches(images, bs, mesh):
-      l1, flip = _sharpness_batch(result.variables, x, m, k, jnp.float32(shc.sigma),
-                                  model=result.model)
-      n = int(valid.sum())
-      sums += n * np.array([float(l1), float(flip)])
-      count += n
-    draws[r] = sums / count
+    # Each example row carries its batch's masked means: the first row of each batch.
+    l1, flip = _map_batches("sharpness", images, sc, mesh, result.variables,
+                            jax.random.fold_in(key, r), jnp.float32(shc.sigma),
+                            fold_batch=False, model=result.model)
+    sums = np.zeros(2)
+    for n, a, b in zip(counts, l1[::bs], flip[::bs]):
+      sums += n * np.array([float(a), float(b)])
+    draws[r] = sums / sum(counts)
   return {name: (float(draws[:, j].mean()), stderr(draws[:, j]))
           for j, name in enumerate(("sharpness_l1", "sharpness_flip"))}
 

@@ -45,7 +45,7 @@ def used_runs(config) -> dict:
   first = config.eigen.analysed_run
   out = {first: config.runs[first]} if first in config.runs else {}
   out.update({n: r for n, r in config.runs.items()
-              if n != first and r.get("pretrained", {}).get("path") is not None})
+              if n != first and r.pretrained.path is not None})
   return out
 
 

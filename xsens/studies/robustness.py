@@ -37,15 +37,16 @@ from xsens.measures import adversarial as adv
 from xsens.measures import perturbations as pert
 from xsens.measures import similarity
 from xsens.report import plots, seed_stats, tables
+from xsens.train import evaluators
 
 
 OPTIONAL_SECTIONS = ("perturbations", "representations")
 
 
 def skipped_sections(rc) -> tuple[str, ...]:
-  """`robustness.skip_sections` (absent: none): optional sections not measured (e.g. the
-  data-scale sweep, which reports the corruption / adversarial measures per scale)."""
-  skip = tuple(rc.get("skip_sections", ()) or ())
+  """`robustness.skip_sections`: optional sections not measured (e.g. the data-scale
+  sweep, which reports the corruption / adversarial measures per scale)."""
+  skip = tuple(rc.skip_sections or ())
   bad = [s for s in skip if s not in OPTIONAL_SECTIONS]
   if bad:
     raise ConfigError("robustness.skip_sections", f"unknown {bad}; allowed: "
@@ -66,15 +67,19 @@ def validate_patch_size(config, experiments) -> None:
 # --------------------------------------------------------------------------- adversarial
 
 
-def _attack_fns(apply_fn, variables, ac):
-  """Jitted FGSM / PGD of one model (closed over its variables, see
-  `xsens.lab.robustness`); ε, step size, key and pixel range are traced: one compile each."""
-  fgsm = jax.jit(lambda x, y, eps, lo, hi: adv.fgsm(
-      apply_fn, variables, x, labels=y, epsilon=eps, norm=ac.norm, clip_min=lo,
-      clip_max=hi)["adv_inputs"])
-  pgd = jax.jit(lambda x, y, k, eps, step, lo, hi: adv.pgd(
-      apply_fn, variables, x, labels=y, key=k, epsilon=eps, num_steps=ac.pgd_steps,
-      step_size=step, norm=ac.norm, clip_min=lo, clip_max=hi)["adv_inputs"])
+def _attack_fns(apply_fn, ac):
+  """FGSM / PGD batch functions of one model for `evaluators.over_split` (reduce
+  "concat"): `fgsm(batch, variables, ε, lo, hi)` and `pgd(batch, variables, key, ε, step,
+  lo, hi)` -> adversarial inputs [B, ...]; the arguments after the batch are traced, so
+  each compiles once per model."""
+  def fgsm(batch, variables, eps, lo, hi):
+    return adv.fgsm(apply_fn, variables, batch["image"], labels=batch["label"], epsilon=eps,
+                    norm=ac.norm, clip_min=lo, clip_max=hi)["adv_inputs"]
+
+  def pgd(batch, variables, k, eps, step, lo, hi):
+    return adv.pgd(apply_fn, variables, batch["image"], labels=batch["label"], key=k,
+                   epsilon=eps, num_steps=ac.pgd_steps, step_size=step, norm=ac.norm,
+                   clip_min=lo, clip_max=hi)["adv_inputs"]
   return fgsm, pgd
 
 
@@ -86,24 +91,23 @@ def adversarial_section(results, rc, normalize, key) -> dict:
   out = {"fgsm": {}, "pgd": {}, "transfer": {}, "patch_energy": {}, "low_freq_share": {},
          "patch_alignment": {}}
   deltas = {}
-  correct_fns = {name: lab_robustness.bind(res.apply_fn, res.variables)
-                 for name, res in results.items()}
   for j, (name, res) in enumerate(results.items()):
     images = res.test.images[:rc.num_examples]
     labels = res.test.labels[:rc.num_examples]
-    fgsm, pgd = _attack_fns(res.apply_fn, res.variables, ac)
+    split = {"image": images, "label": labels}
+    fgsm, pgd = _attack_fns(res.apply_fn, ac)
     out["fgsm"][name], out["pgd"][name] = [], []
     for e_idx, eps in enumerate(ac.epsilons):
       e = eps * scale
-      x_f = lab_robustness.batched(lambda x, y: fgsm(x, y, e, lo, hi), images, labels,
-                                   batch_size=rc.batch_size)
+      x_f = evaluators.over_split(fgsm, split, args=(res.variables, e, lo, hi),
+                                  reduce="concat", batch_size=rc.batch_size)
       k = jax.random.fold_in(jax.random.fold_in(key, j), e_idx)
-      x_p = lab_robustness.batched(
-          lambda x, y: pgd(x, y, k, e, e * ac.step_size_fraction, lo, hi), images, labels,
-          batch_size=rc.batch_size)
+      x_p = evaluators.over_split(
+          pgd, split, args=(res.variables, k, e, e * ac.step_size_fraction, lo, hi),
+          reduce="concat", batch_size=rc.batch_size)
       for attack, x_adv in (("fgsm", x_f), ("pgd", x_p)):
         out[attack][name].append(lab_robustness.split_accuracy(
-            correct_fns[name], x_adv, labels, rc.batch_size))
+            res.apply_fn, res.variables, x_adv, labels, rc.batch_size))
       if eps == ac.main_epsilon:
         deltas[name] = x_p - images
     d = jnp.asarray(deltas[name])
@@ -117,7 +121,8 @@ def adversarial_section(results, rc, normalize, key) -> dict:
         labels = results[target].test.labels[:rc.num_examples]
         x_adv = images + deltas[source]
         out["transfer"][f"{source}->{target}"] = lab_robustness.split_accuracy(
-            correct_fns[target], x_adv, labels, rc.batch_size)
+            results[target].apply_fn, results[target].variables, x_adv, labels,
+            rc.batch_size)
   return out
 
 
@@ -399,7 +404,7 @@ def _source_note(corr, rc, data_config) -> str:
             f"(`<corruption>_<severity>` sets in {splits.resolve_data_dir(data_config)!r}; "
             f"the first {rc.num_examples} of each set's seeded order, preprocessed like the "
             "clean split). ")
-  dataset = rc.corruptions.get("tfds_name")
+  dataset = rc.corruptions.tfds_name
   why = (f" because `{dataset}` is not (fully) prepared in the data_dir or "
          "robustness.corruptions.source='synthesize'" if dataset else "")
   return (f"Corrupted images: synthesised from the clean test images by "

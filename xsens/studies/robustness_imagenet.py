@@ -42,12 +42,12 @@ resizes the whole image (no crop) to the fine-tuning resolution (384 for the
 imagenet21k+imagenet2012 ViT-B/16, 480 for BiT-M-ILSVRC2012), so clean accuracies here are a
 little different from the published ones.
 
-Cost of synthesised corruptions (host CPU at 224², `experiments/bench_corruptions.py`):
-about 0.4 CPU-s per image per severity for all 15 (zoom and defocus blur half of it), so
-10 000 images × 5 severities are about 5–6 CPU-hours, spread over `imagenet.num_workers` threads (NumPy releases the GIL); a prepared
-imagenet2012_corrupted (decode only) or a smaller `imagenet.limit` is much cheaper.
+Cost: synthesised corruptions run on the host CPU at 224² (zoom and defocus blur the
+costliest; `experiments/bench_corruptions.py` measures them), spread over
+`imagenet.num_workers` threads (NumPy releases the GIL); a prepared imagenet2012_corrupted
+(decode only) or a smaller `imagenet.limit` is much cheaper.
 
-Memory: the streaming passes hold two batches of `imagenet.batch_size` × 224² × 3; the
+Memory: the streaming pass holds two batches of `imagenet.batch_size` × 224² × 3; the
 adversarial / layer-removal subset is materialised in model space:
 `robustness.num_examples` × image_size² × 3 × 4 bytes (500 × 224² ≈ 0.3 GB).
 """
@@ -66,7 +66,6 @@ import numpy as np
 
 from xsens import models as models_lib
 from xsens import paths
-from xsens.data import batching
 from xsens.data import streaming
 from xsens.errors import ConfigError
 from xsens.lab import corruptions as lab_corruptions
@@ -77,6 +76,7 @@ from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
+from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
@@ -102,7 +102,7 @@ def validate(config) -> None:
     raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
   pretrained_runs.validate_checkpoint_runs(config.runs, LOADERS)
   for name, run in config.runs.items():
-    data = run.get("pretraining")
+    data = run.pretraining
     if data is not None and not (isinstance(data, str) and data.strip()):
       raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "
                         f"pre-training data (e.g. 'ImageNet-21k'), got {data!r}")
@@ -188,33 +188,53 @@ def _hits(apply_fn, variables, x, labels, mask):
   return jnp.sum(out["correct"] * mask)
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "image_size", "normalize"))
-def _correct(apply_fn, variables, x, labels, mask, *, image_size: int, normalize: str):
-  """Number of correct real rows. x: [B, h, w, 3] uint8 or float in [0, 1]."""
-  if x.dtype == jnp.uint8:
-    x = x.astype(jnp.float32) / 255.0
-  return _hits(apply_fn, variables, model_input(x, image_size, normalize), labels, mask)
+def _corruption_fn(apply_fns: tuple, num_sets: int, image_size: int, normalize: str):
+  """`fn(batch, variables (one per run)) -> [B, R + 1, num_sets]` for
+  `evaluators.over_split` (reduce "sum"): per example, run and set, 1 where the example
+  of set `batch["set"]` is classified correctly (last row: 1 for its set), so the sums are
+  the correct and the example counts per set. batch["image"]: [B, h, w, 3] uint8 or float
+  in [0, 1]."""
+  def fn(batch, variables):
+    x = batch["image"]
+    if x.dtype == jnp.uint8:
+      x = x.astype(jnp.float32) / 255.0
+    x = model_input(x, image_size, normalize)
+    onehot = jax.nn.one_hot(batch["set"], num_sets, dtype=jnp.float32)
+    hits = [adv.accuracy(f, v, x, labels=batch["label"])["correct"][:, None] * onehot
+            for f, v in zip(apply_fns, variables)]
+    return jnp.stack(hits + [onehot], axis=1)
+  return fn
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "norm", "num_steps", "patch_size"))
-def _attack(apply_fn, variables, x, labels, mask, key, epsilon, step_size, clip_min, clip_max,
-            *, norm: str, num_steps: int, patch_size: int, low_freq_cutoff: float = 0.25):
-  """FGSM and PGD in model space on one batch: correct counts, the PGD delta and the delta's
-  structure summed over real rows (patch energy [gh, gw], low-frequency share, alignment)."""
-  x_f = adv.fgsm(apply_fn, variables, x, labels=labels, epsilon=epsilon, norm=norm,
-                 clip_min=clip_min, clip_max=clip_max)["adv_inputs"]
-  x_p = adv.pgd(apply_fn, variables, x, labels=labels, key=key, epsilon=epsilon,
-                num_steps=num_steps, step_size=step_size, norm=norm, clip_min=clip_min,
-                clip_max=clip_max)["adv_inputs"]
-  delta = x_p - x
-  structure = adv.perturbation_structure(delta, patch_size=patch_size, cutoff=low_freq_cutoff,
-                                         mask=mask)
-  del structure["count"]
-  return (_hits(apply_fn, variables, x_f, labels, mask),
-          _hits(apply_fn, variables, x_p, labels, mask), delta, structure)
+def _attack_fn(apply_fns: tuple, j: int, ac, patch_size: int, batch_size: int, main: bool):
+  """`fn(batch, variables (one per run), key, ε, step, lo, hi) -> batch totals` of run j
+  for `evaluators.over_split` (reduce "batch_sum"): FGSM and PGD correct counts in model
+  space; at the main ε also the PGD delta's structure summed over real rows (patch energy
+  [gh, gw], low-frequency share, alignment) and the correct counts of every run on
+  clip(x + delta) ("transfer", [R]). The PGD key is folded with the batch number."""
+  apply_fn = apply_fns[j]
 
-
-_correct_model_space = jax.jit(_hits, static_argnames=("apply_fn",))
+  def fn(batch, variables, key, epsilon, step_size, clip_min, clip_max):
+    x, labels, mask = batch["image"], batch["label"], batch["mask"]
+    key = jax.random.fold_in(key, batch["index"][0] // batch_size)
+    x_f = adv.fgsm(apply_fn, variables[j], x, labels=labels, epsilon=epsilon, norm=ac.norm,
+                   clip_min=clip_min, clip_max=clip_max)["adv_inputs"]
+    x_p = adv.pgd(apply_fn, variables[j], x, labels=labels, key=key, epsilon=epsilon,
+                  num_steps=int(ac.pgd_steps), step_size=step_size, norm=ac.norm,
+                  clip_min=clip_min, clip_max=clip_max)["adv_inputs"]
+    out = {"fgsm": _hits(apply_fn, variables[j], x_f, labels, mask),
+           "pgd": _hits(apply_fn, variables[j], x_p, labels, mask)}
+    if main:
+      delta = x_p - x
+      structure = adv.perturbation_structure(delta, patch_size=patch_size,
+                                             cutoff=float(ac.low_freq_cutoff), mask=mask)
+      del structure["count"]
+      x_adv = jnp.clip(x + delta, clip_min, clip_max)
+      out["structure"] = structure
+      out["transfer"] = jnp.stack([_hits(f, v, x_adv, labels, mask)
+                                   for f, v in zip(apply_fns, variables)])
+    return out
+  return fn
 
 
 # ------------------------------------------------------------------------------ the sections
@@ -230,49 +250,53 @@ def _pad(x: np.ndarray, size: int) -> np.ndarray:
 def corruption_section(runs, ic, rc, source: str, batch_size: int) -> dict:
   """Clean and corrupted accuracy of every run, streamed; summaries and mCE."""
   names, sevs = list(rc.corruptions.names), [int(s) for s in rc.corruptions.severities]
-  kw = dict(image_size=int(ic.image_size), normalize=ic.normalize)
-  correct = {r: {"clean": 0.0, **{(c, s): 0.0 for c in names for s in sevs}} for r in runs}
-  totals = {"clean": 0.0}
-  clean = _open_clean(ic, batch_size)
+  sets = ["clean"] + [(c, s) for c in names for s in sevs]
+  set_index = {k: i for i, k in enumerate(sets)}
+  fn = _corruption_fn(tuple(run.apply_fn for run in runs.values()), len(sets),
+                      int(ic.image_size), ic.normalize)
+  mesh = sharding.data_mesh()
 
-  def count(key, x, batch):
-    for r, run in runs.items():
-      correct[r][key] += float(_correct(run.apply_fn, run.variables, x, batch["label"],
-                                        batch["mask"], **kw))
+  def labelled(x, batch, key):
+    """One global batch of set `key`: its images, the batch's labels and mask."""
+    return sharding.global_batch({
+        "image": x, "label": batch["label"], "mask": batch["mask"].astype(np.float32),
+        "set": np.full(len(batch["mask"]), set_index[key], np.int32)}, mesh)
 
-  workers = int(ic.num_workers)
-  pool = concurrent.futures.ThreadPoolExecutor(workers)
-  for b, batch in enumerate(progress(clean.batches(), desc="corruptions", unit="batch")):
-    totals["clean"] += float(batch["mask"].sum())
-    count("clean", batch["image"], batch)
-    if source == "synthesize":
-      real = int(batch["mask"].sum())
-      x01 = batch["image"][:real].astype(np.float32) / 255.0
-      pairs = [(ci, c, s) for ci, c in enumerate(names) for s in sevs]
-      corrupt = lambda p, x01=x01, b=b: corruptions.corrupt(
-          x01, p[1], p[2], seed=(int(rc.seed), b, p[0], p[2]))
-      # NumPy releases the GIL in its heavy ops: corrupt `num_workers` copies at a time.
-      for start in range(0, len(pairs), workers):
-        chunk = pairs[start:start + workers]
-        for (_, c, s), xc in zip(chunk, pool.map(corrupt, chunk)):
-          count((c, s), _pad(xc, len(batch["mask"])), batch)
-  pool.shutdown()
-  if source == "synthesize":
-    for key in correct[next(iter(runs))]:
-      totals[key] = totals["clean"]
-  else:
-    for c, s in progress([(c, s) for c in names for s in sevs], desc="corruptions",
-                         unit="set"):
-      stream = streaming.open_stream(
-          corrupted_name(ic, c, s), split=ic.corrupted_split, data_dir=ic.data_dir,
-          image_size=BASE_SIZE, crop="resize", resample="bicubic", normalize="uint8",
-          limit=ic.limit, seed=ic.seed, batch_size=batch_size, num_workers=ic.num_workers,
-          image_key=ic.image_key, label_key=ic.label_key, field="imagenet.corrupted_name",
-          split_field="imagenet.corrupted_split")
-      totals[(c, s)] = 0.0
-      for batch in stream.batches():
-        totals[(c, s)] += float(batch["mask"].sum())
-        count((c, s), batch["image"], batch)
+  def batches():
+    workers = int(ic.num_workers)
+    pool = concurrent.futures.ThreadPoolExecutor(workers)
+    clean = _open_clean(ic, batch_size)
+    for b, batch in enumerate(progress(clean.batches(), desc="corruptions", unit="batch")):
+      yield labelled(batch["image"], batch, "clean")
+      if source == "synthesize":
+        real = int(batch["mask"].sum())
+        x01 = batch["image"][:real].astype(np.float32) / 255.0
+        pairs = [(ci, c, s) for ci, c in enumerate(names) for s in sevs]
+        corrupt = lambda p, x01=x01, b=b: corruptions.corrupt(
+            x01, p[1], p[2], seed=(int(rc.seed), b, p[0], p[2]))
+        # NumPy releases the GIL in its heavy ops: corrupt `num_workers` copies at a time.
+        for start in range(0, len(pairs), workers):
+          chunk = pairs[start:start + workers]
+          for (_, c, s), xc in zip(chunk, pool.map(corrupt, chunk)):
+            yield labelled(_pad(xc, len(batch["mask"])), batch, (c, s))
+    pool.shutdown()
+    if source == "tfds":
+      for c, s in progress([(c, s) for c in names for s in sevs], desc="corruptions",
+                           unit="set"):
+        stream = streaming.open_stream(
+            corrupted_name(ic, c, s), split=ic.corrupted_split, data_dir=ic.data_dir,
+            image_size=BASE_SIZE, crop="resize", resample="bicubic", normalize="uint8",
+            limit=ic.limit, seed=ic.seed, batch_size=batch_size, num_workers=ic.num_workers,
+            image_key=ic.image_key, label_key=ic.label_key, field="imagenet.corrupted_name",
+            split_field="imagenet.corrupted_split")
+        for batch in stream.batches():
+          yield labelled(batch["image"], batch, (c, s))
+
+  variables = tuple(run.variables for run in runs.values())
+  sums = evaluators.over_split(fn, batches(), args=(variables,), reduce="sum",
+                               streams=1)                             # [R + 1, sets]
+  correct = {r: dict(zip(sets, sums[i])) for i, r in enumerate(runs)}
+  totals = dict(zip(sets, sums[-1]))
   acc = {r: {k: v / totals[k] for k, v in counts.items() if k != "clean"}
          for r, counts in correct.items()}
   clean_acc = {r: counts["clean"] / totals["clean"] for r, counts in correct.items()}
@@ -322,41 +346,37 @@ def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
   ac = rc.adversarial
   lo, hi = lab_robustness.PIXEL_RANGE[normalize]
   scale = lab_robustness.PIXEL_SCALE[normalize]
-  n, bs = len(labels), int(rc.batch_size)
-  names = list(runs)
+  n, names = len(labels), list(runs)
+  apply_fns = tuple(run.apply_fn for run in runs.values())
+  variables = tuple(run.variables for run in runs.values())
+  mesh = sharding.data_mesh()
+  bs = -(-int(rc.batch_size) // mesh.size) * mesh.size
+  split = {"image": images, "label": labels}
   fgsm = {r: [0.0] * len(ac.epsilons) for r in names}
   pgd = {r: [0.0] * len(ac.epsilons) for r in names}
-  transfer = {f"{s}->{t}": 0.0 for s in names for t in names if s != t}
-  structure = {r: None for r in names}
-  for b, (idx, mask) in enumerate(batching.padded_index_batches(n, bs)):
-    x, y = jnp.asarray(images[idx]), jnp.asarray(labels[idx])
-    deltas = {}
-    for j, r in enumerate(names):
-      run = runs[r]
-      for e, eps in enumerate(ac.epsilons):
-        k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, j), e), b)
-        f, p, delta, struct = _attack(
-            run.apply_fn, run.variables, x, y, mask, k, eps * scale,
-            eps * scale * ac.step_size_fraction, lo, hi, norm=ac.norm,
-            num_steps=int(ac.pgd_steps), patch_size=int(rc.patch_size),
-            low_freq_cutoff=float(ac.low_freq_cutoff))
-        fgsm[r][e] += float(f)
-        pgd[r][e] += float(p)
-        if eps == ac.main_epsilon:
-          deltas[r] = delta
-          struct = jax.device_get(struct)
-          structure[r] = struct if structure[r] is None else jax.tree.map(
-              np.add, structure[r], struct)
-    for s in names:
-      for t in names:
-        if s != t:
-          x_adv = jnp.clip(x + deltas[s], lo, hi)
-          transfer[f"{s}->{t}"] += float(_correct_model_space(
-              runs[t].apply_fn, runs[t].variables, x_adv, y, mask))
+  transfer, structure = {}, {}
+  for j, r in enumerate(names):
+    fns = {main: _attack_fn(apply_fns, j, ac, int(rc.patch_size), bs, main)
+           for main in (False, True)}
+    for e, eps in enumerate(ac.epsilons):
+      k = jax.random.fold_in(jax.random.fold_in(key, j), e)
+      main = eps == ac.main_epsilon
+      out = evaluators.over_split(
+          fns[main], split, args=(variables, k, eps * scale,
+                                  eps * scale * ac.step_size_fraction, lo, hi),
+          reduce="batch_sum", batch_size=bs, mesh=mesh, streams=1)
+      fgsm[r][e], pgd[r][e] = float(out["fgsm"]), float(out["pgd"])
+      if main:
+        structure[r] = out["structure"]
+        for t, hits in zip(names, out["transfer"]):
+          if t != r:
+            transfer[f"{r}->{t}"] = float(hits)
+  transfer = {f"{s}->{t}": transfer[f"{s}->{t}"] for s in names for t in names if s != t}
   return {"fgsm": {r: [v / n for v in fgsm[r]] for r in names},
           "pgd": {r: [v / n for v in pgd[r]] for r in names},
           "transfer": {k: v / n for k, v in transfer.items()},
-          "patch_energy": {r: np.asarray(structure[r]["patch_energy"]) / n for r in names},
+          "patch_energy": {r: np.asarray(structure[r]["patch_energy"], np.float32) / n
+                           for r in names},
           "low_freq_share": {r: float(structure[r]["low_freq_share"]) / n for r in names},
           "patch_alignment": {r: float(structure[r]["patch_alignment"]) / n for r in names}}
 
@@ -403,7 +423,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                jax.random.fold_in(key, 1))
   with lab_robustness.timed(timings, "layer_removal"):
     removal = removal_section(runs, rc, images, labels)
-  pretraining = {name: run_cfg.get("pretraining") for name, run_cfg in config.runs.items()}
+  pretraining = {name: run_cfg.pretraining for name, run_cfg in config.runs.items()}
   rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)
   scale = pretraining_comparison(rows, {n: r.model.name for n, r in config.runs.items()})
   paths.makedirs(workdir)

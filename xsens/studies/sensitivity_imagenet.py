@@ -25,13 +25,12 @@ checkpoints fine-tuned on ImageNet-1k, with nothing trained:
     every σ, the global variant, σ as noise-to-signal σ·√(p·p·3) / RMS patch norm of the
     [0, 1] images, per-patch maps at the main σ, and bar / σ-curve / heat-map plots.
 
-Keys: run j uses fold_in(key(sensitivity.seed), j), then the σ index and the batch index,
+Keys: run j uses fold_in(key(sensitivity.seed), j), then the σ index and the batch number,
 as `xsens.lab.sensitivity.measure_model` does (global: first folded with len(σ) + 1).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -49,8 +48,8 @@ from xsens.lab import sensitivity as lab_sens
 from xsens.models import pretrained
 from xsens.models import vit as vit_lib
 from xsens.report import plots, tables
+from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
-from xsens.train import sharding
 
 # The paper's ImageNet numbers (submitted version, reviewer quote; spec "Facts from the full
 # paper text" §3): {model kind: sensitivity}.
@@ -86,7 +85,7 @@ def validate(config) -> None:
   if isinstance(size, bool) or not isinstance(size, int) or size < 1:
     raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
   lab_sens.validate_sensitivity_config(sc, (size, size, 3))
-  if sc.get("noise_scale", "absolute") != "absolute":
+  if sc.noise_scale != "absolute":
     raise ConfigError("sensitivity.noise_scale", f"the imagenet set-up takes σ in [0, 1] "
                       f"pixel units ('absolute'; its noise-to-signal ratio is reported); "
                       f"got {sc.noise_scale!r}")
@@ -131,64 +130,80 @@ def load_runs(config, image_shape, num_classes):
   return out
 
 
-@functools.partial(jax.jit, static_argnames=("model",))
-def _correct(variables, images, labels, mask, *, model):
-  pred = jnp.argmax(model.apply(variables, images, train=False), axis=-1)
-  return jnp.sum((pred == labels) * mask)
+def _numbered(stream, mesh, stats: dict):
+  """Global batches {"image", "label", "mask", "number" [B] (the batch number)} of the
+  stream; adds the real examples' count, Σ x² and pixel count to `stats` (float64, on the
+  host, batch by batch)."""
+  for i, batch in enumerate(progress(stream.batches(), desc="sensitivity", unit="batch")):
+    real = batch["image"][batch["mask"] > 0].astype(np.float64)
+    stats["total"] += len(real)
+    stats["sq_sum"] += float(np.sum(real * real))
+    stats["n_pixels"] += real.size
+    yield sharding.global_batch({
+        "image": batch["image"], "label": batch["label"].astype(np.int32),
+        "mask": batch["mask"].astype(np.float32),
+        "number": np.full(len(batch["mask"]), i, np.int32)}, mesh)
+
+
+def _batch_fn(model, sc):
+  """`fn(batch, variables, model_key) -> per-example outputs` of one run for
+  `evaluators.over_split` (reduce "concat"): "correct" [B] (clean top-1), "token" (one [B]
+  per σ), "map" [B, H/p, W/p] at the main σ and, with `sensitivity.global_noise`, "global"
+  (one [B] per σ). Keys: fold_in(fold_in(model_key, σ index), batch number) (global: the
+  model key first folded with len(σ) + 1)."""
+  sigmas = [float(s) for s in sc.sigmas]
+  with_global = lab_sens.enabled(sc, "global_noise")
+
+  def fn(batch, variables, model_key):
+    x, m, i = batch["image"], batch["mask"], batch["number"][0]
+    pred = jnp.argmax(model.apply(variables, x, train=False), axis=-1)
+    out = {"correct": pred == batch["label"], "token": [], "global": []}
+    for s_idx, sigma in enumerate(sigmas):
+      k = jax.random.fold_in(jax.random.fold_in(model_key, s_idx), i)
+      pe, pm = lab_sens.patch_batch(
+          variables, x, m, k, jnp.float32(sigma), model=model, patch_size=sc.patch_size,
+          num_draws=sc.num_draws, chunk_size=sc.chunk_size)
+      out["token"].append(pe)
+      if sigma == float(sc.main_sigma):
+        out["map"] = pm
+      if with_global:
+        gk = jax.random.fold_in(jax.random.fold_in(
+            jax.random.fold_in(model_key, len(sigmas) + 1), s_idx), i)
+        out["global"].append(lab_sens.global_batch(
+            variables, x, m, gk, jnp.float32(sigma), model=model, patch_size=sc.patch_size,
+            num_draws=sc.global_noise.num_draws, chunk_size=sc.chunk_size))
+    return out
+  return fn
 
 
 def measure(runs, sc, stream, mesh) -> dict:
-  """One pass over the stream: per run clean hits, per-example flips at every σ (and
-  globally), per-patch maps at the main σ; plus Σ x² for the noise-to-signal ratio."""
+  """Per run, one pass over the stream (`evaluators.over_split`): clean hits, per-example
+  flips at every σ (and globally), per-patch maps at the main σ; plus Σ x² for the
+  noise-to-signal ratio."""
   sigmas = [float(s) for s in sc.sigmas]
-  with_global = lab_sens.enabled(sc, "global_noise")
   key = jax.random.key(sc.seed)
-  acc = {r: {"hits": 0.0, "token": {s: [] for s in sigmas}, "global": {s: [] for s in sigmas},
-             "map": None, "seconds": 0.0} for r in runs}
-  total, sq_sum, n_pixels = 0, 0.0, 0
-  for i, batch in enumerate(progress(stream.batches(), desc="sensitivity", unit="batch")):
-    valid = batch["mask"] > 0
-    real = batch["image"][valid].astype(np.float64)
-    total += int(valid.sum())
-    sq_sum += float(np.sum(real * real))
-    n_pixels += real.size
-    x, m = sharding.global_batch((batch["image"], batch["mask"].astype(np.float32)), mesh)
-    labels = sharding.global_batch(batch["label"].astype(np.int32), mesh)
-    for j, (name, (model, variables, _, _)) in enumerate(runs.items()):
-      t0 = time.time()
-      a = acc[name]
-      model_key = jax.random.fold_in(key, j)
-      a["hits"] += float(_correct(variables, x, labels, m, model=model))
-      for s_idx, sigma in enumerate(sigmas):
-        k = jax.random.fold_in(jax.random.fold_in(model_key, s_idx), i)
-        pe, pm = lab_sens.patch_batch(
-            variables, x, m, k, jnp.float32(sigma), model=model, patch_size=sc.patch_size,
-            num_draws=sc.num_draws, chunk_size=sc.chunk_size)
-        a["token"][sigma].append(np.asarray(pe)[valid])
-        if sigma == float(sc.main_sigma):
-          pm = np.asarray(pm)[valid].sum(axis=0)
-          a["map"] = pm if a["map"] is None else a["map"] + pm
-        if with_global:
-          gk = jax.random.fold_in(jax.random.fold_in(
-              jax.random.fold_in(model_key, len(sigmas) + 1), s_idx), i)
-          ge = lab_sens.global_batch(
-              variables, x, m, gk, jnp.float32(sigma), model=model,
-              patch_size=sc.patch_size, num_draws=sc.global_noise.num_draws,
-              chunk_size=sc.chunk_size)
-          a["global"][sigma].append(np.asarray(ge)[valid])
-      a["seconds"] += time.time() - t0
-  measured = {}
-  for name, a in acc.items():
-    def summary(parts):
-      pe = np.concatenate(parts)
-      return float(pe.mean()), lab_sens.stderr(pe)
-    measured[name] = {"accuracy": a["hits"] / total,
-                      "sigmas": {s: summary(a["token"][s]) for s in sigmas},
-                      "per_patch_map": a["map"] / total, "measure_s": round(a["seconds"], 1)}
-    if with_global:
-      measured[name]["global"] = {s: summary(a["global"][s]) for s in sigmas}
-  rms = float(np.sqrt(sc.patch_size ** 2 * 3 * sq_sum / n_pixels))
-  return {"runs": measured, "num_examples": total, "token_rms": rms}
+  measured, stats = {}, None
+  for j, (name, (model, variables, _, _)) in enumerate(runs.items()):
+    t0 = time.time()
+    counted = {"total": 0, "sq_sum": 0.0, "n_pixels": 0}
+    out = evaluators.over_split(_batch_fn(model, sc), _numbered(stream, mesh, counted),
+                                args=(variables, jax.random.fold_in(key, j)),
+                                reduce="concat")
+    stats = stats or counted
+    total = stats["total"]
+    per_patch = None
+    for start in range(0, total, stream.batch_size):  # Summed batch by batch, in float32.
+      pm = out["map"][start:start + stream.batch_size].sum(axis=0)
+      per_patch = pm if per_patch is None else per_patch + pm
+    summary = lambda pe: (float(pe.mean()), lab_sens.stderr(pe))
+    measured[name] = {"accuracy": float(np.sum(out["correct"])) / total,
+                      "sigmas": {s: summary(pe) for s, pe in zip(sigmas, out["token"])},
+                      "per_patch_map": per_patch / total,
+                      "measure_s": round(time.time() - t0, 1)}
+    if lab_sens.enabled(sc, "global_noise"):
+      measured[name]["global"] = {s: summary(pe) for s, pe in zip(sigmas, out["global"])}
+  rms = float(np.sqrt(sc.patch_size ** 2 * 3 * stats["sq_sum"] / stats["n_pixels"]))
+  return {"runs": measured, "num_examples": stats["total"], "token_rms": rms}
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:

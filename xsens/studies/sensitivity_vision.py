@@ -81,7 +81,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   images = first.train.images[:sc.num_examples]
   rms = lab_sens.token_rms(images, sc.patch_size)
   rms_pixel = rms / math.sqrt(sc.patch_size ** 2 * images.shape[-1])
-  scale = sens.noise_multiplier(sc.get("noise_scale", "absolute"), rms_pixel)
+  scale = sens.noise_multiplier(sc.noise_scale, rms_pixel)
   key = jax.random.key(sc.seed)
   run_index = {name: j for j, name in enumerate(config.runs)}
   with_global = lab_sens.enabled(sc, "global_noise")
@@ -140,7 +140,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
            "noise_to_signal": {"token_rms": rms,
                                "token_dim": sc.patch_size ** 2 * int(images.shape[-1]),
                                "num_examples": len(images), "run": next(iter(results)),
-                               "noise_scale": sc.get("noise_scale", "absolute"),
+                               "noise_scale": sc.noise_scale,
                                "by_sigma": {f"{s:g}": v for s, v in nsr.items()}}}
   if sc.scattered.enabled:
     extra["noise_to_signal"]["scattered"] = float(sc.scattered.sigma) * scale / rms_pixel
