@@ -9,8 +9,8 @@ checkpoints, logs, summaries) is the study's.
   written); with `overwrite`, every entry of the old study is removed first, `others` and
   the lock kept.
 - A workdir without `study.json` that holds an xsens run is taken as the running
-  study's: it is recorded, and `others` keeps only the
-  entries that do not look like xsens outputs (`looks_like_output`).
+  study's: it is recorded, and `others` keeps only the entries that do not look like xsens
+  outputs (`looks_like_output`).
 - `study.json` is written before the study starts (so an interrupted run is recorded), and
   removed again (`Claim.release_if_unused`) when the study ends having written nothing.
 

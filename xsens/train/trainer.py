@@ -193,10 +193,9 @@ def check_mixup_fits(config, terms: Sequence[objectives.Term], input_dtype) -> N
           "(token ids or data.stream.normalize='uint8'); set mixup.alpha=0")
 
 
-# Seeds of one source of randomness each; None (the default) means `config.seed`, so a
-# config without them trains as one that sets them all to it. `config.seed` alone also
-# seeds the data subsampling and split order (`pipeline.load_split`), which these never
-# change.
+# Seeds of one source of randomness each; None (the default) means `config.seed`.
+# `config.seed` alone also seeds the data subsampling and split order
+# (`pipeline.load_split`), which these never change.
 SEED_FIELDS = ("init_seed", "order_seed", "augment_seed")
 
 
@@ -566,8 +565,7 @@ def make_workdir(path: str, config) -> Workdir:
                                  **SCALING_FIELD_DEFAULTS})
 
 
-# Training fields a saved config may lack (`Workdir`'s `added_defaults`), at the values that
-# reproduce a run whose config does not hold them.
+# Training fields a saved config may lack (`Workdir`'s `added_defaults`), at their defaults.
 SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS,
                           "mixup": MIXUP_DEFAULTS}
 

@@ -17,7 +17,7 @@ Layout of `path`:
                        deleted) when an older one restored instead
   metrics.jsonl, tb/   scalar metrics by step (`MetricWriter`); a remote workdir appends
                        them as metrics/part-<n>.jsonl and one event file per upload
-  logs/epochs_<a>_<b>.npz   array logs of steps [a, b) (the name is historical: grokking's)
+  logs/epochs_<a>_<b>.npz   array logs of steps [a, b) ("epochs" in the name for every study)
   anything else        the study's outputs (results.md/json, plots, summaries)
 
 Faults (each tested in tests/faults_test.py):
