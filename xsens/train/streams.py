@@ -3,10 +3,9 @@
 XLA:CPU runs a program's small operations (elementwise fusions, reductions, softmax, the
 tiny batched matmuls of per-example attention) on one core; only its large GEMMs use the
 intra-op thread pool. So one call at a time leaves the other cores idle for much of a call,
-and two independent calls issued from two threads run at once (docs/benchmarks.md has the
-throughput of the benign-overfitting sweep and of the ViT's sensitivity estimator with 1 and
-2 streams). Dispatching the calls asynchronously from one thread does not do this (they queue
-on the device's one stream).
+and two independent calls issued from two threads run at once (docs/benchmarks.md,
+"Concurrent streams on CPU", has the measured throughputs). Dispatching the calls
+asynchronously from one thread does not do this (they queue on the device's one stream).
 
 `ordered_map` keeps the items' order, and each call is the same program on the same
 inputs as in a plain loop, so results are bit-identical for any number of streams (the
