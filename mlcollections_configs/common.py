@@ -64,7 +64,7 @@ def train_config() -> ml_collections.ConfigDict:
       "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,
       "grad_clip_norm": ml_collections.FieldReference(None, field_type=float),
       # Cosine / linear decay length after the warmup (None: the rest of the run). Set, the
-      # schedule no longer depends on the run's length, so a finished run can be extended.
+      # schedule does not depend on the run's length, so a finished run can be extended.
       "decay_steps": ml_collections.FieldReference(None, field_type=int)})
   # Start from public weights: a vit_jax (ViT) or big_transfer (bit_resnet) .npz file.
   c.pretrained = ml_collections.ConfigDict({

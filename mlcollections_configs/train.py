@@ -10,7 +10,7 @@ Variants (comma-separated): `model=NAME` (vit, cnn, mlp, resnet18, densenet, con
 `smoke` (a few steps of a tiny model: what the tests run), `stream` (streamed training: the
 splits are read with grain example by example as RGB [H, W, 3] images resized to
 `data.image_size`, instead of being loaded into memory; `data.stream`,
-xsens/data/streaming.py; the checkpoints hold the iterator position. No augmentation unless
+xsens/data/train_stream.py; the checkpoints hold the iterator position. No augmentation unless
 set, e.g. `--config.train.data.stream.crop=pad_crop --config.train.data.stream.flip=true`;
 a TFDS dataset needs `--config.train.data.image_size=(H,W)`). Any field can be overridden,
 e.g. `--config.train.optimizer.learning_rate=3e-4` or `--config.train.model.dtype=bfloat16`

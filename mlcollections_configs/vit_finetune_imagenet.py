@@ -13,7 +13,7 @@ decay, no label smoothing, batch 512, 20,000 steps, on 99% of `train` (the last 
 vit_jax's held-out minival) and evaluated on `validation`. Resolution 224² here (vit_jax
 fine-tunes at 384²: `--config.train.data.image_size=(384,384)`, the position embeddings are
 resized on load). Training crops are the inception crop of vit_jax / big_vision (area 5%-100%,
-aspect 3/4-4/3, `xsens.data.streaming.inception_crop_box`) plus a horizontal flip; the
+aspect 3/4-4/3, `xsens.data.image_prep.inception_crop_box`) plus a horizontal flip; the
 evaluation image is the whole image resized to 224² (vit_jax's eval pre-processing); pixels
 in [-1, 1]. The head is re-initialised for the 1000 classes and the checkpoint's pre-logits
 layer dropped, as vit_jax does when fine-tuning.

@@ -1,5 +1,5 @@
-"""Tests of xsens.measures.corruptions, xsens.measures.corruption_eval and
-xsens.data.corrupted."""
+"""Tests of xsens.measures.corruptions (and its corruptions_jax, image_ops, jpeg),
+xsens.measures.corruption_eval and xsens.data.corrupted."""
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +15,9 @@ from xsens.lab import corruptions as lab_corruptions
 from xsens.lab import robustness as lab_robustness
 from xsens.measures import corruption_eval as ce
 from xsens.measures import corruptions as C
+from xsens.measures import corruptions_jax as CJ
+from xsens.measures import image_ops
+from xsens.measures import jpeg
 
 SHAPES = [(28, 28, 1), (32, 32, 3)]
 RANDOM = ("gaussian_noise", "shot_noise", "impulse_noise", "glass_blur", "motion_blur", "snow",
@@ -130,16 +133,16 @@ def test_noise_statistics():
 def test_jpeg_quality_monotone_and_on_the_8bit_grid():
   for shape in SHAPES:
     x = smooth_images(4, *shape, seed=2)
-    d = [np.abs(C.jpeg_round_trip(x, q) - x).mean() for q in (95, 80, 60, 40, 20, 10)]
+    d = [np.abs(jpeg.jpeg_round_trip(x, q) - x).mean() for q in (95, 80, 60, 40, 20, 10)]
     assert (np.diff(d) > 0).all(), d
-    y = C.jpeg_round_trip(x, 80)
+    y = jpeg.jpeg_round_trip(x, 80)
     np.testing.assert_allclose(y * 255, np.round(y * 255), atol=1e-3)
   # A flat block keeps only its DC coefficient, 8 (100 - 128) = -224: exact at quality 50
   # (step 16), 2 grey levels off at quality 10 (step 80: round(-2.8) * 80 = -240).
   flat = np.full((1, 16, 16, 3), 100 / 255, np.float32)
-  np.testing.assert_allclose(C.jpeg_round_trip(flat, 50), flat, atol=1e-6)
-  np.testing.assert_allclose(C.jpeg_round_trip(flat, 10), flat - 2 / 255, atol=1e-6)
-  np.testing.assert_array_equal(C.jpeg_quant_table(C._JPEG_LUMA, 50), C._JPEG_LUMA)
+  np.testing.assert_allclose(jpeg.jpeg_round_trip(flat, 50), flat, atol=1e-6)
+  np.testing.assert_allclose(jpeg.jpeg_round_trip(flat, 10), flat - 2 / 255, atol=1e-6)
+  np.testing.assert_array_equal(jpeg.jpeg_quant_table(jpeg._JPEG_LUMA, 50), jpeg._JPEG_LUMA)
 
 
 def test_jpeg_close_to_pil():
@@ -151,7 +154,7 @@ def test_jpeg_close_to_pil():
   for channels, tolerance in ((1, 0.5), (3, 1.5)):
     x = smooth_images(4, 32, 32, channels, seed=4)
     for quality in (80, 40):
-      ours = C.jpeg_round_trip(x, quality)
+      ours = jpeg.jpeg_round_trip(x, quality)
       for i in range(len(x)):
         buf = io.BytesIO()
         pixels = np.round(x[i] * 255).astype(np.uint8)
@@ -163,7 +166,7 @@ def test_jpeg_close_to_pil():
 
 def test_plasma_fractal_and_frost_texture():
   rng = np.random.default_rng(0)
-  p = C.plasma_fractal(rng, 3, 16, 2.0)
+  p = image_ops.plasma_fractal(rng, 3, 16, 2.0)
   assert p.shape == (3, 16, 16) and p.min() == 0 and np.allclose(p.max(axis=(1, 2)), 1)
   tex = C.frost_texture(rng, 2, 40, 24)
   assert tex.shape == (2, 40, 24, 3) and 0 <= tex.min() and tex.max() <= 1
@@ -310,17 +313,17 @@ DETERMINISTIC_JAX = ("defocus_blur", "zoom_blur", "brightness", "contrast", "pix
 
 
 def test_jax_registry():
-  assert set(C.JAX_CORRUPTIONS) | set(C.HOST_ONLY) == set(C.NAMES)
-  assert not set(C.JAX_CORRUPTIONS) & set(C.HOST_ONLY)
-  assert set(C.JAX_CORRUPTIONS) == set(DETERMINISTIC_JAX) | set(C.RANDOM_JAX)
+  assert set(CJ.JAX_CORRUPTIONS) | set(CJ.HOST_ONLY) == set(C.NAMES)
+  assert not set(CJ.JAX_CORRUPTIONS) & set(CJ.HOST_ONLY)
+  assert set(CJ.JAX_CORRUPTIONS) == set(DETERMINISTIC_JAX) | set(CJ.RANDOM_JAX)
   with pytest.raises(ValueError, match="host only"):
-    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "fog", 1)
+    CJ.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "fog", 1)
   with pytest.raises(ValueError, match="unknown"):
-    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "rain", 1)
+    CJ.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "rain", 1)
   with pytest.raises(ValueError, match="key"):
-    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "shot_noise", 1)
+    CJ.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "shot_noise", 1)
   with pytest.raises(ValueError, match="severity"):
-    C.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "contrast", 0)
+    CJ.corrupt_jax(np.zeros((1, 8, 8, 3), np.float32), "contrast", 0)
 
 
 @pytest.mark.slow
@@ -329,14 +332,14 @@ def test_jax_registry():
 def test_corrupt_jax_equals_numpy(name, shape):
   x = smooth_images(3, *shape)
   x[0, :3, :3] = 0.0  # Black pixels (brightness' S = 0 branch).
-  fn = jax.jit(C.corrupt_jax, static_argnums=(1, 2))
+  fn = jax.jit(CJ.corrupt_jax, static_argnums=(1, 2))
   for severity in C.SEVERITIES:
     np.testing.assert_allclose(np.asarray(fn(x, name, severity)), C.corrupt(x, name, severity),
                                atol=2e-6, err_msg=f"{name} {severity}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", C.RANDOM_JAX)
+@pytest.mark.parametrize("name", CJ.RANDOM_JAX)
 def test_corrupt_jax_noise_distribution(name):
   """Same distribution as NumPy's: mean and spread of the change per grey level agree, and
   equal keys give equal draws at every severity."""
@@ -344,15 +347,15 @@ def test_corrupt_jax_noise_distribution(name):
   x = np.broadcast_to(levels[:, None, None, None], (3, 64, 64, 3)).copy()
   key = jax.random.key(4)
   for severity in (1, 5):
-    a = np.asarray(C.corrupt_jax(x, name, severity, key)) - x
+    a = np.asarray(CJ.corrupt_jax(x, name, severity, key)) - x
     b = C.corrupt(x, name, severity, seed=4) - x
     for i in range(3):
       assert abs(a[i].mean() - b[i].mean()) < 4e-3, (severity, i)
       assert abs(a[i].std() - b[i].std()) < 0.08 * b[i].std() + 1e-3, (severity, i)
-    np.testing.assert_array_equal(C.corrupt_jax(x, name, severity, key),
-                                  C.corrupt_jax(x, name, severity, key))
-  assert not np.array_equal(np.asarray(C.corrupt_jax(x, name, 3, key)),
-                            np.asarray(C.corrupt_jax(x, name, 3, jax.random.key(5))))
+    np.testing.assert_array_equal(CJ.corrupt_jax(x, name, severity, key),
+                                  CJ.corrupt_jax(x, name, severity, key))
+  assert not np.array_equal(np.asarray(CJ.corrupt_jax(x, name, 3, key)),
+                            np.asarray(CJ.corrupt_jax(x, name, 3, jax.random.key(5))))
 
 
 @pytest.mark.parametrize("normalize", ["half", "standardize"])

@@ -1,4 +1,5 @@
-"""The streaming training input (`xsens.data.streaming`, training mode) and the trainer on it.
+"""The streaming training input (`xsens.data.train_stream`, `xsens.data.image_prep`) and the
+trainer on it.
 
 No network, no TensorFlow: `tfds.testing.mock_data` serves random decoded imagenet2012
 examples for the in-process tests, and a dozen JPEGs prepared as a real ArrayRecord
@@ -18,7 +19,7 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.datasets.imagenet2012 import imagenet2012_dataset_builder as in_lib
 
 from mlcollections_configs import train as train_cfg
-from xsens.data import pipeline, streaming
+from xsens.data import image_prep, pipeline, streaming, train_stream
 from xsens.data.config import default_data_config, stream_config
 from xsens.errors import ConfigError
 from xsens.train import sharding, trainer
@@ -57,51 +58,51 @@ def _reference_box(height, width, seed, area_range, aspect_range):
 def test_inception_crop_box_matches_a_numpy_reference(shape):
   h_img, w_img = shape
   for seed in range(200):
-    box = streaming.inception_crop_box(h_img, w_img, np.random.default_rng(seed),
-                                       (0.08, 1.0), (3 / 4, 4 / 3))
+    box = image_prep.inception_crop_box(h_img, w_img, np.random.default_rng(seed),
+                                        (0.08, 1.0), (3 / 4, 4 / 3))
     assert box == _reference_box(h_img, w_img, seed, (0.08, 1.0), (3 / 4, 4 / 3))
     top, left, h, w = box
     assert 0 <= top <= h_img - h and 0 <= left <= w_img - w and h >= 1 and w >= 1
   # A box that cannot fit falls back to the whole image.
-  assert streaming.inception_crop_box(3, 200, np.random.default_rng(0), (0.9, 1.0),
-                                      (1.0, 1.0)) == (0, 0, 3, 200)
+  assert image_prep.inception_crop_box(3, 200, np.random.default_rng(0), (0.9, 1.0),
+                                       (1.0, 1.0)) == (0, 0, 3, 200)
 
 
 def test_inception_crop_areas_and_ratios_follow_the_ranges():
   rng = np.random.default_rng(1)
-  boxes = [streaming.inception_crop_box(400, 400, rng, (0.08, 1.0), (3 / 4, 4 / 3))
+  boxes = [image_prep.inception_crop_box(400, 400, rng, (0.08, 1.0), (3 / 4, 4 / 3))
            for _ in range(2000)]
   area = np.array([h * w / 400 ** 2 for _, _, h, w in boxes])
   ratio = np.array([w / h for _, _, h, w in boxes])
   assert area.min() > 0.075 and area.max() <= 1.0
   assert ratio.min() > 0.74 and ratio.max() < 1.34
   # Square boxes always fit, so their area fraction is U(0.08, 1) up to rounding.
-  square = [streaming.inception_crop_box(400, 400, rng, (0.08, 1.0), (1.0, 1.0))
+  square = [image_prep.inception_crop_box(400, 400, rng, (0.08, 1.0), (1.0, 1.0))
             for _ in range(2000)]
   assert abs(np.mean([h * w / 400 ** 2 for _, _, h, w in square]) - 0.54) < 0.02
 
 
 def test_pad_crop_and_flip_are_exact_pixel_shifts():
   img = np.arange(8 * 8 * 3, dtype=np.int64).reshape(8, 8, 3).astype(np.uint8)
-  aug = streaming.Augment(crop="pad_crop", pad=2, flip=True)
+  aug = image_prep.Augment(crop="pad_crop", pad=2, flip=True)
   for seed in range(20):
-    out = streaming.augment_image(img, (8, 8), np.random.default_rng(seed), aug)
+    out = image_prep.augment_image(img, (8, 8), np.random.default_rng(seed), aug)
     rng = np.random.default_rng(seed)
     top, left = rng.integers(0, 5), rng.integers(0, 5)
     want = np.pad(img, ((2, 2), (2, 2), (0, 0)))[top:top + 8, left:left + 8]
     if rng.random() < 0.5:
       want = want[:, ::-1]
     np.testing.assert_array_equal(out, want)
-  no_flip = streaming.Augment(crop="resize", flip=False)
+  no_flip = image_prep.Augment(crop="resize", flip=False)
   np.testing.assert_array_equal(
-      streaming.augment_image(img, (8, 8), np.random.default_rng(0), no_flip), img)
+      image_prep.augment_image(img, (8, 8), np.random.default_rng(0), no_flip), img)
 
 
 def test_inception_crop_output_is_the_resized_box():
   img = np.random.default_rng(0).integers(0, 256, (30, 40, 3), dtype=np.uint8)
-  aug = streaming.Augment(crop="inception", flip=False, resample="nearest")
-  out = streaming.augment_image(img, (12, 12), np.random.default_rng(5), aug)
-  top, left, h, w = streaming.inception_crop_box(30, 40, np.random.default_rng(5))
+  aug = image_prep.Augment(crop="inception", flip=False, resample="nearest")
+  out = image_prep.augment_image(img, (12, 12), np.random.default_rng(5), aug)
+  top, left, h, w = image_prep.inception_crop_box(30, 40, np.random.default_rng(5))
   want = np.asarray(Image.fromarray(img[top:top + h, left:left + w]).resize((12, 12),
                                                                              Image.NEAREST))
   np.testing.assert_array_equal(out, want)
@@ -117,19 +118,19 @@ def _reference_batch(stream, step):
   for row in range(stream.local_batch_size):
     index = stream.global_index(step, row)
     example = stream.source[sampler[index].record_key]
-    img = streaming.augment_image(streaming.decode_image(example["image"]), stream.image_size,
-                                  streaming.example_rng(stream.order_seed,
-                                                        stream.augment_seed, index),
-                                  stream.augment)
-    images.append(streaming.normalize_pixels(img, stream.normalize))
+    img = image_prep.augment_image(image_prep.decode_image(example["image"]), stream.image_size,
+                                   train_stream.example_rng(stream.order_seed,
+                                                            stream.augment_seed, index),
+                                   stream.augment)
+    images.append(image_prep.normalize_pixels(img, stream.normalize))
     labels.append(int(example["label"]))
   return np.stack(images), np.asarray(labels, np.int32)
 
 
 def test_batches_are_a_pure_function_of_seeds_step_and_example(tmp_path):
   with _mock():
-    stream = streaming.open_training_stream(_data_config(tmp_path), batch_size=4,
-                                            order_seed=1, augment_seed=2)
+    stream = train_stream.open_training_stream(_data_config(tmp_path), batch_size=4,
+                                               order_seed=1, augment_seed=2)
     it = iter(stream.loader())
     batches = [next(it) for _ in range(7)]  # 28 examples: crosses an epoch of 20.
     for step, batch in enumerate(batches):
@@ -139,8 +140,8 @@ def test_batches_are_a_pure_function_of_seeds_step_and_example(tmp_path):
       np.testing.assert_array_equal(batch["label"], labels)
     again = iter(stream.loader())
     np.testing.assert_array_equal(next(again)["image"], batches[0]["image"])
-    other = streaming.open_training_stream(_data_config(tmp_path), batch_size=4,
-                                           order_seed=1, augment_seed=3)
+    other = train_stream.open_training_stream(_data_config(tmp_path), batch_size=4,
+                                              order_seed=1, augment_seed=3)
     first = next(iter(other.loader()))
     np.testing.assert_array_equal(first["label"], batches[0]["label"])  # Same order ...
     assert not np.array_equal(first["image"], batches[0]["image"])     # ... new crops.
@@ -148,8 +149,8 @@ def test_batches_are_a_pure_function_of_seeds_step_and_example(tmp_path):
 
 def test_epochs_are_reshuffled_and_cover_the_split(tmp_path):
   with _mock():
-    stream = streaming.open_training_stream(_data_config(tmp_path), batch_size=4,
-                                            order_seed=0, augment_seed=0)
+    stream = train_stream.open_training_stream(_data_config(tmp_path), batch_size=4,
+                                               order_seed=0, augment_seed=0)
   sampler = stream.sampler()
   keys = [sampler[stream.global_index(0, k)].record_key for k in range(40)]
   assert sorted(keys[:20]) == sorted(keys[20:]) == list(range(20))
@@ -158,8 +159,8 @@ def test_epochs_are_reshuffled_and_cover_the_split(tmp_path):
 
 def test_process_shards_are_disjoint(tmp_path, monkeypatch):
   with _mock():
-    stream = streaming.open_training_stream(_data_config(tmp_path), batch_size=4,
-                                            order_seed=0, augment_seed=0)
+    stream = train_stream.open_training_stream(_data_config(tmp_path), batch_size=4,
+                                               order_seed=0, augment_seed=0)
     shards = []
     for pi in range(2):
       monkeypatch.setattr(jax, "process_index", lambda pi=pi: pi)
@@ -175,14 +176,14 @@ def test_process_shards_are_disjoint(tmp_path, monkeypatch):
 
 def test_iterator_state_resumes_the_same_batches(tmp_path):
   with _mock():
-    stream = streaming.open_training_stream(_data_config(tmp_path), batch_size=4,
-                                            order_seed=3, augment_seed=4)
-    feed = streaming.TrainFeed(stream)
+    stream = train_stream.open_training_stream(_data_config(tmp_path), batch_size=4,
+                                               order_seed=3, augment_seed=4)
+    feed = train_stream.TrainFeed(stream)
     for _ in range(3):
       feed.next()
     state = feed.get_state()
     want = [feed.next() for _ in range(6)]
-    fresh = streaming.TrainFeed(stream)
+    fresh = train_stream.TrainFeed(stream)
     fresh.set_state(state)
     for w in want:
       got = fresh.next()
@@ -287,7 +288,7 @@ def test_trainer_streams_and_resumes_bit_for_bit(tmp_path, monkeypatch):
       assert resumed.summary[key] == straight.summary[key]
     # Control: a resume that ignored the saved position would train on other batches.
     _interrupted_run(config, str(tmp_path / "naive"))
-    monkeypatch.setattr(streaming.TrainFeed, "set_state", lambda self, state: None)
+    monkeypatch.setattr(train_stream.TrainFeed, "set_state", lambda self, state: None)
     naive = trainer.train_and_evaluate(config, str(tmp_path / "naive"))
   assert not all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
       jax.tree.leaves(naive.variables), jax.tree.leaves(straight.variables)))
@@ -301,7 +302,7 @@ def test_streamed_evaluation_matches_the_eval_stream(tmp_path):
   config = smoke_stream_config(tmp_path)
   with _mock(n=10):
     exp = trainer.build_experiment(config)
-    assert isinstance(exp.train, streaming.TrainStream) and len(exp.test) == 10
+    assert isinstance(exp.train, train_stream.TrainStream) and len(exp.test) == 10
     assert exp.test.crop == "resize" and exp.test.batch_size == 8
     batches = list(trainer.eval_batches(exp.test, 8, sharding.data_mesh()))
   assert len(batches) == 2 and float(sum(np.asarray(b["mask"]).sum() for b in batches)) == 10
@@ -353,13 +354,13 @@ def test_worker_processes_on_real_array_record_files(tmp_path):
   out = {}
   for workers in (0, 2):
     cfg.stream.num_workers = workers
-    stream = streaming.open_training_stream(cfg, batch_size=4, order_seed=0, augment_seed=0)
-    feed = streaming.TrainFeed(stream)
+    stream = train_stream.open_training_stream(cfg, batch_size=4, order_seed=0, augment_seed=0)
+    feed = train_stream.TrainFeed(stream)
     out[workers] = [feed.next() for _ in range(3)]
     if workers:
       state = feed.get_state()
       nxt = feed.next()
-      again = streaming.TrainFeed(stream)
+      again = train_stream.TrainFeed(stream)
       again.set_state(state)
       np.testing.assert_array_equal(again.next()["image"], nxt["image"])
       again.close()

@@ -27,6 +27,7 @@ from tensorflow_datasets.datasets.imagenet2012_corrupted import (
 from mlcollections_configs import robustness as rob_cfg
 from tests.pretrained_test import fake_bit_checkpoint, fake_vit_checkpoint
 from xsens import studies
+from xsens.data import image_prep
 from xsens.data import streaming
 from xsens.errors import ConfigError
 from xsens.lab import corruptions as lab_corruptions
@@ -161,22 +162,22 @@ def fake(tmp_path_factory):
 
 
 def test_center_crop_box_arithmetic():
-  assert streaming.center_crop_box(10, 20, 0.5) == (3, 8, 5)
-  assert streaming.center_crop_box(256, 300, 224 / 256) == (16, 38, 224)
-  assert streaming.center_crop_box(7, 7, 1.0) == (0, 0, 7)
+  assert image_prep.center_crop_box(10, 20, 0.5) == (3, 8, 5)
+  assert image_prep.center_crop_box(256, 300, 224 / 256) == (16, 38, 224)
+  assert image_prep.center_crop_box(7, 7, 1.0) == (0, 0, 7)
 
 
 def test_preprocess_image_crop_and_resize_on_a_known_image():
   img = np.arange(10 * 20 * 3, dtype=np.int64).reshape(10, 20, 3).astype(np.uint8)
-  out = streaming.preprocess_image(img, (5, 5), crop="center", crop_fraction=0.5)
+  out = image_prep.preprocess_image(img, (5, 5), crop="center", crop_fraction=0.5)
   np.testing.assert_array_equal(out, img[3:8, 8:13])  # The crop alone: exact pixels.
   np.testing.assert_array_equal(
-      streaming.preprocess_image(img, (10, 20), crop="resize"), img)
+      image_prep.preprocess_image(img, (10, 20), crop="resize"), img)
   small = np.array([[[0] * 3, [100] * 3], [[200] * 3, [50] * 3]], np.uint8)
-  up = streaming.preprocess_image(small, (4, 4), crop="resize", resample="nearest")
+  up = image_prep.preprocess_image(small, (4, 4), crop="resize", resample="nearest")
   np.testing.assert_array_equal(up, np.repeat(np.repeat(small, 2, 0), 2, 1))
-  assert streaming.to_rgb(np.zeros((3, 4), np.uint8)).shape == (3, 4, 3)
-  assert streaming.to_rgb(np.zeros((3, 4, 4), np.uint8)).shape == (3, 4, 3)
+  assert image_prep.to_rgb(np.zeros((3, 4), np.uint8)).shape == (3, 4, 3)
+  assert image_prep.to_rgb(np.zeros((3, 4, 4), np.uint8)).shape == (3, 4, 3)
 
 
 def test_stream_order_is_seeded_and_nested():

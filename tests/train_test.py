@@ -14,6 +14,7 @@ from mlcollections_configs import train as train_cfg
 from tests.helpers import REPO, run_cli, snapshot
 from xsens import studies
 from xsens.errors import ConfigError
+from xsens.train import loop
 from xsens.train import workdir as workdir_lib
 from xsens.train import trainer
 from xsens.train.metrics import read_metrics
@@ -167,7 +168,7 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   config = smoke_train("mlp", total_steps=10, checkpoint_every=1, log_every=1, **{
       "optimizer.name": "sgd", "optimizer.learning_rate": 1e30,
       "optimizer.warmup_steps": 10})
-  with pytest.raises(trainer.TrainingDivergedError, match="last good checkpoint .step 1."):
+  with pytest.raises(loop.TrainingDivergedError, match="last good checkpoint .step 1."):
     trainer.train_and_evaluate(config, str(tmp_path))
   assert workdir_lib.Workdir(str(tmp_path)).latest_step() == 1
 

@@ -8,7 +8,7 @@ unknown or mistyped `--config.<field>`, a value the study refuses) exits with co
 one line `xsens: error: --<flag>: <message>` before anything is written; a diverged run
 exits with code 1 and keeps its last good checkpoint; a run stopped by SIGTERM / SIGINT
 saves a checkpoint at its current step and exits with 143 / 130 (128 + the signal) after
-one line saying so (README, "Preemption and resume"); a process of a multi-process run
+one line saying so (docs/faults.md, "Preemption and resume"); a process of a multi-process run
 whose peer is gone (or a wait on storage that runs out, `XSENS_WAIT_TIMEOUT_S`) exits with
 75 after one line naming what it waited for (docs/launch.md).
 """

@@ -62,7 +62,7 @@ def stream_config(**overrides) -> ml_collections.ConfigDict:
   Absent (the default), the splits are loaded into memory (`xsens.data.pipeline`). Set
   `config.data.stream = stream_config(...)` (from the command line: the `stream` variant of
   mlcollections_configs/train.py); `data.image_size` (H, W) is then required and
-  `data.normalize` is "half" or "zero_one". See `xsens.data.streaming` (training mode).
+  `data.normalize` is "half" or "zero_one". See `xsens.data.train_stream`.
 
   Fields:
     crop: training crop, "inception" (random resized crop), "pad_crop" (zero-pad, random

@@ -66,7 +66,8 @@ from xsens.measures.churn import prediction_churn
 from xsens.measures.convention import STATIC_ARGNAMES, jit, static_argnames
 from xsens.measures.corruption_eval import (corrupt_normalized_jax, corruption_accuracy, mce,
                                             relative_mce)
-from xsens.measures.corruptions import HOST_ONLY, JAX_CORRUPTIONS, corrupt, corrupt_jax
+from xsens.measures.corruptions import corrupt
+from xsens.measures.corruptions_jax import HOST_ONLY, JAX_CORRUPTIONS, corrupt_jax
 from xsens.measures.label_shift import (kl_divergence, label_shift_accuracy,
                                         project_to_kl_ball, tilted_prior, worst_case_prior)
 from xsens.measures.logit_rank import (attention_logit_rank, attention_logits,

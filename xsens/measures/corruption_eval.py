@@ -5,10 +5,10 @@ Common Corruptions and Perturbations", ICLR 2019, arXiv 1903.12261.
 
   * `corruption_accuracy(apply_fn, variables, inputs, *, labels, name, severity, key, mask,
     normalize, stats)`: accuracy of one (padded) batch held in the model's input space under
-    one corruption of `corruptions.JAX_CORRUPTIONS`, corrupted on the device, so it composes
+    one corruption of `corruptions_jax.JAX_CORRUPTIONS`, corrupted on the device, so it composes
     inside a caller's `jax.jit` (the measures convention of `xsens.measures`: `apply_fn
     (variables, inputs) -> logits` in eval mode, a dict of arrays back, nothing jitted here).
-    The `corruptions.HOST_ONLY` corruptions run on the host: `corrupt_normalized` corrupts
+    The `corruptions_jax.HOST_ONLY` corruptions run on the host: `corrupt_normalized` corrupts
     model-space images with the NumPy versions, and the lab loops over the split
     (`xsens.lab.corruptions.host_corruption_accuracy`).
   * Aggregates: `per_corruption` (mean over severities), `per_category`,
@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.measures import corruptions
+from xsens.measures import corruptions_jax
 
 Key = tuple[str, int]  # (corruption name, severity)
 
@@ -128,7 +129,7 @@ def corrupt_normalized(images: np.ndarray, name: str, severity: int, *, normaliz
 
 def corrupt_normalized_jax(inputs, name: str, severity: int, *, normalize: str, stats=None,
                            key=None):
-  """`corrupt_normalized` on the device for `corruptions.JAX_CORRUPTIONS` (jittable; name,
+  """`corrupt_normalized` on the device for `corruptions_jax.JAX_CORRUPTIONS` (jittable; name,
   severity and normalize static). [B, H, W, C] -> [B, H, W, C] float32."""
   _stats(normalize, None if stats is None else (np.zeros(1), np.ones(1)))  # Validates.
   s = None if stats is None else tuple(jnp.asarray(v, jnp.float32) for v in stats)
@@ -137,7 +138,7 @@ def corrupt_normalized_jax(inputs, name: str, severity: int, *, normalize: str, 
     x = (x + 1) / 2
   elif normalize == "standardize":
     x = x * s[1] + s[0]
-  out = corruptions.corrupt_jax(jnp.clip(x, 0, 1), name, severity, key)
+  out = corruptions_jax.corrupt_jax(jnp.clip(x, 0, 1), name, severity, key)
   if normalize == "half":
     return (out - jnp.float32(0.5)) / jnp.float32(0.5)
   if normalize == "standardize":
@@ -156,7 +157,7 @@ def corruption_accuracy(apply_fn, variables, inputs, *, labels, name: str, sever
     variables: the model's variables.
     inputs: [B, H, W, C] clean inputs in model space (normalised by `normalize`).
     labels: int [B].
-    name: a corruption of `corruptions.JAX_CORRUPTIONS` (static; `HOST_ONLY` ones raise:
+    name: a corruption of `corruptions_jax.JAX_CORRUPTIONS` (static; `HOST_ONLY` ones raise:
       corrupt them on the host with `corrupt_normalized`).
     severity: 1..5 (static).
     key: PRNG key for the noises.

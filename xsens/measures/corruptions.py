@@ -36,227 +36,30 @@ Differences from the reference, by design:
   * elastic: the random affine map and the elastic displacement are composed and sampled
     once (bilinear, mirrored borders) instead of twice.
   * pixelate: area-weighted box down-sampling, then nearest-neighbour up-sampling.
-  * JPEG: own baseline codec (see `jpeg_round_trip`), not libjpeg via PIL (so no PIL
+  * JPEG: own baseline codec (`xsens.measures.jpeg`), not libjpeg via PIL (so no PIL
     dependency); it matches PIL/libjpeg to about 0.2 grey levels on grey images and 1 on
     RGB, against a compression error of 1.5-3 levels at these qualities (tested).
   * glass blur: no 8-bit quantisation between the two Gaussian blurs.
 
-JAX versions (`corrupt_jax(images, name, severity, key)`, jittable, `name` and
-`severity` static): the cheap corruptions in `JAX_CORRUPTIONS` (gaussian, shot and
-impulse noise, defocus and zoom blur, brightness, contrast, pixelate) also run on the
-device, so accuracy under them composes inside a caller's `jax.jit`
-(`xsens.measures.corruption_eval.corruption_accuracy`). The deterministic ones equal the
-NumPy versions to float32 rounding (the blur kernels and resampling matrices are the same
-host arrays); the noises draw from the same distributions with `jax.random` (different
-random numbers than NumPy's, so not bit-equal). The others (`HOST_ONLY`: glass blur,
-motion blur, snow, frost, fog, elastic transform, JPEG) run on the host only, in NumPy.
-
-All randomness of the NumPy versions comes from `np.random.default_rng(seed)`: the same seed gives the same
+All randomness comes from `np.random.default_rng(seed)`: the same seed gives the same
 output. The draws do not depend on the severity (except shot noise's Poisson draws), so the
 severities of one corruption share their random numbers (the noise of gaussian_noise at
 severity 5 is the noise of severity 1 scaled up), which makes severity sweeps smoother.
+
+The primitives (resampling, motion blur, plasma fractals) are in `xsens.measures.image_ops`;
+the device versions of the cheap corruptions in `xsens.measures.corruptions_jax`.
 """
 
 from collections.abc import Callable, Sequence
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from scipy import ndimage
 
+from xsens.measures import image_ops
+from xsens.measures import jpeg
+
 SEVERITIES = (1, 2, 3, 4, 5)
-REFERENCE_SIZE = 32  # The reference parameters are for 32x32 CIFAR images.
-
-_LUMA = np.array([0.299, 0.587, 0.114], np.float32)  # ITU-R BT.601, as OpenCV and JPEG.
-
-# ------------------------------------------------------------------------------------------------
-# Shared helpers.
-
-
-def size_scale(height: int, width: int) -> float:
-  """s = sqrt(H * W) / 32: multiplies the reference's absolute pixel lengths."""
-  return math.sqrt(height * width) / REFERENCE_SIZE
-
-
-def _scale(x: np.ndarray) -> float:
-  return size_scale(x.shape[1], x.shape[2])
-
-
-def to_gray(x: np.ndarray) -> np.ndarray:
-  """BT.601 luma. [N, H, W, C] -> [N, H, W, 1] (identity for C = 1)."""
-  if x.shape[-1] == 1:
-    return x
-  return np.einsum("nhwc,c->nhw", x, _LUMA.astype(x.dtype))[..., None]
-
-
-def _gaussian_blur(x: np.ndarray, sigma: float, mode: str = "nearest",
-                   truncate: float = 4.0) -> np.ndarray:
-  """Spatial Gaussian blur of every image and channel. [N, H, W, C] -> same."""
-  if sigma <= 0:
-    return x
-  return ndimage.gaussian_filter(x, (0, sigma, sigma, 0), mode=mode, truncate=truncate)
-
-
-def _interp_matrix(n_out: int, coords: np.ndarray, n_in: int) -> np.ndarray:
-  """Linear-interpolation matrix [n_out, n_in] sampling at float `coords` (edge-clamped)."""
-  coords = np.clip(coords, 0, n_in - 1)
-  lo = np.floor(coords).astype(np.int64)
-  hi = np.minimum(lo + 1, n_in - 1)
-  frac = coords - lo
-  m = np.zeros((n_out, n_in), np.float64)
-  rows = np.arange(n_out)
-  np.add.at(m, (rows, lo), 1 - frac)
-  np.add.at(m, (rows, hi), frac)
-  return m
-
-
-def _separable(x: np.ndarray, mh: np.ndarray, mw: np.ndarray) -> np.ndarray:
-  """Applies row and column matrices. x [N, H, W, C], mh [H', H], mw [W', W] -> [N, H', W', C]."""
-  n, h, w, c = x.shape
-  out = np.matmul(mh.astype(x.dtype), x.reshape(n, h, w * c)).reshape(n, -1, w, c)
-  # Stacked small matmuls: much faster here than one large BLAS call under CPU contention.
-  out = np.matmul(out.transpose(0, 1, 3, 2), mw.T.astype(x.dtype))  # [N, H', C, W']
-  return np.ascontiguousarray(out.transpose(0, 1, 3, 2))
-
-
-def zoom_center(x: np.ndarray, zoom: float) -> np.ndarray:
-  """Bilinear zoom by `zoom` >= 1 about the image centre, keeping the size. [N,H,W,C] -> same.
-
-  Output pixel centre p samples the input at (p - centre) / zoom + centre, like the reference's
-  `clipped_zoom` (crop the central 1/zoom, then up-sample).
-  """
-  _, h, w, _ = x.shape
-  ch, cw = (h - 1) / 2, (w - 1) / 2
-  mh = _interp_matrix(h, (np.arange(h) - ch) / zoom + ch, h)
-  mw = _interp_matrix(w, (np.arange(w) - cw) / zoom + cw, w)
-  return _separable(x, mh, mw)
-
-
-def _mirror_index(i: np.ndarray, n: int) -> np.ndarray:
-  """Reflect-101 (mirror without repeating the edge) integer indices into range(n)."""
-  if n == 1:
-    return np.zeros_like(i)
-  period = 2 * (n - 1)
-  i = np.mod(i, period)
-  return np.where(i > n - 1, period - i, i)
-
-
-def bilinear_sample(x: np.ndarray, ys: np.ndarray, xs: np.ndarray) -> np.ndarray:
-  """Samples every image at float pixel coordinates, mirrored borders.
-
-  Args:
-    x: [N, H, W, C] images.
-    ys, xs: [N, H', W'] row and column coordinates (pixel centres are integers).
-
-  Returns:
-    [N, H', W', C].
-  """
-  n, h, w, _ = x.shape
-  y0 = np.floor(ys).astype(np.int64)
-  x0 = np.floor(xs).astype(np.int64)
-  fy = (ys - y0).astype(x.dtype)[..., None]
-  fx = (xs - x0).astype(x.dtype)[..., None]
-  nn = np.arange(n)[:, None, None]
-  ya, yb = _mirror_index(y0, h), _mirror_index(y0 + 1, h)
-  xa, xb = _mirror_index(x0, w), _mirror_index(x0 + 1, w)
-  top = x[nn, ya, xa] * (1 - fx) + x[nn, ya, xb] * fx
-  bottom = x[nn, yb, xa] * (1 - fx) + x[nn, yb, xb] * fx
-  return top * (1 - fy) + bottom * fy
-
-
-def motion_blur_kernel(radius: float, sigma: float) -> np.ndarray:
-  """ImageMagick's one-sided motion-blur weights exp(-i^2 / 2 sigma^2), i = 0..2 ceil(radius).
-
-  Returns:
-    [K] weights summing to 1 (taps below 1e-7 of the first are dropped; they are invisible).
-  """
-  width = 2 * int(math.ceil(radius)) + 1
-  i = np.arange(width, dtype=np.float64)
-  k = np.exp(-i ** 2 / (2 * sigma ** 2))
-  k = k[k >= 1e-7]
-  return k / k.sum()
-
-
-def motion_blur_images(x: np.ndarray, radius: float, sigma: float,
-                       angles_deg: np.ndarray) -> np.ndarray:
-  """Blurs image n along the direction angles_deg[n] (one-sided, edge pixels repeated).
-
-  Tap i reads the pixel at (row + round(i sin a), col + round(i cos a)), as ImageMagick's
-  MotionBlurImage (which Wand's `motion_blur` calls in the reference).
-
-  Args:
-    x: [N, H, W, C].
-    radius, sigma: kernel size and Gaussian width in pixels.
-    angles_deg: [N] directions in degrees.
-
-  Returns:
-    [N, H, W, C].
-  """
-  n, h, w, _ = x.shape
-  weights = motion_blur_kernel(radius, sigma)
-  a = np.deg2rad(np.asarray(angles_deg, np.float64))
-  nn = np.arange(n)[:, None, None]
-  out = np.zeros_like(x)
-  for i, wt in enumerate(weights):
-    dy = np.ceil(i * np.sin(a) - 0.5).astype(np.int64)
-    dx = np.ceil(i * np.cos(a) - 0.5).astype(np.int64)
-    rows = np.clip(np.arange(h)[None, :] + dy[:, None], 0, h - 1)[:, :, None]
-    cols = np.clip(np.arange(w)[None, :] + dx[:, None], 0, w - 1)[:, None, :]
-    out += np.float32(wt) * x[nn, rows, cols]
-  return out
-
-
-def plasma_fractal(rng: np.random.Generator, num: int, mapsize: int,
-                   wibbledecay: float) -> np.ndarray:
-  """Diamond-square plasma fractals, normalised to [0, 1] each (as the reference's fog).
-
-  Starting from 0 at the corners with perturbation scale `wibble` = 100, each level fills
-  square centres and then diamond centres with the mean of their 4 neighbours (wrapping
-  around) plus uniform(-wibble, wibble) * wibble, then divides wibble by `wibbledecay`; a
-  smaller decay keeps more fine detail.
-
-  Args:
-    rng: random generator.
-    num: number of maps.
-    mapsize: side, a power of 2.
-    wibbledecay: > 1.
-
-  Returns:
-    [num, mapsize, mapsize] float64 in [0, 1].
-  """
-  if mapsize < 1 or mapsize & (mapsize - 1):
-    raise ValueError(f"mapsize must be a power of 2, got {mapsize}")
-  m = np.zeros((num, mapsize, mapsize))
-  step = mapsize
-  wibble = 100.0
-
-  def wibbled_mean(total):
-    return total / 4 + wibble * rng.uniform(-wibble, wibble, total.shape)
-
-  while step >= 2:
-    half = step // 2
-    corners = m[:, 0::step, 0::step]
-    squares = corners + np.roll(corners, -1, axis=1)
-    squares = squares + np.roll(squares, -1, axis=2)
-    m[:, half::step, half::step] = wibbled_mean(squares)
-    centres = m[:, half::step, half::step]
-    corners = m[:, 0::step, 0::step]
-    left = centres + np.roll(centres, 1, axis=1) + corners + np.roll(corners, -1, axis=2)
-    m[:, 0::step, half::step] = wibbled_mean(left)
-    top = centres + np.roll(centres, 1, axis=2) + corners + np.roll(corners, -1, axis=1)
-    m[:, half::step, 0::step] = wibbled_mean(top)
-    step = half
-    wibble /= wibbledecay
-  m -= m.min(axis=(1, 2), keepdims=True)
-  return m / np.maximum(m.max(axis=(1, 2), keepdims=True), 1e-12)
-
-
-def _plasma_for(x: np.ndarray, rng: np.random.Generator, wibbledecay: float) -> np.ndarray:
-  """One plasma fractal per image, cropped to its size. -> [N, H, W, 1] float32."""
-  n, h, w, _ = x.shape
-  mapsize = 1 << max(1, int(math.ceil(math.log2(max(h, w)))))
-  return plasma_fractal(rng, n, mapsize, wibbledecay)[:, :h, :w, None].astype(np.float32)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -323,7 +126,7 @@ def defocus_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.n
   (0.5, 0.6), (1, 0.2), (1.5, 0.1) px at 32x32, kernel resized by s (`defocus_kernel`)."""
   del rng
   radius, alias = ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1))[severity - 1]
-  kernel = defocus_kernel(radius, alias, _scale(x)).astype(np.float32)
+  kernel = defocus_kernel(radius, alias, image_ops.image_scale(x)).astype(np.float32)
   return ndimage.convolve(x, kernel[None, :, :, None], mode="mirror")
 
 
@@ -344,9 +147,9 @@ def glass_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.nda
   sigma, max_delta, iterations = ((0.05, 1, 1), (0.25, 1, 1), (0.4, 1, 1), (0.25, 1, 2),
                                   (0.4, 1, 2))[severity - 1]
   n, h, w, _ = x.shape
-  s = _scale(x)
+  s = image_ops.image_scale(x)
   d = max(1, int(round(max_delta * s)))
-  x = _gaussian_blur(x, sigma * s).copy()
+  x = image_ops.gaussian_blur(x, sigma * s).copy()
   nn = np.arange(n)
   rows = range(h - d, d, -1)
   cols = range(w - d, d, -1)
@@ -359,16 +162,16 @@ def glass_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.nda
         here = x[:, r, c].copy()
         x[:, r, c] = x[nn, r2, c2]
         x[nn, r2, c2] = here
-  return _gaussian_blur(x, sigma * s)
+  return image_ops.gaussian_blur(x, sigma * s)
 
 
 def motion_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
   """One-sided Gaussian motion blur at a uniform angle in [-45, 45) degrees per image;
   (radius, sigma) = (6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5) px at 32x32, times s."""
   radius, sigma = ((6, 1), (6, 1.5), (6, 2), (8, 2), (9, 2.5))[severity - 1]
-  s = _scale(x)
+  s = image_ops.image_scale(x)
   angles = rng.uniform(-45, 45, size=x.shape[0])
-  return motion_blur_images(x, radius * s, sigma * s, angles)
+  return image_ops.motion_blur_images(x, radius * s, sigma * s, angles)
 
 
 def zoom_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
@@ -380,7 +183,7 @@ def zoom_blur(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndar
   zooms = np.arange(1, top, 0.01)
   out = x.copy()
   for z in zooms:
-    out += zoom_center(x, float(z))
+    out += image_ops.zoom_center(x, float(z))
   return out / np.float32(len(zooms) + 1)
 
 
@@ -406,14 +209,15 @@ def snow(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
       (0.15, 0.3, 1.75, 0.55, 10, 4, 0.9), (0.25, 0.3, 2.25, 0.6, 12, 6, 0.85),
       (0.3, 0.3, 1.25, 0.65, 14, 12, 0.8))[severity - 1]
   n, h, w, _ = x.shape
-  s = _scale(x)
+  s = image_ops.image_scale(x)
   layer = (loc + scale * rng.standard_normal((n, h, w, 1))).astype(np.float32)
-  layer = zoom_center(layer, max(1.0, zoom * s))
+  layer = image_ops.zoom_center(layer, max(1.0, zoom * s))
   layer[layer < threshold] = 0
   layer = np.round(np.clip(layer, 0, 1) * 255) / 255
   angles = rng.uniform(-135, -45, size=n)
-  layer = motion_blur_images(layer.astype(np.float32), radius * s, sigma * s, angles)
-  x = blend * x + (1 - blend) * np.maximum(x, to_gray(x) * 1.5 + 0.5)
+  layer = image_ops.motion_blur_images(layer.astype(np.float32), radius * s, sigma * s,
+                                       angles)
+  x = blend * x + (1 - blend) * np.maximum(x, image_ops.to_gray(x) * 1.5 + 0.5)
   return x + layer + layer[:, ::-1, ::-1]
 
 
@@ -431,9 +235,9 @@ def frost_texture(rng: np.random.Generator, num: int, height: int, width: int,
   Returns:
     [num, height, width, channels] float32 in [0, 1], mean about 0.4.
   """
-  s = size_scale(height, width)
+  s = image_ops.size_scale(height, width)
   mapsize = 1 << max(1, int(math.ceil(math.log2(max(height, width)))))
-  haze = 0.15 + 0.35 * plasma_fractal(rng, num, mapsize, 2.0)[:, :height, :width]
+  haze = 0.15 + 0.35 * image_ops.plasma_fractal(rng, num, mapsize, 2.0)[:, :height, :width]
   count = max(1, int(round(height * width / (12 * s * s))))  # About 85 at any size.
   shape = (num, count)
   cy = rng.uniform(0, height, shape)
@@ -458,7 +262,7 @@ def frost_texture(rng: np.random.Generator, num: int, height: int, width: int,
   tex = ndimage.gaussian_filter(tex, (0, 0.4 * s, 0.4 * s), mode="reflect")
   rgb = tex[..., None] * np.array([0.85, 0.93, 1.0])
   rgb = np.clip(rgb, 0, 1).astype(np.float32)
-  return rgb if channels == 3 else to_gray(rgb)
+  return rgb if channels == 3 else image_ops.to_gray(rgb)
 
 
 def frost(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
@@ -473,7 +277,7 @@ def fog(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
   (0.75, 2.5), (1, 2), (1.5, 1.75); max(x) per image."""
   a, decay = ((0.2, 3), (0.5, 3), (0.75, 2.5), (1, 2), (1.5, 1.75))[severity - 1]
   peak = x.max(axis=(1, 2, 3), keepdims=True)
-  x = x + np.float32(a) * _plasma_for(x, rng, decay)
+  x = x + np.float32(a) * image_ops.plasma_for(x, rng, decay)
   return x * peak / (peak + np.float32(a))
 
 
@@ -544,24 +348,7 @@ def elastic_transform(x: np.ndarray, severity: int, rng: np.random.Generator) ->
   px = xx[None] + dx - shift[:, 0, None, None]
   sx = inv[:, 0, 0, None, None] * px + inv[:, 0, 1, None, None] * py
   sy = inv[:, 1, 0, None, None] * px + inv[:, 1, 1, None, None] * py
-  return bilinear_sample(x, sy, sx)
-
-
-def _box_down_matrix(n_out: int, n_in: int) -> np.ndarray:
-  """Area-averaging matrix [n_out, n_in]: output i averages input span [i, i+1) * n_in/n_out."""
-  edges = np.arange(n_out + 1) * (n_in / n_out)
-  lo, hi = edges[:-1, None], edges[1:, None]
-  pix = np.arange(n_in)[None, :]
-  overlap = np.clip(np.minimum(hi, pix + 1) - np.maximum(lo, pix), 0, None)
-  return overlap / overlap.sum(axis=1, keepdims=True)
-
-
-def _nearest_up_matrix(n_out: int, n_in: int) -> np.ndarray:
-  """Nearest-neighbour matrix [n_out, n_in] (pixel-centre aligned)."""
-  src = np.minimum(np.floor((np.arange(n_out) + 0.5) * n_in / n_out).astype(np.int64), n_in - 1)
-  m = np.zeros((n_out, n_in))
-  m[np.arange(n_out), src] = 1
-  return m
+  return image_ops.bilinear_sample(x, sy, sx)
 
 
 def pixelate(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
@@ -572,112 +359,15 @@ def pixelate(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarr
   c = (0.95, 0.9, 0.85, 0.75, 0.65)[severity - 1]
   _, h, w, _ = x.shape
   hs, ws = max(1, int(h * c)), max(1, int(w * c))
-  mh = _nearest_up_matrix(h, hs) @ _box_down_matrix(hs, h)
-  mw = _nearest_up_matrix(w, ws) @ _box_down_matrix(ws, w)
-  return _separable(x, mh, mw)
-
-
-# JPEG (ITU-T T.81 Annex K) base quantisation tables.
-_JPEG_LUMA = np.array([
-    [16, 11, 10, 16, 24, 40, 51, 61], [12, 12, 14, 19, 26, 58, 60, 55],
-    [14, 13, 16, 24, 40, 57, 69, 56], [14, 17, 22, 29, 51, 87, 80, 62],
-    [18, 22, 37, 56, 68, 109, 103, 77], [24, 35, 55, 64, 81, 104, 113, 92],
-    [49, 64, 78, 87, 103, 121, 120, 101], [72, 92, 95, 98, 112, 100, 103, 99]], np.float64)
-_JPEG_CHROMA = np.full((8, 8), 99.0)
-_JPEG_CHROMA[:4, :4] = [[17, 18, 24, 47], [18, 21, 26, 66], [24, 26, 56, 99], [47, 66, 99, 99]]
-
-
-def jpeg_quant_table(base: np.ndarray, quality: int) -> np.ndarray:
-  """IJG quality scaling: base * (5000 / q if q < 50 else 200 - 2 q) / 100, in [1, 255]."""
-  q = min(max(int(quality), 1), 100)
-  scale = 5000 / q if q < 50 else 200 - 2 * q
-  return np.clip(np.floor((base * scale + 50) / 100), 1, 255)
-
-
-def _dct_matrix() -> np.ndarray:
-  """Orthonormal 8-point DCT-II matrix D [k, n]; coefficients = D @ block @ D.T."""
-  k = np.arange(8)[:, None]
-  n = np.arange(8)[None, :]
-  d = np.cos(np.pi * (2 * n + 1) * k / 16) * np.sqrt(2 / 8)
-  d[0] /= np.sqrt(2)
-  return d
-
-
-def _jpeg_plane(plane: np.ndarray, table: np.ndarray) -> np.ndarray:
-  """DCT, quantise, dequantise, inverse DCT of 8x8 blocks. [N, H, W] (H, W multiples of 8)."""
-  n, h, w = plane.shape
-  d = _dct_matrix()
-  blocks = (plane - 128).reshape(n, h // 8, 8, w // 8, 8).transpose(0, 1, 3, 2, 4)
-  coef = d @ blocks @ d.T                                   # [N, H/8, W/8, 8, 8]
-  coef = np.round(coef / table) * table
-  back = (d.T @ coef @ d).transpose(0, 1, 3, 2, 4)
-  return back.reshape(n, h, w) + 128
-
-
-def _pad_to(x: np.ndarray, multiple: int) -> np.ndarray:
-  """Edge-pads axes 1, 2 of [N, H, W, ...] up to multiples of `multiple`."""
-  ph = -x.shape[1] % multiple
-  pw = -x.shape[2] % multiple
-  pad = [(0, 0), (0, ph), (0, pw)] + [(0, 0)] * (x.ndim - 3)
-  return np.pad(x, pad, mode="edge")
-
-
-def jpeg_round_trip(x: np.ndarray, quality: int) -> np.ndarray:
-  """Baseline JPEG encode + decode at `quality` (1..100), in NumPy.
-
-  8-bit input; RGB -> YCbCr (JFIF); chroma 4:2:0 (2x2 means; libjpeg's triangle up-sampling on
-  decode; PIL's default subsampling); 8x8 orthonormal DCT-II of level-shifted blocks;
-  quantisation with the Annex K luminance / chrominance tables scaled by IJG's quality
-  formula; decode back to 8-bit RGB. Images are edge-padded to whole blocks (16 px for RGB,
-  8 for grey) and cropped back. Grey images code their single (luma) channel.
-
-  Args:
-    x: [N, H, W, C] in [0, 1], C in {1, 3}.
-    quality: JPEG quality.
-
-  Returns:
-    [N, H, W, C] float32 on the 8-bit grid k / 255.
-  """
-  n, h, w, c = x.shape
-  pix = np.round(np.clip(x.astype(np.float64), 0, 1) * 255)
-  luma_table = jpeg_quant_table(_JPEG_LUMA, quality)
-  if c == 1:
-    out = _jpeg_plane(_pad_to(pix, 8)[..., 0], luma_table)[:, :h, :w, None]
-  else:
-    pix = _pad_to(pix, 16)
-    r, g, b = pix[..., 0], pix[..., 1], pix[..., 2]
-    y = 0.299 * r + 0.587 * g + 0.114 * b
-    cb = -0.168736 * r - 0.331264 * g + 0.5 * b + 128
-    cr = 0.5 * r - 0.418688 * g - 0.081312 * b + 128
-    hp, wp = y.shape[1:]
-
-    def sub(p):  # 2x2 mean.
-      return p.reshape(n, hp // 2, 2, wp // 2, 2).mean(axis=(2, 4))
-
-    def up(p):  # libjpeg's "fancy" (triangle) up-sampling, separable: 3/4 near + 1/4 far.
-      for axis in (1, 2):
-        prev = np.concatenate([np.take(p, [0], axis), np.take(p, range(p.shape[axis] - 1),
-                                                              axis)], axis)
-        nxt = np.concatenate([np.take(p, range(1, p.shape[axis]), axis),
-                              np.take(p, [p.shape[axis] - 1], axis)], axis)
-        p = np.stack([0.75 * p + 0.25 * prev, 0.75 * p + 0.25 * nxt], axis=axis + 1)
-        shape = list(p.shape)
-        p = p.reshape(shape[:axis] + [shape[axis] * 2] + shape[axis + 2:])
-      return p
-
-    chroma_table = jpeg_quant_table(_JPEG_CHROMA, quality)
-    y = _jpeg_plane(y, luma_table)
-    cb = up(_jpeg_plane(sub(cb), chroma_table)) - 128
-    cr = up(_jpeg_plane(sub(cr), chroma_table)) - 128
-    out = np.stack([y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb],
-                   axis=-1)[:, :h, :w]
-  return (np.clip(np.round(out), 0, 255) / 255).astype(np.float32)
+  mh = image_ops.nearest_up_matrix(h, hs) @ image_ops.box_down_matrix(hs, h)
+  mw = image_ops.nearest_up_matrix(w, ws) @ image_ops.box_down_matrix(ws, w)
+  return image_ops.separable(x, mh, mw)
 
 
 def jpeg_compression(x: np.ndarray, severity: int, rng: np.random.Generator) -> np.ndarray:
   """JPEG round trip at quality 80, 65, 58, 50, 40."""
   del rng
-  return jpeg_round_trip(x, (80, 65, 58, 50, 40)[severity - 1])
+  return jpeg.jpeg_round_trip(x, (80, 65, 58, 50, 40)[severity - 1])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -759,137 +449,3 @@ def corrupt(images: np.ndarray, name: str, severity: int,
     return x
   out = CORRUPTIONS[name](x, int(severity), np.random.default_rng(seed))
   return np.clip(out, 0, 1).astype(np.float32)
-
-
-# ------------------------------------------------------------------------------------------------
-# JAX versions of the cheap corruptions (jittable; name and severity static).
-
-
-def _gaussian_noise_jax(x, severity: int, key):
-  c = (0.04, 0.06, 0.08, 0.09, 0.10)[severity - 1]
-  return x + jnp.float32(c) * jax.random.normal(key, x.shape, jnp.float32)
-
-
-def _shot_noise_jax(x, severity: int, key):
-  c = (500, 250, 100, 75, 50)[severity - 1]
-  return jax.random.poisson(key, x * c, x.shape).astype(jnp.float32) / c
-
-
-def _impulse_noise_jax(x, severity: int, key):
-  c = (0.01, 0.02, 0.03, 0.05, 0.07)[severity - 1]
-  k_hit, k_salt = jax.random.split(key)
-  hit = jax.random.uniform(k_hit, x.shape) < c
-  salt = jax.random.uniform(k_salt, x.shape) < 0.5
-  return jnp.where(hit, salt.astype(jnp.float32), x)
-
-
-def _defocus_blur_jax(x, severity: int, key):
-  del key
-  radius, alias = ((0.3, 0.4), (0.4, 0.5), (0.5, 0.6), (1, 0.2), (1.5, 0.1))[severity - 1]
-  kernel = defocus_kernel(radius, alias, _scale(x)).astype(np.float32)
-  k = kernel.shape[0] // 2
-  c = x.shape[-1]
-  # scipy's "mirror" border (d c b | a b c d | c b a) is NumPy's "reflect".
-  padded = jnp.pad(x, ((0, 0), (k, k), (k, k), (0, 0)), mode="reflect")
-  # ndimage.convolve is a true convolution: correlate with the flipped kernel.
-  w = jnp.asarray(np.ascontiguousarray(kernel[::-1, ::-1]))[:, :, None, None]
-  return jax.lax.conv_general_dilated(
-      padded, jnp.tile(w, (1, 1, 1, c)), (1, 1), "VALID",
-      dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=c,
-      precision=jax.lax.Precision.HIGHEST)
-
-
-def _separable_jax(x, mh: np.ndarray, mw: np.ndarray):
-  """`_separable` on the device. x [N, H, W, C], mh [H', H], mw [W', W] -> [N, H', W', C]."""
-  hi = jax.lax.Precision.HIGHEST
-  out = jnp.einsum("ph,nhwc->npwc", jnp.asarray(mh, jnp.float32), x, precision=hi)
-  return jnp.einsum("qw,npwc->npqc", jnp.asarray(mw, jnp.float32), out, precision=hi)
-
-
-def _zoom_blur_jax(x, severity: int, key):
-  del key
-  top = (1.06, 1.11, 1.16, 1.21, 1.26)[severity - 1]
-  zooms = np.arange(1, top, 0.01)
-  _, h, w, _ = x.shape
-  ch, cw = (h - 1) / 2, (w - 1) / 2
-  out = x
-  for z in zooms:
-    mh = _interp_matrix(h, (np.arange(h) - ch) / float(z) + ch, h)
-    mw = _interp_matrix(w, (np.arange(w) - cw) / float(z) + cw, w)
-    out = out + _separable_jax(x, mh, mw)
-  return out / np.float32(len(zooms) + 1)
-
-
-def _brightness_jax(x, severity: int, key):
-  del key
-  c = (0.05, 0.1, 0.15, 0.2, 0.3)[severity - 1]
-  v = x.max(axis=-1, keepdims=True)
-  v_new = jnp.minimum(v + jnp.float32(c), 1)
-  ratio = jnp.where(v > 0, v_new / jnp.where(v > 0, v, 1), 0)
-  return jnp.where(v > 0, x * ratio, v_new)
-
-
-def _contrast_jax(x, severity: int, key):
-  del key
-  c = (0.75, 0.5, 0.4, 0.3, 0.15)[severity - 1]
-  m = x.mean(axis=(1, 2), keepdims=True)
-  return (x - m) * jnp.float32(c) + m
-
-
-def _pixelate_jax(x, severity: int, key):
-  del key
-  c = (0.95, 0.9, 0.85, 0.75, 0.65)[severity - 1]
-  _, h, w, _ = x.shape
-  hs, ws = max(1, int(h * c)), max(1, int(w * c))
-  mh = _nearest_up_matrix(h, hs) @ _box_down_matrix(hs, h)
-  mw = _nearest_up_matrix(w, ws) @ _box_down_matrix(ws, w)
-  return _separable_jax(x, mh, mw)
-
-
-JAX_CORRUPTIONS: dict[str, Callable] = {
-    "gaussian_noise": _gaussian_noise_jax,
-    "shot_noise": _shot_noise_jax,
-    "impulse_noise": _impulse_noise_jax,
-    "defocus_blur": _defocus_blur_jax,
-    "zoom_blur": _zoom_blur_jax,
-    "brightness": _brightness_jax,
-    "contrast": _contrast_jax,
-    "pixelate": _pixelate_jax,
-}
-
-# Corruptions that run on the host only (NumPy / scipy, `corrupt`).
-HOST_ONLY: tuple[str, ...] = tuple(n for n in NAMES if n not in JAX_CORRUPTIONS)
-
-RANDOM_JAX = ("gaussian_noise", "shot_noise", "impulse_noise")  # Need a key.
-
-
-def corrupt_jax(images, name: str, severity: int, key=None):
-  """Applies one corruption of `JAX_CORRUPTIONS` on the device (jittable).
-
-  Args:
-    images: [N, H, W, C] float in [0, 1] (pixel space), C in {1, 3}; not checked for the
-      range (traced values cannot be).
-    name: a key of `JAX_CORRUPTIONS` (static); `HOST_ONLY` names raise.
-    severity: 1..5 (static).
-    key: PRNG key, needed by the noises (`RANDOM_JAX`); the same key gives the same draws
-      at every severity, as in the NumPy versions.
-
-  Returns:
-    [N, H, W, C] float32 in [0, 1].
-  """
-  if name not in JAX_CORRUPTIONS:
-    where = ("runs on the host only (NumPy): use `corrupt`" if name in HOST_ONLY else
-             f"is unknown; allowed: {', '.join(NAMES)}")
-    raise ValueError(f"corruption {name!r} {where}; JAX versions: "
-                     f"{', '.join(JAX_CORRUPTIONS)}")
-  if isinstance(severity, bool) or not isinstance(severity, (int, np.integer)) or \
-      severity not in SEVERITIES:
-    raise ValueError(f"severity must be an int in 1..5, got {severity!r}")
-  if name in RANDOM_JAX and key is None:
-    raise ValueError(f"corruption {name!r} needs key= (a PRNG key)")
-  x = jnp.asarray(images)
-  if x.ndim != 4 or x.shape[-1] not in (1, 3):
-    raise ValueError(f"images must be [N, H, W, C] with C in (1, 3), got shape {x.shape}")
-  x = jnp.clip(x.astype(jnp.float32), 0, 1)
-  out = JAX_CORRUPTIONS[name](x, int(severity), key)
-  return jnp.clip(out, 0, 1).astype(jnp.float32)

@@ -67,7 +67,7 @@ def mixup(key: jax.Array, images: jax.Array, labels: jax.Array, num_classes: int
 
 LOSSES: dict[str, LossFn] = {
     "cross_entropy": cross_entropy,
-    "multi_margin": crammer_singer_hinge,  # The config name, kept for existing configs.
+    "multi_margin": crammer_singer_hinge,  # PyTorch's name (`nn.MultiMarginLoss`).
 }
 
 

@@ -90,7 +90,7 @@ def maybe_initialize_distributed(environ: Mapping[str, str] | None = None,
   heartbeat timeout is 30 s longer, so the loop's own bounded waits (one line each) come
   first. A process that dies can still make JAX's coordination service end the others first
   (its message, exit 134): `jax_enable_recoverability` would stop that, but then process 0
-  no longer waits for the others at exit and their normal shutdown fails.
+  does not wait for the others at exit and their normal shutdown fails.
   """
   environ = os.environ if environ is None else environ
   kwargs = distributed_arguments(environ)
@@ -115,7 +115,7 @@ def data_mesh(devices=None, model_axis_size: int = 1) -> Mesh:
   """A mesh over all devices (automatic sharding propagation): 1-D `data` when
   `model_axis_size` is 1 (the default), else 2-D (data, model) of shape (n / m, m).
 
-  `jax.make_mesh` now defaults to Explicit axes, which reject implicit resharding in
+  `jax.make_mesh` defaults to Explicit axes, which reject implicit resharding in
   user code (see shared/NOTES.md); the classic `Mesh` constructor keeps Auto axes.
   """
   devices = jax.devices() if devices is None else devices

@@ -3,9 +3,8 @@
 XLA:CPU runs a program's small operations (elementwise fusions, reductions, softmax, the
 tiny batched matmuls of per-example attention) on one core; only its large GEMMs use the
 intra-op thread pool. So one call at a time leaves the other cores idle for much of a call,
-and two independent calls issued from two threads run at once: on the 2-core machine of
-docs/benchmarks.md, 1.6-2.0x the runs per second of the benign-overfitting sweep and
-1.2-1.5x the evaluations per second of the ViT's sensitivity estimator. Dispatching the calls
+and two independent calls issued from two threads run at once (docs/benchmarks.md,
+"Concurrent streams on CPU", has the measured throughputs). Dispatching the calls
 asynchronously from one thread does not do this (they queue on the device's one stream).
 
 `ordered_map` keeps the items' order, and each call is the same program on the same

@@ -8,9 +8,9 @@ checkpoints, logs, summaries) is the study's.
 - Another study in the same workdir is refused (ConfigError naming `workdir`, nothing
   written); with `overwrite`, every entry of the old study is removed first, `others` and
   the lock kept.
-- A workdir without `study.json` that holds an xsens run (written before the record
-  existed) is taken as the running study's: it is recorded, and `others` keeps only the
-  entries that do not look like xsens outputs (`looks_like_output`).
+- A workdir without `study.json` that holds an xsens run is taken as the running
+  study's: it is recorded, and `others` keeps only the entries that do not look like xsens
+  outputs (`looks_like_output`).
 - `study.json` is written before the study starts (so an interrupted run is recorded), and
   removed again (`Claim.release_if_unused`) when the study ends having written nothing.
 

@@ -28,12 +28,11 @@ import optax
 
 from xsens import models as models_lib
 from xsens import paths
-from xsens.data import pipeline, streaming
+from xsens.data import pipeline, streaming, train_stream
 from xsens.errors import ConfigError, is_finite_number, require
 from xsens.train import distill as distill_lib
 from xsens.train import evaluators, interventions, legacy_fields, loop, losses, objectives, optim
 from xsens.train import sharding
-from xsens.train.loop import TrainingDivergedError  # pylint: disable=unused-import
 from xsens.train.workdir import MAY_CHANGE_ON_RESUME, Workdir
 
 SUMMARY_FILE = "train_summary.json"
@@ -53,7 +52,7 @@ class Experiment:
   terms: list = dataclasses.field(default_factory=list)       # objectives.Term
   transforms: list = dataclasses.field(default_factory=list)  # objectives.Transform
   evaluators: list = dataclasses.field(default_factory=list)  # evaluators.Evaluator
-  # Streaming (`data.stream`): `train` is a `streaming.TrainStream`, `test` and this (the
+  # Streaming (`data.stream`): `train` is a `train_stream.TrainStream`, `test` and this (the
   # train split with the evaluation crop) are `streaming.Stream`s.
   train_eval: Any = None
 
@@ -129,8 +128,8 @@ def _is_int(value) -> bool:
 
 
 def scaling_options(config) -> dict[str, Any]:
-  """`accum_steps` and the `sharding` block with their defaults (today's behaviour): a
-  config written before they existed reads as one full-batch step, replicated state."""
+  """`accum_steps` and the `sharding` block with their defaults: a config without them
+  reads as one full-batch step, replicated state."""
   block = dict(SHARDING_DEFAULTS, **(config.get("sharding") or {}))
   return {"accum_steps": config.get("accum_steps", 1), **block}
 
@@ -160,7 +159,7 @@ def validate_scaling_config(config, n_dev: int) -> None:
 
 
 # `config.mixup`: mixup of the training batches (`losses.mixup`); alpha 0 (the default) is
-# off, and a config without the block trains exactly as before.
+# off, as is a config without the block.
 MIXUP_DEFAULTS = {"alpha": 0.0}
 
 
@@ -194,9 +193,9 @@ def check_mixup_fits(config, terms: Sequence[objectives.Term], input_dtype) -> N
           "(token ids or data.stream.normalize='uint8'); set mixup.alpha=0")
 
 
-# Seeds of one source of randomness each; None (the default) means `config.seed`, so a
-# config without them trains exactly as before. `config.seed` alone also seeds the data
-# subsampling and split order (`pipeline.load_split`), which these never change.
+# Seeds of one source of randomness each; None (the default) means `config.seed`.
+# `config.seed` alone also seeds the data subsampling and split order
+# (`pipeline.load_split`), which these never change.
 SEED_FIELDS = ("init_seed", "order_seed", "augment_seed")
 
 
@@ -287,9 +286,9 @@ def open_streams(config, num_devices: int | None = None):
             "is not available with a streamed dataset (data.stream); remove one of them")
   eval_bs = _round_up(config.eval_batch_size,
                       jax.device_count() if num_devices is None else num_devices)
-  train = streaming.open_training_stream(config.data, batch_size=config.batch_size,
-                                         order_seed=seeds["order_seed"],
-                                         augment_seed=seeds["augment_seed"])
+  train = train_stream.open_training_stream(config.data, batch_size=config.batch_size,
+                                            order_seed=seeds["order_seed"],
+                                            augment_seed=seeds["augment_seed"])
   require(train.num_classes is not None, "data.label_key",
           f"{config.data.label_key!r} of {config.data.name!r} is not a ClassLabel feature")
   test = streaming.open_eval_stream(config.data, "test", batch_size=eval_bs)
@@ -566,15 +565,15 @@ def make_workdir(path: str, config) -> Workdir:
                                  **SCALING_FIELD_DEFAULTS})
 
 
-# Training fields added later, at the values that reproduce runs written before them.
+# Training fields a saved config may lack (`Workdir`'s `added_defaults`), at their defaults.
 SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS,
                           "mixup": MIXUP_DEFAULTS}
 
 
 def model_field_defaults(model_config) -> dict[str, Any]:
-  """`{"model.<field>": default}` for every config field of the named model: a field added
-  to a model keeps the model's earlier behaviour at its default, so a run written before
-  the field existed resumes under a config that holds the default."""
+  """`{"model.<field>": default}` for every config field of the named model: a model field
+  at its default reproduces a run whose saved config does not hold it, so such a run resumes
+  under a config that holds the default."""
   name = (model_config or {}).get("name")
   if name not in models_lib.MODELS:
     return {}
@@ -602,7 +601,7 @@ def train_and_evaluate(config, workdir: str, *, overwrite: bool = False,
 
   `mesh` defaults to a 1-D `data` mesh over all devices. Returns the final variables and
   a summary (also written to `workdir/train_summary.json`). Raises ConfigError for bad
-  input (nothing written) and TrainingDivergedError on a NaN/inf loss or weights.
+  input (nothing written) and `loop.TrainingDivergedError` on a NaN/inf loss or weights.
   """
   sharding.maybe_initialize_distributed()
   mesh = config_mesh(config, mesh)
@@ -686,7 +685,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
   n_train = len(exp.train)
   pi, pc = jax.process_index(), jax.process_count()
 
-  feed = streaming.TrainFeed(exp.train) if exp.train_eval is not None else None
+  feed = train_stream.TrainFeed(exp.train) if exp.train_eval is not None else None
 
   def advance(state, step, length):
     del length  # One step per call (schedule.max_chunk = 1).
@@ -772,10 +771,10 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
 
 def _input_dtype(train) -> np.dtype:
   """The dtype of one training input: an in-memory split's, or a stream's."""
-  return train.dtype if isinstance(train, streaming.TrainStream) else train.inputs.dtype
+  return train.dtype if isinstance(train, train_stream.TrainStream) else train.inputs.dtype
 
 
-def _set_feed_state(feed: streaming.TrainFeed, wd: Workdir, state: bytes | None) -> None:
+def _set_feed_state(feed: train_stream.TrainFeed, wd: Workdir, state: bytes | None) -> None:
   """Restores the training stream's position saved with the restored checkpoint."""
   if state is None:
     raise ConfigError("workdir", f"the checkpoint restored from {wd.path!r} holds no "

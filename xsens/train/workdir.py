@@ -17,7 +17,7 @@ Layout of `path`:
                        deleted) when an older one restored instead
   metrics.jsonl, tb/   scalar metrics by step (`MetricWriter`); a remote workdir appends
                        them as metrics/part-<n>.jsonl and one event file per upload
-  logs/epochs_<a>_<b>.npz   array logs of steps [a, b) (the name is historical: grokking's)
+  logs/epochs_<a>_<b>.npz   array logs of steps [a, b) ("epochs" in the name for every study)
   anything else        the study's outputs (results.md/json, plots, summaries)
 
 Faults (each tested in tests/faults_test.py):
@@ -156,8 +156,8 @@ class Workdir:
                hints: dict[str, str] | None = None,
                added_defaults: dict[str, Any] | None = None):
     """`hints`: field -> a sentence added to the refusal when that field differs.
-    `added_defaults`: field -> the value that reproduces runs written before the field
-    existed (a saved config without the field matches a config holding that value)."""
+    `added_defaults`: field -> the value that reproduces a run whose saved config lacks the
+    field (a saved config without the field matches a config holding that value)."""
     self.path = path
     self.keep_checkpoints = int(keep_checkpoints)
     self.may_change = tuple(may_change)
@@ -446,7 +446,7 @@ class Workdir:
   def save(self, step: int, state, data_state: bytes | None = None) -> None:
     """Saves `state` at `step`. `data_state`: this process's training-data iterator state
     (grain's JSON bytes), kept beside it as the item `data_iterator` (one file per process,
-    grain's orbax handler); None writes the state alone, as before."""
+    grain's orbax handler); None writes the state alone."""
     if data_state is None:
       self._plain_item = True
       self.manager.save(step, args=ocp.args.StandardSave(_as_global(state)), force=True)
