@@ -75,7 +75,7 @@ from xsens.measures import adversarial as adv
 from xsens.measures import corruption_eval, corruptions
 from xsens.measures import perturbations as pert
 from xsens.models import vit as vit_lib
-from xsens.report import plots, tables
+from xsens.report import plots, pretraining_scale, tables
 from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 
@@ -425,88 +425,20 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     removal = removal_section(runs, rc, images, labels)
   pretraining = {name: run_cfg.pretraining for name, run_cfg in config.runs.items()}
   rows = _rows(runs, rc, corr, advs, removal, image_shape, pretraining)
-  scale = pretraining_comparison(rows, {n: r.model.name for n, r in config.runs.items()})
+  scale = pretraining_scale.comparison(rows, {n: r.model.name for n, r in config.runs.items()})
   paths.makedirs(workdir)
   num_classes = getattr(next(iter(runs.values())).model, "num_classes", None)
   plot_files = _plots(workdir, rc, corr, advs, removal, num_classes=num_classes)
   if scale:
-    plot_files.append(_pretraining_plot(workdir, rows))
+    plot_files.append(pretraining_scale.plot(workdir, rows))
   md = tables.write_results(
       workdir, f"Robustness of pretrained models on {ic.name} ({ic.split})", rows,
-      notes=_notes(ic, rc, corr, advs, len(labels)) + _pretraining_note(scale),
+      notes=_notes(ic, rc, corr, advs, len(labels)) + pretraining_scale.note(scale),
       plots=plot_files,
       extra={**_extra(runs, corr, advs, removal), "timings_s": timings,
              "pretraining": pretraining, "pretraining_comparison": scale})
   return {"rows": rows, "markdown": md, "corruptions": corr, "adversarial": advs,
           "layer_removal": removal, "pretraining_comparison": scale}
-
-
-# Measures compared across pre-training sets (row keys; FGSM / PGD at the main ε).
-SCALE_MEASURES = ("clean_accuracy", "mCA", "rel_mCE", "FGSM", "PGD", "worst_removal_acc")
-_FAMILY = {"vit": "ViT", "bit_resnet": "ResNet"}
-
-
-def _measure(row: dict, measure: str):
-  key = next((k for k in row if k == measure or k.startswith(f"{measure}@")), None)
-  return None if key is None else row[key]
-
-
-def pretraining_comparison(rows: list[dict], kinds: dict[str, str]) -> dict:
-  """ViT vs ResNet per pre-training set: the paper's data-scale claim ("when pre-trained
-  with a sufficient amount of data, ViT models are at least as robust as the ResNet
-  counterparts").
-
-  Args:
-    rows: the report rows (key "pretraining": the run's `runs.<run>.pretraining` or None).
-    kinds: {run: model kind} ("vit" / "bit_resnet").
-
-  Returns:
-    {pre-training set: {"ViT": run, "ResNet": run, <measure>: {"ViT": v, "ResNet": v,
-    "ViT - ResNet": d}}} for every set with one ViT and one ResNet run ({} if none; a set
-    with several runs of one family is left out).
-  """
-  by_set: dict[str, dict[str, list[dict]]] = {}
-  for row in rows:
-    family = _FAMILY.get(kinds.get(row["run"], ""))
-    if row.get("pretraining") and family:
-      by_set.setdefault(row["pretraining"], {}).setdefault(family, []).append(row)
-  out = {}
-  for data, families in by_set.items():
-    if sorted(families) != ["ResNet", "ViT"] or any(len(v) != 1 for v in families.values()):
-      continue
-    vit, resnet = families["ViT"][0], families["ResNet"][0]
-    entry = {"ViT": vit["run"], "ResNet": resnet["run"]}
-    for m in SCALE_MEASURES:
-      a, b = _measure(vit, m), _measure(resnet, m)
-      entry[m] = {"ViT": a, "ResNet": b,
-                  "ViT - ResNet": None if a is None or b is None else a - b}
-    out[data] = entry
-  return out
-
-
-def _pretraining_note(scale: dict) -> str:
-  if not scale:
-    return ""
-  parts = []
-  for data, e in scale.items():
-    d = {m: e[m]["ViT - ResNet"] for m in ("clean_accuracy", "mCA", "PGD",
-                                             "worst_removal_acc")}
-    parts.append(f"{data} ({e['ViT']} vs {e['ResNet']}): " + ", ".join(
-        f"{m} {v:+.3f}" for m, v in d.items() if v is not None))
-  return (" Pre-training data (`runs.<run>.pretraining`), ViT minus ResNet: "
-          + "; ".join(parts) + ". The paper's claim: with enough pre-training data the ViT is "
-          "at least as robust (differences >= 0 on the robustness measures).")
-
-
-def _pretraining_plot(workdir, rows) -> str:
-  named = [r for r in rows if r.get("pretraining")]
-  measures = ("clean_accuracy", "mCA", "PGD", "worst_removal_acc")
-  return plots.grouped_bar_plot(
-      os.path.join(workdir, "pretraining_scale.png"), list(measures),
-      {f"{r['run']} ({r['pretraining']})": [_measure(r, m) or 0.0 for m in measures]
-       for r in named},
-      ylabel="top-1 accuracy (fraction correct)", xlabel="measure",
-      title="Robustness by pre-training data")
 
 
 def _rows(runs, rc, corr, advs, removal, image_shape, pretraining=None) -> list[dict]:

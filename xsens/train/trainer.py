@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import os
 import time
 from typing import Any, Callable, Sequence
