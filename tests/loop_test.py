@@ -1,7 +1,9 @@
 """The one loop (`xsens.train.loop`) and the one `Workdir`: chunks, schedule, resume, hooks."""
 
+import dataclasses
 import json
 import os
+import time
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +50,22 @@ def _counter_program(calls=None, lr=0.5):
       evaluate=lambda state, step: {"eval/x": float(state["x"])})
 
 
+def test_evaluation_and_checkpoint_time_are_logged_apart_from_throughput(tmp_path):
+  """An evaluation that takes 0.3 s is logged as `time/eval_s` in the next log window and
+  left out of that window's `train/steps_per_sec`; checkpoint time likewise."""
+  program = _counter_program()
+  slow = lambda state, step: (time.sleep(0.3), {"eval/x": float(state["x"])})[1]
+  program = dataclasses.replace(program, evaluate=slow)
+  schedule = loop.Schedule(total_steps=8, log_every=2, eval_every=4, checkpoint_every=4)
+  wd = Workdir(str(tmp_path / "run"))
+  loop.run(wd, program, schedule)
+  records = {r["step"]: r for r in read_metrics(wd.path) if "train/loss" in r}
+  assert sorted(records) == [2, 4, 6, 8]
+  assert "time/eval_s" not in records[4] and "time/eval_s" not in records[2]
+  assert records[6]["time/eval_s"] >= 0.3           # The evaluation at step 4.
+  assert records[6]["time/checkpoint_s"] > 0        # The checkpoint at step 4.
+
+
 def test_chunked_run_resumes_exactly_with_logs_truncated(tmp_path):
   schedule = loop.Schedule(total_steps=12, log_every=3, eval_every=6, checkpoint_every=4,
                            max_chunk=4)
@@ -67,7 +85,8 @@ def test_chunked_run_resumes_exactly_with_logs_truncated(tmp_path):
   assert resumed.restored_step == 4 and resumed.new_steps == 8
   assert float(resumed.state["x"]) == float(straight.state["x"])
   a, b = read_metrics(str(tmp_path / "a")), read_metrics(str(tmp_path / "b"))
-  strip = lambda rs: [{k: v for k, v in r.items() if "steps_per_sec" not in k} for r in rs]
+  strip = lambda rs: [{k: v for k, v in r.items()
+                       if "steps_per_sec" not in k and not k.startswith("time/")} for r in rs]
   assert strip(a) == strip(b)
   logs_a = Workdir(str(tmp_path / "a")).read_step_log(12, ["x"])
   logs_b = wd.read_step_log(12, ["x"])

@@ -269,6 +269,9 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
          if stop_reason is None else None)
   t_start = time.time()
   pending, window_start, t_window = None, step, time.time()
+  # Seconds spent evaluating (evaluators, hooks) and checkpointing since the last log line:
+  # logged apart, and left out of the training throughput.
+  aside = {"eval": 0.0, "checkpoint": 0.0}
   last_good, chunks, wall, start_step = restored, 0, 0.0, step
 
   def run_hooks(at):
@@ -294,7 +297,11 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
       raise TrainingDivergedError(
           f"training diverged ({_describe(means)}) between steps {window_start} and {at}; "
           f"stopped. {kept}")
-    means["train/steps_per_sec"] = n / max(time.time() - t_window, 1e-9)
+    spent = aside["eval"] + aside["checkpoint"]
+    means["train/steps_per_sec"] = n / max(time.time() - t_window - spent, 1e-9)
+    for what, seconds in aside.items():
+      if seconds:
+        means[f"time/{what}_s"] = seconds
     if program.log_scalars is not None:
       means.update({f"train/{k}": v for k, v in program.log_scalars(at).items()})
     writer.write(at, means)
@@ -307,6 +314,17 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
         postfix["acc"] = f"{means['train/accuracy']:.3f}"
       bar.set_postfix(**postfix)
     pending, window_start, t_window = None, at, time.time()
+    aside.update(eval=0.0, checkpoint=0.0)
+
+  def timed_aside(what: str, fn, *args):
+    """fn(*args), its seconds added to `aside[what]` (the training steps before it finished
+    first, so they are not counted as its time)."""
+    jax.block_until_ready(state)
+    t = time.time()
+    try:
+      return fn(*args)
+    finally:
+      aside[what] += time.time() - t
 
   flag = _SignalFlag()
   agreement = multihost.StopAgreement(watchdog.timeout_s)
@@ -335,12 +353,13 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
         if last or _at(step, schedule.log_every):
           flush(step)
         if program.evaluate is not None and (last or _at(step, schedule.eval_every)):
-          scalars = program.evaluate(state, step)
+          scalars = timed_aside("eval", program.evaluate, state, step)
           if scalars:
             writer.write(step, scalars)
           if program.should_stop is not None:
             stop_reason = program.should_stop(step, scalars)
-        run_hooks(step)
+        if hooks:
+          timed_aside("eval", run_hooks, step)
         if last and stop_reason is None:
           stop_reason = "max_steps"
         if stop_reason is not None and hparams:
@@ -354,9 +373,9 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
           writer.flush()  # Every record up to a checkpoint is stored before it.
           with guard(f"the save of checkpoint {step}", step):
             if program.data_state is not None:
-              workdir.save(step, state, data_state=program.data_state())
+              timed_aside("checkpoint", workdir.save, step, state, program.data_state())
             else:
-              workdir.save(step, state)
+              timed_aside("checkpoint", workdir.save, step, state)
           last_good = step
         if signum is not None:
           with guard(f"the commit of checkpoint {step}", step):
