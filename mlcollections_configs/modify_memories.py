@@ -10,8 +10,7 @@ xsens/studies/modify_memories.py and docs/results.md (modify_memories).
   xsens --config=mlcollections_configs/modify_memories.py:setup=lama,data_dir=PATH --workdir=...
 
 Variants:
-- default (CPU, 2 cores, under 10 minutes; scale chosen so pre-training reaches >= 95 %
-  recall within the budget): a synthetic knowledge base of 200 subjects x 6 relations
+- default (CPU; scale chosen so pre-training reaches >= 95 % recall): a synthetic knowledge base of 200 subjects x 6 relations
   (1,200 facts; 3 many-to-one relations with 5 objects, 3 with 20), 3 training templates
   and 2 held-out paraphrases per relation, 2,000 background sentences; a RoBERTa MLM
   (width 64, depth 4, 4 heads, MLP 128, tied embeddings) pre-trained 2,000 steps (batch
@@ -74,7 +73,7 @@ def get_config(arg=None):
   p.batch_size = 128
   p.background_fraction = 0.25
   p.chunk_steps = 500
-  p.target_recall = 0.95   # Reported: whether pre-training reached it (issue 19 item 2).
+  p.target_recall = 0.95   # Reported: whether pre-training reached it.
   p.optimizer = ml_collections.ConfigDict({
       "name": "adam", "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 100,
       "weight_decay": 0.0})
