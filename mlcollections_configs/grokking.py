@@ -24,7 +24,8 @@ Variants:
   notebook's; the script runs 5), test every 100 epochs, plot markers at 500, 3000, 9800.
 - `smoke`: seconds; what the tests run.
 - `epochs=N`, `seeds=S`, `modulus=p`, `lr=x` override those fields; `paper,seeds=5` is the
-  script's five seeds 42..46 (vmapped; resumes from its last 500-epoch chunk; results in docs/results.md).
+  script's five seeds 42..46 (vmapped; resumes from its last 500-epoch chunk; results in
+  docs/results.md).
 - `init_npz=PATH` (`model.init_npz`): start from the official model's weights in an .npz
   (its state_dict's keys; each array of the official shape, or [seeds, ...] one per seed),
   written by `python -m experiments.official_grokking_init --out=PATH` (PyTorch; seeds
