@@ -13,7 +13,7 @@ et al., ICML 2023 (PMLR 202:17615–17659).
   xsens --config=mlcollections_configs/benign_overfitting.py:mnist --workdir=workdirs/bo_mnist
 
 Variants:
-- default (CPU, 2 cores, a few minutes): d=128, M=16, σ_p = 6.4/√128 (so SNR(‖μ‖) and the
+- default (CPU): d=128, M=16, σ_p = 6.4/√128 (so SNR(‖μ‖) and the
   noise norms equal the paper's d=1024, σ_p=0.2 grid), d_h=d_v=64, N=2..20 step 2, 12 ‖μ‖
   values (1..256), 10 trials, ≤300 GD steps; ViT and CNN sweeps, harmful/benign dynamics at d=256.
 - `paper` (GPU/TPU): the authors' Fig. 1 grid: d=1024, M=16, σ_p=0.2, N=2..20, ‖μ‖=1..100,
@@ -119,8 +119,8 @@ def get_config(arg=None):
   # less GD work, one compile per N; slower on CPU at these sizes, docs/benchmarks.md).
   s.pad_to = "grid"
   # Concurrent streams a chunk's groups are split over (host threads; xsens.train.streams):
-  # None = auto (one per core on a single CPU device: the default study 1.3x faster on 2
-  # cores, docs/benchmarks.md; 1 on an accelerator). Results are bit-identical for any value.
+  # None = auto (one per core on a single CPU device, docs/benchmarks.md; 1 on an
+  # accelerator). Results are bit-identical for any value.
   s.streams = ml_collections.FieldReference(None, field_type=int)
 
   r = config.report = ml_collections.ConfigDict()
@@ -141,9 +141,8 @@ def get_config(arg=None):
     s.mu_norms = tuple(float(m) for m in range(1, 101))
     s.trials = 10
     s.chunk_size = 500
-    # Chunks of 500 runs of up to 1,000 steps: a compile per N (~3 s) is small beside the
-    # padding it saves (the reduced solver's cost grows as (N·M)²; per-run 1.2-3.5x faster
-    # at N = 20..2, docs/benchmarks.md).
+    # Chunks of 500 runs of up to 1,000 steps: a compile per N is small beside the padding
+    # it saves (the reduced solver's cost grows as (N·M)², docs/benchmarks.md).
     s.pad_to = "chunk"
     dyn.runs = ml_collections.ConfigDict({
         "harmful": _dynamics_run(), "benign": _dynamics_run(mu_norm=25.0)})

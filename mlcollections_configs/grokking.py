@@ -12,10 +12,10 @@ sens_modular_addition.ipynb; set-up in docs/results.md (grokking).
   xsens --config=mlcollections_configs/grokking.py:paper,init_npz=official_init.npz --workdir=...
 
 Variants:
-- default (CPU, 2 cores, about 5 minutes): CPU_DEFAULTS below — the paper's architecture
+- default (CPU): CPU_DEFAULTS below — the paper's architecture
   (d 128, 4 heads, MLP 512), AdamW with weight decay 1.0, 30 % split, sensitivity (σ = 0.1
-  on positions 0 and 1) and rolling window, at p = 59 (1,044 training pairs: 12 ms/epoch
-  on 2 quiet cores vs 43 ms at p = 113, `experiments/bench_grokking.py`) and lr 3e-3 (3×
+  on positions 0 and 1) and rolling window, at p = 59 (1,044 training pairs; epoch cost against p:
+  `experiments/bench_grokking.py`) and lr 3e-3 (3×
   the paper's, so weight decay acts 3× faster per epoch), 7,500 epochs. Seed 42 memorises
   by epoch ~30 and groks (test accuracy ≥ 0.5) at epoch 5,600 (docs/results.md); lr 1e-2
   collapses (train accuracy falls to chance after epoch ~2,000).
@@ -24,8 +24,8 @@ Variants:
   notebook's; the script runs 5), test every 100 epochs, plot markers at 500, 3000, 9800.
 - `smoke`: seconds; what the tests run.
 - `epochs=N`, `seeds=S`, `modulus=p`, `lr=x` override those fields; `paper,seeds=5` is the
-  script's five seeds 42..46 (vmapped; 338 ms/epoch for the five on 2 cores, 1 h 53 min
-  for 20,000 epochs; resumes from its last 500-epoch chunk; results in docs/results.md).
+  script's five seeds 42..46 (vmapped; resumes from its last 500-epoch chunk; results in
+  docs/results.md).
 - `init_npz=PATH` (`model.init_npz`): start from the official model's weights in an .npz
   (its state_dict's keys; each array of the official shape, or [seeds, ...] one per seed),
   written by `python -m experiments.official_grokking_init --out=PATH` (PyTorch; seeds

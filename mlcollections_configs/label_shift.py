@@ -12,7 +12,8 @@ Set-ups (`setup=`; `ratio=` is the imbalance ρ: class c keeps ρ^(−c/(K−1))
 training examples, `xsens.data.long_tail`; the test split stays balanced):
 - `mnist5k` (default, ρ = 100: 400 → 4 training examples per class, 994 in all) and
   `digits` (8×8 digits, 355 examples at ρ = 100): a small CNN (8, 16; 32 dense units),
-  Adam 1e-3, batch 128, 400 steps (50 epochs at ρ = 100); `ratio=1`, `10`, `100` are the issue's imbalances;
+  Adam 1e-3, batch 128, 400 steps (50 epochs at ρ = 100); `ratio=1`, `10`, `100` are
+  the spec's imbalances (google_papers.md §I);
 - `cifar100_lt` (ρ = 100, the usual CIFAR-100-LT): a ResNet-18, 200 epochs, SGD + momentum,
   cosine (GPU-sized; TFDS data from `data_dir`).
 
@@ -29,7 +30,7 @@ KL balls of radius ρ around p_train; accuracy_vs_kl.png, worst_case.png and dro
 The paper's claim: DRO improves accuracy under label shift over the baselines while
 keeping the in-distribution accuracy.
 
-Measured (docs/results.md; 4 min 13 s on a quiet 2-core machine), mnist5k
+Measured (docs/results.md), mnist5k
 ρ = 100, 3 seeds: in-distribution accuracy ERM 0.949, DRO 0.949; reversed tail (λ = −1)
 ERM 0.408 ± 0.024, DRO 0.417 ± 0.012, logit adjustment 0.541 ± 0.012: DRO keeps the
 in-distribution accuracy but does not beat the baselines under shift here.

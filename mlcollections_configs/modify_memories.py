@@ -10,17 +10,16 @@ xsens/studies/modify_memories.py and docs/results.md (modify_memories).
   xsens --config=mlcollections_configs/modify_memories.py:setup=lama,data_dir=PATH --workdir=...
 
 Variants:
-- default (CPU, 2 cores, under 10 minutes; scale chosen so pre-training reaches >= 95 %
-  recall within the budget): a synthetic knowledge base of 200 subjects x 6 relations
-  (1,200 facts; 3 many-to-one relations with 5 objects, 3 with 20), 3 training templates
-  and 2 held-out paraphrases per relation, 2,000 background sentences; a RoBERTa MLM
-  (width 64, depth 4, 4 heads, MLP 128, tied embeddings) pre-trained 2,000 steps (batch
-  128, 25 % background, Adam 2e-3 cosine); edits of |S| = 32 facts, 3 seeds, 50 full-batch
-  Adam steps (lr 1e-3): fine-tuning, replay 1:1, ℓ∞ δ in (1e-3, 3e-3, 1e-2, 3e-2), ℓ2 δ in
-  (0.1, 0.3, 1), and each block / the embeddings / all attention / all feed-forward
-  sublayers alone at ℓ∞ δ = 1e-2 (the issue's 1,000 subjects x 10 relations is
-  `--config.data.synthetic.num_subjects=1000 --config.data.synthetic.num_relations=10`,
-  with more pre-training steps).
+- default (CPU; scale chosen so pre-training reaches >= 95 % recall): a synthetic
+  knowledge base of 200 subjects x 6 relations (1,200 facts; 3 many-to-one relations with
+  5 objects, 3 with 20), 3 training templates and 2 held-out paraphrases per relation,
+  2,000 background sentences; a RoBERTa MLM (width 64, depth 4, 4 heads, MLP 128, tied
+  embeddings) pre-trained 2,000 steps (batch 128, 25 % background, Adam 2e-3 cosine);
+  edits of |S| = 32 facts, 3 seeds, 50 full-batch Adam steps (lr 1e-3): fine-tuning,
+  replay 1:1, ℓ∞ δ in (1e-3, 3e-3, 1e-2, 3e-2), ℓ2 δ in (0.1, 0.3, 1), and each block /
+  the embeddings / all attention / all feed-forward sublayers alone at ℓ∞ δ = 1e-2
+  (1,000 subjects x 10 relations: `--config.data.synthetic.num_subjects=1000
+  --config.data.synthetic.num_relations=10`, with more pre-training steps).
 - `sizes=all`: |S| in (32, 128, 512).
 - `phases`: adds a second training phase (2,000 steps of batches of 90 % background
   sentences, 10 % fact sentences: `phases.fact_fraction`) and repeats the edits from that
@@ -74,7 +73,7 @@ def get_config(arg=None):
   p.batch_size = 128
   p.background_fraction = 0.25
   p.chunk_steps = 500
-  p.target_recall = 0.95   # Reported: whether pre-training reached it (issue 19 item 2).
+  p.target_recall = 0.95   # Reported: whether pre-training reached it.
   p.optimizer = ml_collections.ConfigDict({
       "name": "adam", "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 100,
       "weight_decay": 0.0})

@@ -9,7 +9,7 @@ arXiv 2104.08698); results in docs/results.md.
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/pe_glue
 
 Set-ups (`setup=`):
-- `synthetic` (default, offline, CPU; 18 runs, 7 min 32 s on a quiet 2-core machine): a
+- `synthetic` (default, offline, CPU; 18 runs): a
   small RoBERTa-style encoder (2 layers, width 32, 8 heads, so d_h = 4; 2000 steps of
   batch 64, AdamW 3e-3) trained from scratch on the pair task "match" of
   `xsens.data.pair_tasks` ("<s> A </s></s> B </s>" with 4 words each, L = 12, B a
@@ -41,7 +41,7 @@ SETUPS = ("synthetic", "glue")
 SYNTHETIC_TASKS = {"reversed": "text/pair_reversed", "rotation": "text/pair_rotation",
                    "match": "text/pair_match", "sentiment": text.SYNTHETIC}
 GLUE_TASKS = {"mrpc": "glue/mrpc", "qqp": "glue/qqp", "rte": "glue/rte"}
-# The CPU default (< 10 min on 2 cores): the pair task "match", six modes, 3 seeds;
+# The CPU default: the pair task "match", six modes, 3 seeds;
 # `tasks=`, `modes=` add "sentiment", "reversed", "rotation" and "sinusoidal".
 DEFAULT_TASKS = {"synthetic": "match"}
 PAIR_LENGTH = 12

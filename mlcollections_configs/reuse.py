@@ -9,8 +9,7 @@ Transformers", arXiv 2110.06821 (results: docs/results.md).
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/reuse_c10
 
 Set-ups (`setup=`):
-- `mnist5k` (default, embedded; 13.5 min measured on 2 CPU cores shared with two other
-  jobs, 80-175 s per run): ViT depth 4, width 64, 4 heads, patch 4 (T = 50 tokens), 500
+- `mnist5k` (default, embedded): ViT depth 4, width 64, 4 heads, patch 4 (T = 50 tokens), 500
   steps of Adam (batch 128); runs `vit` (baseline) and
   `reuse_p{P}_k{K}` for P in {H/2, H} = {2, 4} and K in {L/2, L-1} = {2, 3}.
 - `cifar10`: the same grid on a ViT depth 6, width 192, 6 heads, patch 4 (T = 65),

@@ -8,7 +8,7 @@
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/sl_mrpc
 
 Set-ups (`setup=`):
-- `synthetic` (default, offline, < 10 min on 2 CPU cores): the synthetic sentiment
+- `synthetic` (default, offline, CPU): the synthetic sentiment
   language of `xsens.data.text` (labels set by 1 or 3 adjectives, possibly negated,
   anywhere in a sentence of 5-24 words); 2-layer, width-64 RoBERTa, GPT-2 and LSTM, each
   trained 1500 steps of batch 32 (all reach >= 0.99 train accuracy); a report every 100
@@ -20,7 +20,7 @@ Set-ups (`setup=`):
   (GPU/TPU-sized; spec §8).
 Add `relu` to also train RoBERTa with ReLU attention on the synthetic set-up.
 
-Variants (comma-separated, combinable; issue 14):
+Variants (comma-separated, combinable):
 - `task=weak_sum`: the second synthetic language (`xsens.data.text.weak_sum_sentences`):
   label = sign of the sum of seeded weak scores of ~13 content words per sentence
   (margin 0.5: |sum| / sqrt(#content words) >= 0.5; `margin=`, `label_noise=` set them),

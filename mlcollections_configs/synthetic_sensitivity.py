@@ -19,7 +19,7 @@ xsens/data/sparse_tokens.py).
   xsens --config=mlcollections_configs/synthetic_sensitivity.py:matched_loss=0.01 --workdir=...
 
 Variants:
-- default (CPU: about 8 min of CPU time, 16 min wall on 2 shared cores): all parts,
+- default (CPU): all parts,
   3 seeds (`num_seeds`), the six models of
   `models` (attention, the big MLP, the MLP with the attention layer's parameter count,
   the attention layer with W_Q W_Kᵀ / W_V / U frozen at init) on the three token tasks

@@ -15,8 +15,7 @@ for IBP, the backward triangle bounds, the nonconvex reformulation solved by pro
 gradient and by FISTA, and the LP (HiGHS, on the small MLPs and the first examples only);
 falsified (PGD attack) and open rates; the duality gap vs iterations and wall time. The
 paper's claims: small duality gaps in a few gradient steps; faster than off-the-shelf
-solvers (its numbers are not known). CPU default: 8 min 18 s on a quiet 2-core machine
-(17 min 46 s when shared with other jobs at load 6–8).
+solvers (its numbers are not known).
 """
 
 import ml_collections

@@ -26,7 +26,8 @@ from xsens.train import sharding
 from xsens.train import streams as streams_lib
 from xsens.train.workdir import Workdir
 
-# The file of a sweep in the format before the loop (refused; --overwrite recomputes it).
+# The index file of a chunk-file sweep (index.json + chunk_*.npz): refused; --overwrite
+# recomputes the sweep.
 LEGACY_INDEX_FILE = "index.json"
 _KEEP_CHECKPOINTS = 2  # The state is one int32: the number of runs done.
 
@@ -86,7 +87,7 @@ def run_pieces(program, args, piece: int, num_pieces: int):
 
 
 def _legacy_files(path: str) -> list[str]:
-  """The files of a sweep written before the one loop: index.json + chunk_*.npz."""
+  """The files of a chunk-file sweep: index.json + chunk_*.npz."""
   if not paths.isdir(path):
     return []
   return [os.path.join(path, f) for f in sorted(paths.listdir(path))
@@ -96,8 +97,8 @@ def _legacy_files(path: str) -> list[str]:
 def check(path: str, fingerprint: dict, overwrite: bool = False, *,
           added_defaults: dict | None = None, hints: dict | None = None) -> Workdir:
   """The (unprepared) `Workdir` of a sweep at `path`; ConfigError on `workdir`, nothing
-  written, if it holds a sweep of another fingerprint or one in the format before the loop.
-  `added_defaults` / `hints`: as `Workdir`'s, for fingerprint fields added later."""
+  written, if it holds a sweep of another fingerprint or a chunk-file sweep.
+  `added_defaults` / `hints`: as `Workdir`'s, for fingerprint fields a sweep may lack."""
   if not overwrite and paths.exists(os.path.join(path, LEGACY_INDEX_FILE)):
     raise ConfigError(
         "workdir", f"{path!r} holds a sweep in the old format ({LEGACY_INDEX_FILE} + "
@@ -129,7 +130,7 @@ def run(wd: Workdir, fingerprint: dict, args: tuple[np.ndarray, ...], *, seed: i
     program_for: `program_for(*chunk_args)` (host arrays, the chunk's rows of `args`) ->
       the `chunk_program` to run it with (`program(keys, *args) -> {field: [rows]}`).
     name: in the progress bar ("sweep <name>") and the log lines ("[<name>] chunk i/n").
-    overwrite: start again (the files of the old format are removed).
+    overwrite: start again (the files of a chunk-file sweep are removed).
     max_chunks: stop after computing that many new chunks (None: all).
     log: called with one line per computed chunk.
 

@@ -8,17 +8,28 @@ averages it over padded, masked batches of a split.
 
 from __future__ import annotations
 
-import jax
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.data import batching
 from xsens.measures import attention_similarity as asim
+from xsens.train import evaluators
 
 
-# One compile per apply_fn and batch shape; the variables are traced, so trained and
-# random-init weights share it.
-_batch_head_similarity = jax.jit(asim.batch_head_similarity, static_argnums=0)
+@functools.lru_cache(maxsize=None)
+def _batch_fn(apply_fn):
+  """`fn(batch, variables)` -> `batch_head_similarity` of one padded batch, each output
+  repeated along a leading batch axis [B, ...], with "first" [B] (True on row 0): an
+  adapter that brings the per-batch outputs to the host through `over_split`'s "concat"
+  (row 0 of every batch is a real example), to pool them in float64."""
+  def fn(batch, variables):
+    out = asim.batch_head_similarity(apply_fn, variables, batch["image"], mask=batch["mask"])
+    b = batch["mask"].shape[0]
+    out = {k: jnp.broadcast_to(v, (b,) + v.shape) for k, v in out.items()}
+    out["first"] = jnp.arange(b) == 0
+    return out
+  return fn
 
 
 def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
@@ -30,16 +41,17 @@ def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
       head count.
     variables: its variables (trained or random-init).
     inputs: [N, ...] inputs.
-    batch_size: examples per forward pass (`padded_index_batches`: the last batch is
+    batch_size: examples per forward pass (`evaluators.over_split`: the last batch is
       padded and masked).
 
   Returns:
-    [L, H, L, H] float64 mean similarities over the N inputs.
+    [L, H, L, H] float64 mean similarities over the N inputs: Σ_b s_b·n_b / Σ_b n_b over
+    the batches' masked means s_b of n_b examples.
   """
+  out = evaluators.over_split(_batch_fn(apply_fn), {"image": inputs}, args=(variables,),
+                              reduce="concat", batch_size=batch_size)
   total, count = 0.0, 0.0
-  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
-    out = _batch_head_similarity(apply_fn, variables, jnp.asarray(inputs[idx]),
-                                 mask=jnp.asarray(mask))
-    total = total + np.asarray(out["head_similarity"], np.float64) * float(out["count"])
-    count += float(out["count"])
+  for hs, n in zip(out["head_similarity"][out["first"]], out["count"][out["first"]]):
+    total = total + np.asarray(hs, np.float64) * float(n)
+    count += float(n)
   return total / count

@@ -86,8 +86,8 @@ def _positive(value) -> bool:
 
 def validate(config) -> None:
   """Raises ConfigError naming `config.<field>` for any unusable value."""
-  require(config.get("models") and all(m in MODELS for m in config.models), "models",
-        f"must be a non-empty list of {MODELS}, got {config.get('models')!r}")
+  require(config.models and all(m in MODELS for m in config.models), "models",
+        f"must be a non-empty list of {MODELS}, got {config.models!r}")
   d = config.data
   require(d.kind in DATA_KINDS, "data.kind", f"got {d.kind!r}; allowed: {', '.join(DATA_KINDS)}")
   require(d.layout in sn.LAYOUTS, "data.layout",
@@ -100,9 +100,9 @@ def validate(config) -> None:
   require(_positive(d.sigma_p), "data.sigma_p", f"must be > 0, got {d.sigma_p!r}")
   require(d.strong_noise_factor is None or _positive(d.strong_noise_factor),
         "data.strong_noise_factor", f"must be None (5√M) or > 0, got {d.strong_noise_factor!r}")
-  require(isinstance(d.get("project_noise", False), bool), "data.project_noise",
-        f"must be true or false, got {d.get('project_noise')!r}")
-  require(not (d.get("project_noise", False) and d.kind == "mnist"), "data.project_noise",
+  require(isinstance(d.project_noise, bool), "data.project_noise",
+        f"must be true or false, got {d.project_noise!r}")
+  require(not (d.project_noise and d.kind == "mnist"), "data.project_noise",
         "projects off the coordinates of μ₊, μ₋ (e₁, e₂); it has no meaning for data.kind='mnist'")
   require(isinstance(d.label_flip, (int, float)) and 0 <= d.label_flip < 0.5, "data.label_flip",
         f"must be in [0, 0.5), got {d.label_flip!r}")
@@ -140,13 +140,13 @@ def validate(config) -> None:
   require(_positive_int(s.trials), "sweep.trials", f"must be a positive int, got {s.trials!r}")
   require(_positive_int(s.chunk_size), "sweep.chunk_size",
         f"must be a positive int, got {s.chunk_size!r}")
-  vs = s.get("vmap_size")
+  vs = s.vmap_size
   require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
         "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
         f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
-  streams_lib.check_field("sweep.streams", s.get("streams"))
-  require(s.get("pad_to", "grid") in PAD_TO, "sweep.pad_to",
-        f"got {s.get('pad_to')!r}; allowed: {', '.join(PAD_TO)}")
+  streams_lib.check_field("sweep.streams", s.streams)
+  require(s.pad_to in PAD_TO, "sweep.pad_to",
+        f"got {s.pad_to!r}; allowed: {', '.join(PAD_TO)}")
   require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
   r = config.report
   require(_positive(r.cutoff), "report.cutoff", f"must be > 0, got {r.cutoff!r}")
@@ -310,9 +310,9 @@ def chunk_padding(config, chunk_n) -> int:
   """The N that a chunk's runs are padded to: the grid's largest for `sweep.pad_to` "grid"
   (the default: one program for every chunk), the chunk's largest for "chunk" (a chunk of
   the default grids holds one N: no padding, 1.8x less GD work on average over N = 2..20,
-  but one compiled program per N; on CPU the default study's ~2.5 s compile per program
-  outweighs its ~0.5 s chunks, docs/benchmarks.md)."""
-  if config.sweep.get("pad_to", "grid") == "grid":
+  but one compiled program per N; on CPU the compile per program outweighs the default
+  study's chunks, docs/benchmarks.md)."""
+  if config.sweep.pad_to == "grid":
     return int(max(config.sweep.n_values))
   return int(np.max(chunk_n))
 
@@ -336,8 +336,8 @@ def sweep_fingerprint(config, model: str) -> dict:
         "grid": {"n_values": list(config.sweep.n_values),
                  "mu_norms": [float(m) for m in config.sweep.mu_norms],
                  "trials": config.sweep.trials, "chunk_size": config.sweep.chunk_size,
-                 "vmap_size": config.sweep.get("vmap_size"),
-                 "pad_to": config.sweep.get("pad_to", "grid")}}
+                 "vmap_size": config.sweep.vmap_size,
+                 "pad_to": config.sweep.pad_to}}
   fp["model_config"] = (config.vit if model == "vit" else config.cnn).to_dict()
   return json.loads(json.dumps(fp, default=str))
 
@@ -349,15 +349,15 @@ def sweep_dir(workdir: str, model: str) -> str:
 
 _SWEEP_ADDED_DEFAULTS = {"grid.vmap_size": 0, "grid.pad_to": "grid"}
 _SWEEP_HINTS = {
-    "grid.vmap_size": ("a sweep written before sweep.vmap_size existed (one vmap per chunk) "
-                       "resumes with --config.sweep.vmap_size=0"),
-    "grid.pad_to": ("a sweep written before sweep.pad_to existed (every chunk padded to the "
-                    "grid's largest N) resumes with --config.sweep.pad_to=grid (the default)")}
+    "grid.vmap_size": ("a sweep whose fingerprint has no sweep.vmap_size (one vmap per "
+                       "chunk) resumes with --config.sweep.vmap_size=0"),
+    "grid.pad_to": ("a sweep whose fingerprint has no sweep.pad_to (every chunk padded to "
+                    "the grid's largest N) resumes with --config.sweep.pad_to=grid (the default)")}
 
 
 def check_sweep(config, workdir: str, model: str, overwrite: bool = False) -> Workdir:
   """The (unprepared) `Workdir` of `model`'s sweep; ConfigError on `workdir`, nothing
-  written, if it holds a sweep of another config or one in the pre-loop format
+  written, if it holds a sweep of another config or one in the chunk-file format
   (`gd_sweep.check`)."""
   return gd_sweep.check(sweep_dir(workdir, model), sweep_fingerprint(config, model),
                         overwrite, added_defaults=_SWEEP_ADDED_DEFAULTS, hints=_SWEEP_HINTS)
@@ -376,7 +376,7 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   wd = check_sweep(config, workdir, model, overwrite)
   n, mu, _ = grid_points(config)
   n_max = int(max(config.sweep.n_values))
-  vmap_size = gd_sweep.resolved_vmap_size(config.sweep.get("vmap_size"))
+  vmap_size = gd_sweep.resolved_vmap_size(config.sweep.vmap_size)
 
   @functools.cache
   def chunk_fn(n_pad: int):  # One program per padded N (`sweep.pad_to`).
@@ -385,7 +385,7 @@ def run_sweep(config, workdir: str, model: str, *, overwrite: bool = False,
   wall_s, computed = gd_sweep.run(
       wd, sweep_fingerprint(config, model), (n, mu), seed=int(config.seed),
       chunk_size=int(config.sweep.chunk_size), vmap_size=vmap_size,
-      streams=config.sweep.get("streams"),
+      streams=config.sweep.streams,
       program_for=lambda n_rows, mu_rows: chunk_fn(chunk_padding(config, n_rows)),
       name=model, overwrite=overwrite, max_chunks=max_chunks, log=log)
   return load_sweep(config, wd.path) | {"wall_s_computed": wall_s,

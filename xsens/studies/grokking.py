@@ -38,7 +38,7 @@ Events (per seed, on the logs; all reported in results.md):
     t, for each t in `report.grok_thresholds` (0.5, 0.95): keys `grok_epoch_<t>` and
     `lead_epochs_<t>`; the first threshold (0.5) also gives the unsuffixed `grok_epoch`,
     `lead_epochs`, `sens_at_grok` and `grokked` (it grokked within the run's epochs), the
-    keys of the single-threshold reports before, so they stay comparable.
+    keys of a single-threshold report.
   * sensitivity peak: the epoch of the maximum of the trailing rolling mean (window
     `report.window` = 50, as the notebook's plots) of the sensitivity on the plateau: from
     `window` epochs after memorisation (this skips the transient while the training set

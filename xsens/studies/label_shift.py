@@ -16,6 +16,7 @@ seeds), accuracy_vs_kl.png, worst_case.png and dro_prior.png (DRO's final π).
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -23,11 +24,11 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
-from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.lab import multirun
 from xsens.measures import label_shift
 from xsens.report import plots, seed_stats, tables
+from xsens.train import evaluators
 
 LABEL_SHIFT_FIELDS = ("tilts", "dirichlet_concentrations", "num_dirichlet", "radii", "seed",
                       "eval_batch_size", "headline_tilt")
@@ -84,17 +85,32 @@ def shift_priors(p_train: np.ndarray, ls) -> tuple[list[str], np.ndarray]:
   return names, np.asarray(priors, np.float64)
 
 
+@functools.lru_cache(maxsize=None)
+def _class_sums_fn(apply_fn, num_classes: int):
+  """`fn(batch, variables)` -> masked per-class sums of one batch: the `subgroup`
+  evaluator's {"correct_per_class", "count_per_class"} [K] and the cross-entropy
+  "loss_per_class" [K] (`label_shift.class_sums`), from one forward pass."""
+  def fn(batch, variables):
+    logits = apply_fn(variables, batch["image"])
+    same = lambda *_: logits
+    sums = evaluators.subgroup_sums(same, num_classes, variables, batch)
+    sums["loss_per_class"] = label_shift.class_sums(
+        same, variables, batch["image"], batch["label"], batch["mask"],
+        num_classes=num_classes)["loss"]
+    return sums
+  return fn
+
+
 def per_class_metrics(res, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """Per-class accuracy and cross-entropy [K] of a finished run on its test split, over
-  fixed-size padded batches (`label_shift.per_class_sums`)."""
-  x, y, k = res.test.inputs, res.test.labels, res.test.num_classes
-  totals = None
-  for idx, mask in batching.padded_index_batches(len(y), batch_size):
-    sums = jax.device_get(label_shift.per_class_sums(res.apply_fn, res.variables, x[idx],
-                                                     y[idx], mask, num_classes=k))
-    totals = sums if totals is None else {n: totals[n] + sums[n] for n in sums}
-  count = np.maximum(totals["count"], 1.0)
-  return totals["correct"] / count, totals["loss"] / count
+  """Per-class accuracy and cross-entropy [K] float32 of a finished run on its test split
+  (`evaluators.over_split` over batches of `batch_size`, float32 sums)."""
+  sums = evaluators.over_split(_class_sums_fn(res.apply_fn, res.test.num_classes),
+                               {"image": res.test.inputs, "label": res.test.labels},
+                               args=(res.variables,), reduce="batch_sum",
+                               batch_size=batch_size)
+  sums = {k: v.astype(np.float32) for k, v in sums.items()}
+  count = np.maximum(sums["count_per_class"], np.float32(1.0))
+  return sums["correct_per_class"] / count, sums["loss_per_class"] / count
 
 
 def evaluate_run(res, p_train: np.ndarray, priors: np.ndarray, ls) -> dict:

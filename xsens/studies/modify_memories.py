@@ -155,7 +155,7 @@ def validate(config) -> None:
           f"must be > 0 (replayed per modified sentence), got {e.replay_ratio!r}")
   with prefixed("edit"):
     optim.validate_optimizer_config(e.optimizer, int(e.steps))
-  require(e.optimizer.get("weight_decay", 0.0) == 0, "edit.optimizer.weight_decay",
+  require(e.optimizer.weight_decay == 0, "edit.optimizer.weight_decay",
           "must be 0: decay would move the frozen parts and θ₀ is the reference")
   _positive_int(config.eval.num_unmodified, "eval.num_unmodified")
   _positive_int(config.eval.batch_size, "eval.batch_size")
@@ -245,8 +245,8 @@ def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, st
   res = full_batch.run_one_device(path, init, advance, loop.Schedule(
       total_steps=steps, log_every=size, checkpoint_every=size, max_chunk=size), desc=desc)
   wall = time.perf_counter() - t0
-  metrics = cloze.recall(cloze.make_accuracy(model, int(config.eval.batch_size))[0],
-                         res.state["params"], corp, objects)
+  metrics = cloze.recall(model, res.state["params"], corp, objects,
+                         int(config.eval.batch_size))
   log(f"[modify_memories] {desc}: {steps} steps ({wall:.0f} s with compilation and "
       f"checkpoints), " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
   return {"params": res.state["params"], "metrics": metrics, "wall_s": wall}
@@ -279,7 +279,7 @@ def make_edit_fns(config, model, num_replay: int):
   per-step loss [G, length]), evaluate(params [G, ...], eval sets) -> {metric: [G]});
   `grid` = {"delta" [G], "l2" [G] bool, "mask" (0/1 per leaf, [G])}, vmapped."""
   tx = optim.make_optimizer(config.edit.optimizer, int(config.edit.steps))
-  acc_fn = cloze.make_accuracy(model, int(config.eval.batch_size))[0]
+  acc_fn = cloze.make_accuracy(model, int(config.eval.batch_size))
 
   def init(anchor, num_variants: int):
     grid = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_variants, *x.shape)), anchor)
@@ -374,14 +374,14 @@ def base_models(config, workdir: str, model, corp, data, log) -> dict:
 def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
   """Every edit (base model x |S| x seed x method); one row per variant and seed."""
   e = config.edit
-  acc_fns = cloze.make_accuracy(model, int(config.eval.batch_size))
   fns, raw = {}, []
   grid_specs = variants(config, [m for m in e.methods if m != "replay"])
   replay_specs = [{"method": "replay", "label": "δ=∞", "norm": "linf", "delta": math.inf,
                    "part": "all"}] if "replay" in e.methods else []
   for base, res in bases.items():
     anchor = res["params"]
-    known = cloze.known_facts(acc_fns[1], anchor, corp, data.facts[:, 2], len(data.facts))
+    known = cloze.known_facts(model, anchor, corp, data.facts[:, 2], len(data.facts),
+                              int(config.eval.batch_size))
     for size in e.sizes:
       for s in range(int(e.num_seeds)):
         seed = int(config.seed) + s

@@ -21,6 +21,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+from xsens.config_utils import run_config
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.lab import model_cost, multirun
 from xsens.measures import logit_rank as logit_rank_lib
@@ -34,13 +35,12 @@ MEASURE_FIELDS = ("rank_examples", "rank_rtol", "timing_batch", "timing_repeats"
 
 def run_mode(config, run_name: str) -> str:
   """The position mode of run `run_name` (its model's `position`)."""
-  return config.runs[run_name].model.get("position", "absolute")
+  return run_config(config, run_name).model.position
 
 
 def run_task(config, run_name: str) -> str:
   """The dataset of run `run_name` (its `data.name`, else the shared one)."""
-  data = config.runs[run_name].get("data") or {}
-  return data.get("name", config.train.data.name)
+  return run_config(config, run_name).data.name
 
 
 def validate(config, experiments) -> None:
@@ -59,10 +59,6 @@ def validate(config, experiments) -> None:
   if not (is_finite_number(pc.rank_rtol) and 0 < pc.rank_rtol < 1):
     raise ConfigError("position_encoding.rank_rtol", f"must be a number in (0, 1), got "
                       f"{pc.rank_rtol!r}")
-  modes = {run_mode(config, name) for name in config.runs}
-  if pc.baseline_mode not in modes:
-    raise ConfigError("position_encoding.baseline_mode", f"{pc.baseline_mode!r} is the "
-                      f"mode of no run; allowed: {', '.join(sorted(modes))}")
   for run_id, exp in experiments.items():
     if not isinstance(exp.model, RoBERTa):
       raise ConfigError(multirun.run_field(config, run_id, "model.name"), "the position "
@@ -71,6 +67,10 @@ def validate(config, experiments) -> None:
       raise ConfigError(multirun.run_field(config, run_id, "model.attention_impl"),
                         "the logit-rank check reads the logits of the 'einsum' path; "
                         "use 'einsum'")
+  modes = {run_mode(config, name) for name in config.runs}
+  if pc.baseline_mode not in modes:
+    raise ConfigError("position_encoding.baseline_mode", f"{pc.baseline_mode!r} is the "
+                      f"mode of no run; allowed: {', '.join(sorted(modes))}")
 
 
 def mode_costs(results, config) -> dict[str, dict]:

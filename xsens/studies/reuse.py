@@ -73,7 +73,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   if rc.baseline not in probe:
     raise ConfigError("reuse.baseline", f"{rc.baseline!r} is not a run; runs: "
                       f"{', '.join(probe)}")
-  control = rc.get("random_labels_run")
+  control = rc.random_labels_run
   if control is not None:
     if control not in probe:
       raise ConfigError("reuse.random_labels_run", f"{control!r} is not a run; runs: "
@@ -161,7 +161,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
 def _notes(config, rows, adjacent, n) -> str:
   rc = config.reuse
   base = next(r for r in rows if r["run"] == rc.baseline)
-  control = rc.get("random_labels_run")
+  control = rc.random_labels_run
   control_note = ("" if control is None else
                   f" `random labels`: the baseline architecture trained as run `{control}` "
                   "on the same images with every training label drawn uniformly at random "

@@ -52,7 +52,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.config_utils import run_config
-from xsens.data import batching
 from xsens.data import pipeline
 from xsens.data import text as text_data
 from xsens.errors import ConfigError, is_finite_number, is_int
@@ -62,7 +61,7 @@ from xsens.measures import text_sensitivity as ts
 from xsens.models import text as text_models
 from xsens.report import plots, tables
 from xsens.report import seed_stats
-from xsens.train import trainer
+from xsens.train import evaluators, trainer
 from xsens.train.metrics import read_metrics
 
 PREFIX = "sens/"
@@ -98,14 +97,9 @@ def validate_sensitivity_config(sc, num_train: int) -> None:
   if not isinstance(sc.include_special_tokens, bool):
     raise ConfigError("sensitivity.include_special_tokens",
                       f"must be True or False, got {sc.include_special_tokens!r}")
-  placement = sc.get("noise_placement", "after_norm")
-  if placement not in NOISE_PLACEMENTS:
-    raise ConfigError("sensitivity.noise_placement", f"unknown value {placement!r}; "
+  if sc.noise_placement not in NOISE_PLACEMENTS:
+    raise ConfigError("sensitivity.noise_placement", f"unknown value {sc.noise_placement!r}; "
                       f"allowed: {', '.join(NOISE_PLACEMENTS)}")
-
-
-def _placement(sc) -> str:
-  return sc.get("noise_placement", "after_norm")
 
 
 def token_type_masks(data_config, seed: int, ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -113,7 +107,7 @@ def token_type_masks(data_config, seed: int, ids: np.ndarray) -> dict[str, np.nd
   languages, the signal words of their label rule (`text_data.token_types`); on GLUE no
   word is marked as signal (every word is "other")."""
   if data_config.name == text_data.SYNTHETIC:
-    task = data_config.synthetic.get("task", "polarity")
+    task = data_config.synthetic.task
     return text_data.token_types(ids, task, seed)
   special = np.isin(ids, (text_data.BOS_ID, text_data.EOS_ID, text_data.UNK_ID))
   return {"signal": np.zeros(ids.shape, bool),
@@ -123,7 +117,7 @@ def token_type_masks(data_config, seed: int, ids: np.ndarray) -> dict[str, np.nd
 def validate(config) -> dict[str, trainer.Experiment]:
   """Validates the runs (text models on a text dataset) and `config.sensitivity`."""
   if not pipeline.is_text(config.train.data):
-    raise ConfigError("train.data.name", f"{config.train.data.get('name')!r} is not a text "
+    raise ConfigError("train.data.name", f"{config.train.data.name!r} is not a text "
                       f"dataset; allowed: {', '.join(text_data.DATASETS)}")
   for name in config.runs:
     model_name = run_config(config, name).model.name
@@ -137,54 +131,65 @@ def validate(config) -> dict[str, trainer.Experiment]:
   return experiments
 
 
-@functools.partial(jax.jit, static_argnames=("model", "placement"))
-def _token_sq_sum(variables, ids, *, model, placement="after_norm"):
-  """(sum of squared token coordinates over real tokens, number of coordinates)."""
-  mask = text_models.padding_mask(ids)
-  tokens = model.apply(variables, ids,
-                       method=getattr(model, NOISE_PLACEMENTS[placement][0]))
-  return (jnp.sum(jnp.square(tokens) * mask[..., None]),
-          jnp.sum(mask) * tokens.shape[-1])
+@functools.lru_cache(maxsize=None)
+def _token_sq_fn(model, placement: str):
+  """`fn(batch, variables)` -> the batch's float32 {"sq": sum of squared token coordinates
+  over the real tokens of its real rows, "coords": their number}, where the noise of
+  `placement` enters, each repeated along the batch axis [B], and "first" [B] (True on
+  row 0): an adapter that brings per-batch totals to the host through `over_split`'s
+  "concat" (row 0 of every batch is a real example), to add them in float64."""
+  def fn(batch, variables):
+    mask = text_models.padding_mask(batch["ids"]) * batch["mask"][:, None]
+    tokens = model.apply(variables, batch["ids"],
+                         method=getattr(model, NOISE_PLACEMENTS[placement][0]))
+    b = batch["ids"].shape[0]
+    total = {"sq": jnp.sum(jnp.square(tokens) * mask[..., None]),
+             "coords": jnp.sum(mask) * tokens.shape[-1]}
+    out = {k: jnp.broadcast_to(v, (b,)) for k, v in total.items()}
+    out["first"] = jnp.arange(b) == 0
+    return out
+  return fn
 
 
 def token_rms(model, variables, ids: np.ndarray, batch_size: int,
               placement: str = "after_norm") -> float:
   """Root-mean-square coordinate of the clean tokens (real positions) of `ids`, where the
-  noise of `placement` enters.
-
-  The last batch drops its padding rows: even masked, they would change the float32
-  reduction order of the sum, and so the last bits of the RMS that scales σ.
-  """
+  noise of `placement` enters: float32 totals of each batch of `batch_size`
+  (`evaluators.over_split`), added in float64."""
+  out = evaluators.over_split(_token_sq_fn(model, placement), {"ids": ids},
+                              args=(variables,), reduce="concat", batch_size=batch_size)
   total, count = 0.0, 0.0
-  for idx, mask in batching.padded_index_batches(len(ids), batch_size):
-    sq, n = _token_sq_sum(variables, jnp.asarray(ids[idx[mask > 0]]), model=model,
-                          placement=placement)
+  for sq, n in zip(out["sq"][out["first"]], out["coords"][out["first"]]):
     total, count = total + float(sq), count + float(n)
   return float(np.sqrt(total / max(count, 1.0)))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "num_draws", "global_draws",
-                                             "chunk_size", "include_special", "placement"))
-def _measure_batch(variables, ids, example_ids, key, sigma, global_sigma, *, model,
-                   num_draws, global_draws, chunk_size, include_special,
-                   placement="after_norm"):
-  """(per_token [B, T] flip rates over all real positions, global [B], clean argmax [B])."""
-  mask = text_models.padding_mask(ids)
-  content = mask & ~jnp.isin(ids, jnp.asarray(SPECIAL_IDS))
+@functools.lru_cache(maxsize=None)
+def _measure_fn(model, num_draws: int, global_draws: int, chunk_size, include_special: bool,
+                placement: str):
+  """`fn(batch, variables, key, sigma, global_sigma)` -> {"per_token" [B, T] flip rates
+  over all real positions, "global" [B], "pred" [B] clean argmax} of batch["ids"], the
+  noise of each example keyed by batch["index"]."""
   embed, enc = (getattr(model, m) for m in NOISE_PLACEMENTS[placement])
-  tokens = model.apply(variables, ids, method=embed)
   encode = functools.partial(model.apply, method=enc)
-  pred = jnp.argmax(encode(variables, tokens, mask), -1)
-  per_token = ts.text_token_sensitivity(
-      encode, variables, tokens, key=jax.random.fold_in(key, 0), token_mask=mask,
-      sigma=sigma, num_draws=num_draws, measure_mask=mask, example_ids=example_ids,
-      chunk_size=chunk_size)["per_token"]
-  glob = ts.text_global_sensitivity(
-      encode, variables, tokens, key=jax.random.fold_in(key, 1), token_mask=mask,
-      sigma=global_sigma, num_draws=global_draws,
-      measure_mask=mask if include_special else content, example_ids=example_ids,
-      chunk_size=None)["per_example"]
-  return per_token, glob, pred
+
+  def fn(batch, variables, key, sigma, global_sigma):
+    ids, example_ids = batch["ids"], batch["index"]
+    mask = text_models.padding_mask(ids)
+    content = mask & ~jnp.isin(ids, jnp.asarray(SPECIAL_IDS))
+    tokens = model.apply(variables, ids, method=embed)
+    pred = jnp.argmax(encode(variables, tokens, mask), -1)
+    per_token = ts.text_token_sensitivity(
+        encode, variables, tokens, key=jax.random.fold_in(key, 0), token_mask=mask,
+        sigma=sigma, num_draws=num_draws, measure_mask=mask, example_ids=example_ids,
+        chunk_size=chunk_size)["per_token"]
+    glob = ts.text_global_sensitivity(
+        encode, variables, tokens, key=jax.random.fold_in(key, 1), token_mask=mask,
+        sigma=global_sigma, num_draws=global_draws,
+        measure_mask=mask if include_special else content, example_ids=example_ids,
+        chunk_size=None)["per_example"]
+    return {"per_token": per_token, "global": glob, "pred": pred}
+  return fn
 
 
 def measure(model, variables, ids: np.ndarray, labels: np.ndarray, sc, key,
@@ -199,22 +204,16 @@ def measure(model, variables, ids: np.ndarray, labels: np.ndarray, sc, key,
   "types": {type: (pooled, s.e.)} over each mask of `type_masks` (`token_type_masks`;
   none when None)}.
   """
-  n, bs = len(ids), sc.batch_size
-  placement = _placement(sc)
+  bs = sc.batch_size
+  placement = sc.noise_placement
   rms = token_rms(model, variables, ids, bs, placement)
   scale = sens.noise_multiplier(sc.noise_scale, rms)
-  per_token, glob, pred = [], [], []
-  for idx, valid in batching.padded_index_batches(n, bs):
-    out = _measure_batch(variables, jnp.asarray(ids[idx]), jnp.asarray(idx, jnp.int32), key,
-                         jnp.float32(sc.sigma * scale), jnp.float32(sc.global_sigma * scale),
-                         model=model,
-                         num_draws=num_draws, global_draws=sc.global_num_draws,
-                         chunk_size=sc.chunk_size, include_special=sc.include_special_tokens,
-                         placement=placement)
-    keep = int(valid.sum())
-    for acc, value in zip((per_token, glob, pred), out):
-      acc.append(np.asarray(value)[:keep])
-  per_token, glob, pred = (np.concatenate(a) for a in (per_token, glob, pred))
+  out = evaluators.over_split(
+      _measure_fn(model, num_draws, sc.global_num_draws, sc.chunk_size,
+                  sc.include_special_tokens, placement), {"ids": ids},
+      args=(variables, key, jnp.float32(sc.sigma * scale),
+            jnp.float32(sc.global_sigma * scale)), reduce="concat", batch_size=bs)
+  per_token, glob, pred = out["per_token"], out["global"], out["pred"]
   mask = ids != text_models.PAD_ID
   content = mask & ~np.isin(ids, SPECIAL_IDS)
   end = ts.last_index(jnp.asarray(mask))
@@ -454,10 +453,10 @@ def _notes(config, rows, n) -> str:
   ratio = ", ".join(f"{r['run']} {r['S_signal'] / r['S_other']:.2f}" for r in rows
                     if r["S_other"] > 0)
   where = ("after the embedding LayerNorm; GPT-2: after wte + wpe"
-           if _placement(sc) == "after_norm" else
+           if sc.noise_placement == "after_norm" else
            "before the embedding LayerNorm, on the raw embedding sum; GPT-2: after "
            "wte + wpe")
-  task = (config.train.data.synthetic.get("task", "polarity")
+  task = (config.train.data.synthetic.task
           if config.train.data.name == text_data.SYNTHETIC else None)
   signal = {"polarity": "the positive/negative adjectives and 'not'",
             "weak_sum": "the top third of content words by |score|",

@@ -96,7 +96,7 @@ FROZEN = {"attention_freeze_qk": ("w_q", "w_k"), "attention_freeze_v": ("w_v",),
 MODELS = ("attention", "mlp", "mlp_matched") + tuple(FROZEN)
 BOOLEAN_MODELS = ("attention", "mlp", "mlp_matched")
 # Initial-weight stream of each model (fold_in(key(seed), i)): the ablation variants start
-# from the attention model's weights; "attention" 0 and "mlp" 1 as in earlier versions.
+# from the attention model's weights.
 INIT_INDEX = {"attention": 0, "mlp": 1, "mlp_matched": 2, **{m: 0 for m in FROZEN}}
 UNIFORM, RULE = "attention_uniform", "rule"
 TASKS = ("sparse", "vocab_uninformative", "vocab_informative")
@@ -138,7 +138,7 @@ def _check_training(sec, path: str) -> None:
 
 def validate(config) -> None:
   """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
-  _check_names(config.get("models"), MODELS, "models")
+  _check_names(config.models, MODELS, "models")
   require(is_int(config.seed) and config.seed >= 0, "seed", f"must be an int >= 0, got "
           f"{config.seed!r}")
   require(_pos_int(config.num_seeds), "num_seeds",

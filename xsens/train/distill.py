@@ -56,8 +56,8 @@ import orbax.checkpoint as ocp
 
 from xsens import models as models_lib
 from xsens import paths
-from xsens.data import batching
 from xsens.errors import ConfigError
+from xsens.train import evaluators
 
 FIELDS = ("alpha", "temperature", "teacher_workdir", "teacher_logits", "teacher_mode",
           "per_class_alpha", "margin")
@@ -316,25 +316,20 @@ def load_teacher_variables(workdir: str, model: nn.Module, image_shape,
   return variables
 
 
-# One compiled forward per (model, chunk shape), shared by every call (modules hash by value).
-@functools.partial(jax.jit, static_argnums=0)
-def _eval_apply(model: nn.Module, variables, images):
-  return model.apply(variables, images, train=False)
+@functools.lru_cache(maxsize=None)
+def _logits_fn(model: nn.Module):
+  """`fn(batch, variables) -> eval-mode logits [B, K] float32 of batch["image"]`, one per
+  model (modules hash by value), so `over_split` compiles it once per batch shape."""
+  return lambda batch, variables: model.apply(variables, batch["image"],
+                                              train=False).astype(jnp.float32)
 
 
 def predict_logits(model: nn.Module, variables: dict, images: np.ndarray,
                    batch_size: int = 500) -> np.ndarray:
-  """Eval-mode logits of `images` [N, H, W, C] in fixed-size chunks -> host [N, K] float32.
-
-  Chunks of min(batch_size, N) examples, the last one padded (one compiled shape).
-  """
-  fn = functools.partial(_eval_apply, model)
-  out = []
-  for idx, mask in batching.padded_index_batches(len(images),
-                                                 min(batch_size, len(images))):
-    logits = fn(variables, jnp.asarray(images[idx]))
-    out.append(np.asarray(logits, np.float32)[:int(mask.sum())])
-  return np.concatenate(out)
+  """Eval-mode logits of `images` [N, H, W, C] -> host [N, K] float32, over batches of
+  min(batch_size, N) examples (`evaluators.over_split`, reduce "concat")."""
+  return evaluators.over_split(_logits_fn(model), {"image": images}, args=(variables,),
+                               reduce="concat", batch_size=min(batch_size, len(images)))
 
 
 def prepare(setup: DistillSetup, train_images: np.ndarray, num_classes: int
