@@ -13,7 +13,7 @@ training examples, `xsens.data.long_tail`; the test split stays balanced):
 - `mnist5k` (default, ρ = 100: 400 → 4 training examples per class, 994 in all) and
   `digits` (8×8 digits, 355 examples at ρ = 100): a small CNN (8, 16; 32 dense units),
   Adam 1e-3, batch 128, 400 steps (50 epochs at ρ = 100); `ratio=1`, `10`, `100` are
-  the spec's imbalances (google_papers.md §I);
+  the imbalances of the DRO label-shift paper (arXiv 2010.12230);
 - `cifar100_lt` (ρ = 100, the usual CIFAR-100-LT): a ResNet-18, 200 epochs, SGD + momentum,
   cosine (GPU-sized; TFDS data from `data_dir`).
 
