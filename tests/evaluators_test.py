@@ -137,6 +137,17 @@ def test_over_split_sums_batch_totals_of_given_batches():
   np.testing.assert_allclose(out["x"], data["image"].sum(0), rtol=1e-5)
 
 
+def test_over_split_returns_each_batchs_totals_in_order():
+  """reduce="per_batch": one host pytree per batch (10 examples in batches of 4: 4, 4, 2)."""
+  data = _split(10)
+  fn = lambda batch: {"count": jnp.sum(batch["mask"]),
+                      "x": jnp.sum(batch["image"] * batch["mask"][:, None], 0)}
+  outs = evaluators.over_split(fn, data, reduce="per_batch", batch_size=4)
+  assert [float(o["count"]) for o in outs] == [4.0, 4.0, 2.0]
+  for out, rows in zip(outs, (slice(0, 4), slice(4, 8), slice(8, 10))):
+    np.testing.assert_allclose(out["x"], data["image"][rows].sum(0), rtol=1e-6)
+
+
 def test_over_split_refuses_bad_arguments():
   data = _split(4)
   with pytest.raises(ValueError, match="reduce must be one of"):

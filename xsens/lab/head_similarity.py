@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 
-import jax.numpy as jnp
 import numpy as np
 
 from xsens.measures import attention_similarity as asim
@@ -19,17 +18,9 @@ from xsens.train import evaluators
 
 @functools.lru_cache(maxsize=None)
 def _batch_fn(apply_fn):
-  """`fn(batch, variables)` -> `batch_head_similarity` of one padded batch, each output
-  repeated along a leading batch axis [B, ...], with "first" [B] (True on row 0): an
-  adapter that brings the per-batch outputs to the host through `over_split`'s "concat"
-  (row 0 of every batch is a real example), to pool them in float64."""
-  def fn(batch, variables):
-    out = asim.batch_head_similarity(apply_fn, variables, batch["image"], mask=batch["mask"])
-    b = batch["mask"].shape[0]
-    out = {k: jnp.broadcast_to(v, (b,) + v.shape) for k, v in out.items()}
-    out["first"] = jnp.arange(b) == 0
-    return out
-  return fn
+  """`fn(batch, variables)` -> `batch_head_similarity` of one padded batch."""
+  return lambda batch, variables: asim.batch_head_similarity(
+      apply_fn, variables, batch["image"], mask=batch["mask"])
 
 
 def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
@@ -48,10 +39,10 @@ def collect_head_similarity(apply_fn, variables, inputs: np.ndarray, *,
     [L, H, L, H] float64 mean similarities over the N inputs: Σ_b s_b·n_b / Σ_b n_b over
     the batches' masked means s_b of n_b examples.
   """
-  out = evaluators.over_split(_batch_fn(apply_fn), {"image": inputs}, args=(variables,),
-                              reduce="concat", batch_size=batch_size)
+  outs = evaluators.over_split(_batch_fn(apply_fn), {"image": inputs}, args=(variables,),
+                               reduce="per_batch", batch_size=batch_size)
   total, count = 0.0, 0.0
-  for hs, n in zip(out["head_similarity"][out["first"]], out["count"][out["first"]]):
-    total = total + np.asarray(hs, np.float64) * float(n)
-    count += float(n)
+  for out in outs:
+    total = total + np.asarray(out["head_similarity"], np.float64) * float(out["count"])
+    count += float(out["count"])
   return total / count

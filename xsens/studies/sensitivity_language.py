@@ -135,19 +135,13 @@ def validate(config) -> dict[str, trainer.Experiment]:
 def _token_sq_fn(model, placement: str):
   """`fn(batch, variables)` -> the batch's float32 {"sq": sum of squared token coordinates
   over the real tokens of its real rows, "coords": their number}, where the noise of
-  `placement` enters, each repeated along the batch axis [B], and "first" [B] (True on
-  row 0): an adapter that brings per-batch totals to the host through `over_split`'s
-  "concat" (row 0 of every batch is a real example), to add them in float64."""
+  `placement` enters."""
   def fn(batch, variables):
     mask = text_models.padding_mask(batch["ids"]) * batch["mask"][:, None]
     tokens = model.apply(variables, batch["ids"],
                          method=getattr(model, NOISE_PLACEMENTS[placement][0]))
-    b = batch["ids"].shape[0]
-    total = {"sq": jnp.sum(jnp.square(tokens) * mask[..., None]),
-             "coords": jnp.sum(mask) * tokens.shape[-1]}
-    out = {k: jnp.broadcast_to(v, (b,)) for k, v in total.items()}
-    out["first"] = jnp.arange(b) == 0
-    return out
+    return {"sq": jnp.sum(jnp.square(tokens) * mask[..., None]),
+            "coords": jnp.sum(mask) * tokens.shape[-1]}
   return fn
 
 
@@ -156,11 +150,11 @@ def token_rms(model, variables, ids: np.ndarray, batch_size: int,
   """Root-mean-square coordinate of the clean tokens (real positions) of `ids`, where the
   noise of `placement` enters: float32 totals of each batch of `batch_size`
   (`evaluators.over_split`), added in float64."""
-  out = evaluators.over_split(_token_sq_fn(model, placement), {"ids": ids},
-                              args=(variables,), reduce="concat", batch_size=batch_size)
+  outs = evaluators.over_split(_token_sq_fn(model, placement), {"ids": ids},
+                               args=(variables,), reduce="per_batch", batch_size=batch_size)
   total, count = 0.0, 0.0
-  for sq, n in zip(out["sq"][out["first"]], out["coords"][out["first"]]):
-    total, count = total + float(sq), count + float(n)
+  for out in outs:
+    total, count = total + float(out["sq"]), count + float(out["coords"])
   return float(np.sqrt(total / max(count, 1.0)))
 
 

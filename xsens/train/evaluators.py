@@ -69,7 +69,7 @@ from xsens.train import sharding
 from xsens.train import streams as streams_lib
 
 _COMMON = ("split", "every", "limit")
-REDUCTIONS = ("sum", "batch_sum", "concat")
+REDUCTIONS = ("sum", "batch_sum", "concat", "per_batch")
 
 
 def _global_batches(arrays: Mapping[str, Any], batch_size: int, mesh: jax.sharding.Mesh,
@@ -172,7 +172,9 @@ def over_split(fn: Callable[..., Any], split: Mapping[str, Any] | Iterable[dict]
       the real examples, host float64 [...]. "batch_sum": `fn` returns totals of its batch
       (masked by `fn` with batch["mask"]); returns their sums over the batches, host
       float64. "concat": `fn` returns per-example outputs [B, ...]; returns them over the
-      real examples in split order, host [N, ...] (N = min(len, limit)).
+      real examples in split order, host [N, ...] (N = min(len, limit)). "per_batch":
+      `fn` returns totals of its batch (masked by `fn`); returns the list of them, one
+      host pytree per batch in order (e.g. to add float32 batch totals in float64).
     batch_size: global examples per batch, for named arrays; rounded up to a multiple of
       the mesh size. The last batch repeats the last example with mask 0.
     mesh: the devices a batch is split over (default `sharding.data_mesh()`: all).
@@ -182,8 +184,8 @@ def over_split(fn: Callable[..., Any], split: Mapping[str, Any] | Iterable[dict]
 
   Returns:
     The pytree of `fn`'s outputs reduced as above, the same on every process: each process
-    puts its slice of each batch; sums are replicated by XLA, per-example outputs are
-    gathered from all processes (`process_allgather`).
+    puts its slice of each batch; sums and batch totals are replicated by XLA, per-example
+    outputs are gathered from all processes (`process_allgather`).
   """
   if reduce not in REDUCTIONS:
     raise ValueError(f"reduce must be one of {REDUCTIONS}, got {reduce!r}")
@@ -202,6 +204,12 @@ def over_split(fn: Callable[..., Any], split: Mapping[str, Any] | Iterable[dict]
                              streams))
   if reduce == "batch_sum":
     return _summed(_in_order(lambda b: step(b, *args), split, streams))
+  if reduce == "per_batch":
+    outs = [jax.tree.map(np.asarray, jax.device_get(out))
+            for out in _in_order(lambda b: step(b, *args), split, streams)]
+    if not outs:
+      raise ValueError("the split has no batch to evaluate (no example, or limit 0)")
+    return outs
   parts = _in_order(lambda b: _to_host((step(b, *args), b["mask"])), split, streams)
   kept = [jax.tree.map(lambda v, keep=mask > 0: v[keep], out) for out, mask in parts]
   if not kept:
