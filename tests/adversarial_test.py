@@ -54,7 +54,7 @@ def _worst_linf(x, eps):
 
 @pytest.fixture(scope="module")
 def mlp():
-  model = get_model("mlp", num_classes=4, image_shape=SHAPE, hidden_dims=(16,))
+  model = get_model("mlp", num_classes=4, input_shape=SHAPE, hidden_dims=(16,))
   x = _images(1, b=64, scale=1.0)
   variables = jax.jit(lambda k: model.init(k, x, train=False))(
       jax.random.key(2))
@@ -339,7 +339,7 @@ def test_structure_is_jittable_and_differentiable():
 @pytest.mark.slow
 def test_vit_end_to_end():
   """PGD on a tiny ViT in the Normalize(0.5, 0.5) range, then its structure."""
-  model = get_model("vit", num_classes=3, image_shape=(8, 8, 1), patch_size=4,
+  model = get_model("vit", num_classes=3, input_shape=(8, 8, 1), patch_size=4,
                     width=16, depth=1, num_heads=2, mlp_dim=16)
   x = jax.random.uniform(jax.random.key(0), (6, 8, 8, 1), minval=-1.0,
                          maxval=1.0)

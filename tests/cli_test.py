@@ -208,7 +208,8 @@ def _leaves(config, prefix=""):
      "--config.train.batch_size), e.g. --config=mlcollections_configs/train.py:model=vit"),
     ([TRAIN, "--wokrdir=/tmp/x"], "--wokrdir: unknown flag; did you mean --workdir?"),
     ([TRAIN, "--config.train.regularizer.name=sensitivity"],
-     "regularizer: replaced by objective terms (xsens/train/objectives.py): set "
+     "--config.train.regularizer.name: regularizer: replaced by objective terms "
+     "(xsens/train/objectives.py): set "
      "config.objective, e.g. {'ce': {'kind': 'cross_entropy', 'weight': 0.5}, 'penalty': "
      "{'kind': 'sensitivity', 'weight': 0.5}} (or kind 'min_entropy', weight λ, beside a "
      "cross_entropy term of weight 1)"),

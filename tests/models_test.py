@@ -422,14 +422,11 @@ def test_non_image_param_count(entry):
   assert _n_params(variables) == expected
 
 
-def test_input_shape_and_its_old_name_image_shape():
+def test_input_shape_by_position_or_keyword():
   a = get_model("vit", NUM_CLASSES, input_shape=MNIST, **SMALL["vit"])
-  b = get_model("vit", NUM_CLASSES, image_shape=MNIST, **SMALL["vit"])
-  assert a == b == get_model("vit", NUM_CLASSES, MNIST, **SMALL["vit"])
-  with pytest.raises(TypeError, match="not both"):
-    get_model("vit", NUM_CLASSES, MNIST, image_shape=MNIST)
-  with pytest.raises(TypeError, match="needs input_shape"):
-    get_model("vit", NUM_CLASSES)
+  assert a == get_model("vit", NUM_CLASSES, MNIST, **SMALL["vit"])
+  with pytest.raises(TypeError, match="input_shape"):
+    get_model("vit", NUM_CLASSES)  # pylint: disable=no-value-for-parameter
 
 
 def test_binary_models_take_two_classes():

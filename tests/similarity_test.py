@@ -171,7 +171,7 @@ def test_minibatch_cka_matrix():
 
 @pytest.fixture(scope="module")
 def tiny_vit():
-  model = get_model("vit", num_classes=3, image_shape=(8, 8, 1), patch_size=4,
+  model = get_model("vit", num_classes=3, input_shape=(8, 8, 1), patch_size=4,
                     width=16, depth=3, num_heads=2, mlp_dim=16)
   x = _normal(0, (10, 8, 8, 1))
   return model, jax.jit(lambda k: model.init(k, x, train=False))(
@@ -202,7 +202,7 @@ def test_layer_features_vit(tiny_vit):
 
 @pytest.mark.slow
 def test_layer_features_resnet():
-  model = get_model("resnet18", num_classes=3, image_shape=(8, 8, 1),
+  model = get_model("resnet18", num_classes=3, input_shape=(8, 8, 1),
                     width_multiplier=1 / 16)
   x = _normal(0, (4, 8, 8, 1))
   variables = jax.jit(lambda k: model.init(k, x, train=False))(jax.random.key(0))

@@ -427,7 +427,7 @@ def check_field(config: ml_collections.ConfigDict, path: str) -> None:
                        f"a value ({type(node).__name__}), not a block of fields")
     if part not in node:
       if legacy := legacy_fields.legacy_field_error(path):
-        raise UsageError(legacy)
+        raise UsageError(f"--config.{path}: {legacy}")
       tips = _suggestions(config, parts)
       if tips:
         raise UsageError(f"--config.{path}: no such field; did you mean "

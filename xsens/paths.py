@@ -30,7 +30,6 @@ import re
 import shutil
 import threading
 import time
-from typing import IO
 
 import numpy as np
 
@@ -329,12 +328,6 @@ def rename(src, dst) -> None:
 
 
 # ----------------------------------------------------------------------------- contents
-
-
-def open_file(path, mode: str = "r") -> IO:
-  """`open(path, mode)` for a local or remote path ('r', 'rb', 'w', 'wb'); a remote file's
-  reads and writes are not bounded (`read_bytes` and `write_bytes` are)."""
-  return epath(path).open(mode) if is_remote(path) else open(path, mode)
 
 
 def read_bytes(path) -> bytes:

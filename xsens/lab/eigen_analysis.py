@@ -36,10 +36,10 @@ import numpy as np
 from xsens import paths
 from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number
+from xsens.lab import robustness
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit
 from xsens.report import plots, seed_stats, tables
-from xsens.train import evaluators
 
 
 def _positive_int(value, field: str) -> None:
@@ -182,21 +182,17 @@ def _vit_fields(model) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _correct_fn(model):
-  """`fn(batch {"image", "label"}, variables) -> correct [B] bool` of `model` in eval
-  mode; one function object per model, so `over_split` compiles it once per shape."""
-  def fn(batch, variables):
-    return model.apply(variables, batch["image"], train=False).argmax(-1) == batch["label"]
-  return fn
+def eval_apply(model):
+  """`model.apply(variables, x, train=False)`, one function object per model (so the
+  jitted evaluations of `xsens.lab.robustness` compile once per model and shape)."""
+  return functools.partial(model.apply, train=False)
 
 
 def top1_accuracy(model, variables, images, labels, batch_size: int) -> float:
   """Top-1 accuracy of `model.apply(variables, ·, train=False)` over a split held on the
-  host (`evaluators.over_split`, padded batches of `batch_size`). images [N, ...],
+  host (`robustness.split_accuracy`: padded batches of `batch_size`). images [N, ...],
   labels [N] int."""
-  hits = evaluators.over_split(_correct_fn(model), {"image": images, "label": labels},
-                               args=(variables,), reduce="sum", batch_size=batch_size)
-  return float(hits) / len(images)
+  return robustness.split_accuracy(eval_apply(model), variables, images, labels, batch_size)
 
 
 def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, data: str,

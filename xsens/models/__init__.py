@@ -218,8 +218,7 @@ def pretrained_formats() -> dict[str, pretrained_lib.Format]:
   return {name: e.pretrained for name, e in REGISTRY.items() if e.pretrained is not None}
 
 
-def get_model(name: str, num_classes: int, input_shape: Optional[Sequence[int]] = None, *,
-              image_shape: Optional[Sequence[int]] = None, **kwargs) -> nn.Module:
+def get_model(name: str, num_classes: int, input_shape: Sequence[int], **kwargs) -> nn.Module:
   """Builds registered model `name` and checks it against `input_shape`.
 
   Args:
@@ -227,7 +226,6 @@ def get_model(name: str, num_classes: int, input_shape: Optional[Sequence[int]] 
     num_classes: size of the logits (2 for the binary one-score models).
     input_shape: per-example shape of the inputs: (H, W, C) images, (L,) token ids,
       (n, d) tokens (see the module docstring).
-    image_shape: another name of `input_shape` (give one of the two).
     **kwargs: config fields of that model (see `config_fields(name)`).
 
   Returns:
@@ -237,12 +235,6 @@ def get_model(name: str, num_classes: int, input_shape: Optional[Sequence[int]] 
     ConfigError: naming `model.<field>` for an unknown name or field, or a
       setting impossible for `input_shape`.
   """
-  if image_shape is not None:
-    if input_shape is not None:
-      raise TypeError("get_model takes input_shape or its old name image_shape, not both")
-    input_shape = image_shape
-  if input_shape is None:
-    raise TypeError("get_model needs input_shape")
   return get_entry(name).build(num_classes, input_shape, **kwargs)
 
 

@@ -27,8 +27,6 @@ from jax import lax
 
 from xsens.errors import ConfigError
 from xsens.models import _checks
-# The compute dtype of the models' `dtype` field, as the transformers read it from here.
-from xsens.models.precision import DTYPES, cast, compute_dtype  # pylint: disable=unused-import
 
 ATTENTION_IMPLS = ("einsum", "folded", "xla_fused", "cudnn")
 

@@ -241,7 +241,7 @@ class RoBERTa(nn.Module):
     position_lib.check_position_fields(self)
 
   def setup(self):
-    dt = attention_lib.compute_dtype(self.dtype)
+    dt = precision.compute_dtype(self.dtype)
     self.word_embeddings = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT,
                                     dtype=dt)
     if self.position == "absolute":
@@ -370,7 +370,7 @@ class GPT2(nn.Module):
     _check_transformer(self, input_shape)
 
   def setup(self):
-    dt = attention_lib.compute_dtype(self.dtype)
+    dt = precision.compute_dtype(self.dtype)
     self.wte = nn.Embed(self.vocab_size, self.width, embedding_init=_INIT, dtype=dt)
     self.wpe = nn.Embed(self.max_length, self.width, embedding_init=_INIT, dtype=dt)
     # `train` (argument 3, `self` being 0) is static under remat.

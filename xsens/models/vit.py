@@ -66,6 +66,7 @@ from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import attention as attention_lib
 from xsens.models import position as position_lib
+from xsens.models import precision as precision_lib
 from xsens.models import token_split as split_lib
 
 POOLINGS = ("cls", "mean")
@@ -270,7 +271,7 @@ def encoder_input(vit: nn.Module, images: jnp.ndarray, train: bool):
   """
   x = embed_tokens(vit, images)
   x = nn.Dropout(vit.dropout_rate, deterministic=not train)(x)
-  return x, attention_lib.compute_dtype(vit.dtype), skipped_parts(vit.skip, vit.depth)
+  return x, precision_lib.compute_dtype(vit.dtype), skipped_parts(vit.skip, vit.depth)
 
 
 def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
@@ -282,7 +283,7 @@ def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
   [B, H, W, C] -> [B, T (+1), width], in the compute dtype `vit.dtype`.
   """
   p = vit.patch_size
-  dt = attention_lib.compute_dtype(getattr(vit, "dtype", "float32"))
+  dt = precision_lib.compute_dtype(getattr(vit, "dtype", "float32"))
   if getattr(vit, "tokenizer", "patch") == "spt":
     x = shifted_patches(images, p, vit.spt_shifts)
     x = nn.Dense(vit.width, dtype=dt, name="spt_embedding")(
@@ -295,12 +296,12 @@ def embed_tokens(vit: nn.Module, images: jnp.ndarray) -> jnp.ndarray:
     b, h, w, d = x.shape
     x = x.reshape(b, h * w, d)
   if vit.posemb == "learned":
-    x = x + attention_lib.cast(vit.param(
+    x = x + precision_lib.cast(vit.param(
         "pos_embedding", nn.initializers.normal(stddev=0.02), (1, h * w, d), jnp.float32), dt)
   elif vit.posemb == "sincos":
-    x = x + attention_lib.cast(posemb_sincos_2d(h, w, d), dt)
+    x = x + precision_lib.cast(posemb_sincos_2d(h, w, d), dt)
   if vit.pooling == "cls":
-    cls = attention_lib.cast(vit.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32), dt)
+    cls = precision_lib.cast(vit.param("cls", nn.initializers.zeros, (1, 1, d), jnp.float32), dt)
     x = jnp.concatenate([jnp.tile(cls, (b, 1, 1)), x], axis=1)
   return x
 
@@ -432,7 +433,7 @@ def vit_token_split(vit: ViT, image_shape: tuple[int, int, int]) -> split_lib.To
   p, width, heads = vit.patch_size, vit.width, vit.num_heads
   grid_h, grid_w = h // p, w // p
   t = grid_h * grid_w
-  dt = attention_lib.compute_dtype(vit.dtype)
+  dt = precision_lib.compute_dtype(vit.dtype)
   qkv = "attention" not in skipped_parts(vit.skip, vit.depth).get(0, ())
   extra = 1 if vit.pooling == "cls" else 0
   names = ("query", "key", "value") if qkv else ()
@@ -447,9 +448,9 @@ def vit_token_split(vit: ViT, image_shape: tuple[int, int, int]) -> split_lib.To
       return emb
     x = emb
     if vit.posemb == "learned":
-      x = x + attention_lib.cast(params["pos_embedding"][0], dt)[positions]
+      x = x + precision_lib.cast(params["pos_embedding"][0], dt)[positions]
     elif vit.posemb == "sincos":
-      x = x + attention_lib.cast(posemb_sincos_2d(grid_h, grid_w, width)[0], dt)[positions]
+      x = x + precision_lib.cast(posemb_sincos_2d(grid_h, grid_w, width)[0], dt)[positions]
     block = params["encoderblock_0"]
     y = nn.LayerNorm(dtype=dt).apply({"params": block["LayerNorm_0"]}, x)
     dense = nn.DenseGeneral(features=(heads, width // heads), axis=-1, dtype=dt)

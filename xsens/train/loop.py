@@ -320,11 +320,11 @@ def _run(workdir, program, schedule, hooks, finished_reason, progress, desc, max
     """fn(*args), its seconds added to `aside[what]` (the training steps before it finished
     first, so they are not counted as its time)."""
     jax.block_until_ready(state)
-    t = time.time()
+    t = time.perf_counter()
     try:
       return fn(*args)
     finally:
-      aside[what] += time.time() - t
+      aside[what] += time.perf_counter() - t
 
   flag = _SignalFlag()
   agreement = multihost.StopAgreement(watchdog.timeout_s)
