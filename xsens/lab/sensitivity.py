@@ -25,7 +25,7 @@ from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
 from xsens.report import plots
-from xsens.train import evaluators
+from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 from xsens.train import streams as streams_lib
 
@@ -129,11 +129,6 @@ def config_summary(sc) -> dict:
   return out
 
 
-def round_up(x: int, m: int) -> int:
-  """The smallest multiple of `m` >= `x` (a batch size split over `m` devices)."""
-  return -(-x // m) * m
-
-
 @functools.partial(jax.jit, static_argnames=("model", "patch_size", "num_draws", "chunk_size"))
 def patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_draws,
                 chunk_size):
@@ -168,14 +163,12 @@ def global_batch(variables, images, mask, key, sigma, *, model, patch_size, num_
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _sharpness_batch(variables, images, mask, key, sigma, *, model):
-  """Masked means over one padded batch of one weight-noise draw (spec §4): the L1 logit
-  change and the label flips, each repeated over the batch ([B] each). The draw depends on
-  `key` only, not on the batch."""
+  """Masked means over one padded batch of one weight-noise draw (spec §4): {"l1": the L1
+  logit change, "flip": the label flips, "count": the real examples}, scalars. The draw
+  depends on `key` only, not on the batch."""
   out = measures.sharpness(functools.partial(model.apply, train=False), variables, images,
                            key=key, sigma=sigma, num_draws=1, mask=mask)
-  b = images.shape[0]
-  return (jnp.broadcast_to(out["sharpness_l1"], (b,)),
-          jnp.broadcast_to(out["sharpness_flip"], (b,)))
+  return {"l1": out["sharpness_l1"], "flip": out["sharpness_flip"], "count": jnp.sum(mask)}
 
 
 _BATCH_FNS = {"patch": patch_batch, "scattered": _scattered_batch, "global": global_batch,
@@ -198,14 +191,15 @@ def _keyed(kind: str, batch_size: int, fold_batch: bool, static: tuple):
 
 
 def _map_batches(kind: str, images: np.ndarray, sc, mesh, variables, key, sigma, *,
-                 fold_batch: bool = True, **static):
-  """The per-example outputs ([N, ...] each, on the host) of the batch function `kind` over
-  the padded batches of `images` (`sensitivity.batch_size`, rounded up to the mesh; up to
-  `sensitivity.streams` at once, the results do not depend on it)."""
-  bs = round_up(sc.batch_size, mesh.size)
+                 fold_batch: bool = True, reduce: str = "concat", **static):
+  """The outputs of the batch function `kind` over the padded batches of `images`
+  (`sensitivity.batch_size`, rounded up to the mesh; up to `sensitivity.streams` at once,
+  the results do not depend on it), on the host: per example ([N, ...] each) or, with
+  `reduce="per_batch"`, one per batch."""
+  bs = sharding.round_to_devices(sc.batch_size, mesh.size)
   fn = _keyed(kind, bs, fold_batch, tuple(sorted(static.items())))
   return evaluators.over_split(fn, {"image": images}, args=(variables, key, sigma),
-                               reduce="concat", batch_size=bs, mesh=mesh, streams=sc.streams)
+                               reduce=reduce, batch_size=bs, mesh=mesh, streams=sc.streams)
 
 
 def stderr(per_example: np.ndarray) -> float:
@@ -273,19 +267,17 @@ def measure_sharpness(result, sc, key, mesh) -> dict:
   """
   shc = sc.sharpness
   images = result.train.images[:sc.num_examples]
-  bs = round_up(sc.batch_size, mesh.size)
   key = jax.random.fold_in(key, len(sc.sigmas) + 2)
-  counts = [len(images[i:i + bs]) for i in range(0, len(images), bs)]
   draws = np.zeros((shc.num_draws, 2))
   for r in range(shc.num_draws):
-    # Each example row carries its batch's masked means: the first row of each batch.
-    l1, flip = _map_batches("sharpness", images, sc, mesh, result.variables,
-                            jax.random.fold_in(key, r), jnp.float32(shc.sigma),
-                            fold_batch=False, model=result.model)
-    sums = np.zeros(2)
-    for n, a, b in zip(counts, l1[::bs], flip[::bs]):
-      sums += n * np.array([float(a), float(b)])
-    draws[r] = sums / sum(counts)
+    batches = _map_batches("sharpness", images, sc, mesh, result.variables,
+                           jax.random.fold_in(key, r), jnp.float32(shc.sigma),
+                           fold_batch=False, reduce="per_batch", model=result.model)
+    sums, count = np.zeros(2), 0.0   # Batch means weighted by their real examples.
+    for b in batches:
+      sums += float(b["count"]) * np.array([float(b["l1"]), float(b["flip"])])
+      count += float(b["count"])
+    draws[r] = sums / count
   return {name: (float(draws[:, j].mean()), stderr(draws[:, j]))
           for j, name in enumerate(("sharpness_l1", "sharpness_flip"))}
 

@@ -350,7 +350,7 @@ def adversarial_section(runs, rc, normalize, images, labels, key) -> dict:
   apply_fns = tuple(run.apply_fn for run in runs.values())
   variables = tuple(run.variables for run in runs.values())
   mesh = sharding.data_mesh()
-  bs = -(-int(rc.batch_size) // mesh.size) * mesh.size
+  bs = sharding.round_to_devices(rc.batch_size, mesh.size)
   split = {"image": images, "label": labels}
   fgsm = {r: [0.0] * len(ac.epsilons) for r in names}
   pgd = {r: [0.0] * len(ac.epsilons) for r in names}

@@ -215,7 +215,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   validate(config)
   ic, sc = config.imagenet, config.sensitivity
   mesh = sharding.data_mesh()
-  batch_size = lab_sens.round_up(int(sc.batch_size), mesh.size)
+  batch_size = sharding.round_to_devices(sc.batch_size, mesh.size)
   stream = _open(ic, sc, batch_size)  # Missing dataset -> ConfigError before any work.
   image_shape = (int(ic.image_size), int(ic.image_size), 3)
   runs = load_runs(config, image_shape, stream.num_classes)

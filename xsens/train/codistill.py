@@ -195,7 +195,7 @@ def run_experiment(exp: trainer.Experiment, cc: dict, workdir: str | Workdir, me
       in_shardings=(state_sh, sharding.batch_sharding(mesh), repl),
       out_shardings=(state_sh, repl), donate_argnums=0)
   eval_step = jax.jit(trainer.make_eval_step(exp.model, exp.loss_fn))
-  eval_bs = -(-config.eval_batch_size // mesh.size) * mesh.size
+  eval_bs = sharding.round_to_devices(config.eval_batch_size, mesh.size)
   pi, pc = jax.process_index(), jax.process_count()
 
   def evaluate_both(state, split, limit=None):

@@ -194,7 +194,7 @@ def over_split(fn: Callable[..., Any], split: Mapping[str, Any] | Iterable[dict]
       raise ValueError(f"batch_size must be an int >= 1 for a split of arrays, got "
                        f"{batch_size!r}")
     mesh = sharding.data_mesh() if mesh is None else mesh
-    size = -(-int(batch_size) // mesh.size) * mesh.size
+    size = sharding.round_to_devices(batch_size, mesh.size)
     split = _global_batches(split, size, mesh, limit, with_index=True)
   elif limit is not None:
     raise ValueError("limit applies to a split of arrays; limit the batches' source instead")

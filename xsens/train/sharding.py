@@ -128,6 +128,12 @@ def data_mesh(devices=None, model_axis_size: int = 1) -> Mesh:
   return Mesh(grid, (DATA_AXIS, MODEL_AXIS))
 
 
+def round_to_devices(size: int, num_devices: int) -> int:
+  """The smallest multiple of `num_devices` >= `size`: a global batch size that splits
+  evenly over the devices of a mesh (`mesh.size`)."""
+  return -(-int(size) // num_devices) * num_devices
+
+
 def batch_axes(mesh: Mesh) -> str | tuple[str, ...]:
   """The mesh axes the batch is split over: `data` on a 1-D mesh, all axes otherwise (no
   example is computed twice; the `model` axis only holds copies of replicated leaves)."""

@@ -283,7 +283,7 @@ def open_streams(config, num_devices: int | None = None):
   for field in ("distill", "codistill"):
     require(config.get(field) is None, field,
             "is not available with a streamed dataset (data.stream); remove one of them")
-  eval_bs = _round_up(config.eval_batch_size,
+  eval_bs = sharding.round_to_devices(config.eval_batch_size,
                       jax.device_count() if num_devices is None else num_devices)
   train = train_stream.open_training_stream(config.data, batch_size=config.batch_size,
                                             order_seed=seeds["order_seed"],
@@ -543,10 +543,6 @@ def default_evals(config) -> dict:
           "test": {"kind": "classification", "split": "test"}}
 
 
-def _round_up(x: int, m: int) -> int:
-  return -(-x // m) * m
-
-
 # ----------------------------------------------------------------------------- the run
 
 
@@ -680,7 +676,7 @@ def run_experiment(exp: Experiment, workdir: str | Workdir,
       in_shardings=(shardings, batch_sh, repl) + (repl,) * len(extra_args),
       out_shardings=(shardings, repl), donate_argnums=0)
   eval_step = jax.jit(make_eval_step(exp.model, exp.loss_fn))
-  eval_bs = _round_up(config.eval_batch_size, mesh.size)
+  eval_bs = sharding.round_to_devices(config.eval_batch_size, mesh.size)
   n_train = len(exp.train)
   pi, pc = jax.process_index(), jax.process_count()
 
