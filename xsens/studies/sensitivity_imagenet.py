@@ -130,15 +130,10 @@ def load_runs(config, image_shape, num_classes):
   return out
 
 
-def _numbered(stream, mesh, stats: dict):
+def _numbered(stream, mesh):
   """Global batches {"image", "label", "mask", "number" [B] (the batch number)} of the
-  stream; adds the real examples' count, Σ x² and pixel count to `stats` (float64, on the
-  host, batch by batch)."""
+  stream (each process reads its share of every batch)."""
   for i, batch in enumerate(progress(stream.batches(), desc="sensitivity", unit="batch")):
-    real = batch["image"][batch["mask"] > 0].astype(np.float64)
-    stats["total"] += len(real)
-    stats["sq_sum"] += float(np.sum(real * real))
-    stats["n_pixels"] += real.size
     yield sharding.global_batch({
         "image": batch["image"], "label": batch["label"].astype(np.int32),
         "mask": batch["mask"].astype(np.float32),
@@ -148,8 +143,8 @@ def _numbered(stream, mesh, stats: dict):
 def _batch_fn(model, sc):
   """`fn(batch, variables, model_key) -> per-example outputs` of one run for
   `evaluators.over_split` (reduce "concat"): "correct" [B] (clean top-1), "token" (one [B]
-  per σ), "map" [B, H/p, W/p] at the main σ and, with `sensitivity.global_noise`, "global"
-  (one [B] per σ). Keys: fold_in(fold_in(model_key, σ index), batch number) (global: the
+  per σ), "map" [B, H/p, W/p] at the main σ, "sq" [B] (Σ x² of each example, for the
+  noise-to-signal ratio) and, with `sensitivity.global_noise`, "global" (one [B] per σ). Keys: fold_in(fold_in(model_key, σ index), batch number) (global: the
   model key first folded with len(σ) + 1)."""
   sigmas = [float(s) for s in sc.sigmas]
   with_global = lab_sens.enabled(sc, "global_noise")
@@ -157,7 +152,8 @@ def _batch_fn(model, sc):
   def fn(batch, variables, model_key):
     x, m, i = batch["image"], batch["mask"], batch["number"][0]
     pred = jnp.argmax(model.apply(variables, x, train=False), axis=-1)
-    out = {"correct": pred == batch["label"], "token": [], "global": []}
+    out = {"correct": pred == batch["label"], "token": [], "global": [],
+           "sq": jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim)))}
     for s_idx, sigma in enumerate(sigmas):
       k = jax.random.fold_in(jax.random.fold_in(model_key, s_idx), i)
       pe, pm = lab_sens.patch_batch(
@@ -179,18 +175,18 @@ def _batch_fn(model, sc):
 def measure(runs, sc, stream, mesh) -> dict:
   """Per run, one pass over the stream (`evaluators.over_split`): clean hits, per-example
   flips at every σ (and globally), per-patch maps at the main σ; plus Σ x² for the
-  noise-to-signal ratio."""
+  noise-to-signal ratio. Every count is of the gathered outputs, so all processes report
+  the same numbers."""
   sigmas = [float(s) for s in sc.sigmas]
   key = jax.random.key(sc.seed)
-  measured, stats = {}, None
+  measured, sq = {}, None
   for j, (name, (model, variables, _, _)) in enumerate(runs.items()):
     t0 = time.time()
-    counted = {"total": 0, "sq_sum": 0.0, "n_pixels": 0}
-    out = evaluators.over_split(_batch_fn(model, sc), _numbered(stream, mesh, counted),
+    out = evaluators.over_split(_batch_fn(model, sc), _numbered(stream, mesh),
                                 args=(variables, jax.random.fold_in(key, j)),
                                 reduce="concat")
-    stats = stats or counted
-    total = stats["total"]
+    total = len(out["correct"])
+    sq = out["sq"] if sq is None else sq   # Clean pixels: the same for every run.
     per_patch = None
     for start in range(0, total, stream.batch_size):  # Summed batch by batch, in float32.
       pm = out["map"][start:start + stream.batch_size].sum(axis=0)
@@ -202,8 +198,9 @@ def measure(runs, sc, stream, mesh) -> dict:
                       "measure_s": round(time.time() - t0, 1)}
     if lab_sens.enabled(sc, "global_noise"):
       measured[name]["global"] = {s: summary(pe) for s, pe in zip(sigmas, out["global"])}
-  rms = float(np.sqrt(sc.patch_size ** 2 * 3 * stats["sq_sum"] / stats["n_pixels"]))
-  return {"runs": measured, "num_examples": stats["total"], "token_rms": rms}
+  n_pixels = len(sq) * int(np.prod(stream.image_shape))
+  rms = float(np.sqrt(sc.patch_size ** 2 * 3 * np.sum(sq, dtype=np.float64) / n_pixels))
+  return {"runs": measured, "num_examples": len(sq), "token_rms": rms}
 
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
