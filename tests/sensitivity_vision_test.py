@@ -101,13 +101,13 @@ def test_more_noise_flips_more(smoke_run):
 
 @pytest.mark.slow
 def test_rerun_resumes_without_training(smoke_run):
-  """A re-run with other `sensitivity.*` fields (global noise and sharpness off, as in a
-  config written before they existed) resumes every run without training, and the
-  token-wise numbers are those measured with them on: they use their own keys."""
+  """A re-run with other `sensitivity.*` fields (global noise and sharpness off) resumes
+  every run without training, and the token-wise numbers are those measured with them on:
+  they use their own keys."""
   workdir, out = smoke_run
   config = sv_cfg.get_config("smoke")
   config.sensitivity.global_noise.enabled = False
-  del config.sensitivity["sharpness"]
+  config.sensitivity.sharpness = None
   ckpts = lambda: {r: snapshot(os.path.join(multirun.run_workdir(workdir, r), "checkpoints"))
                    for r in ("vit", "cnn")}
   before = ckpts()
@@ -370,7 +370,7 @@ def test_seeds_add_runs_and_a_seed_table_keeping_seed_zero(smoke_run, tmp_path):
     del config.runs[name]
   config.sensitivity.global_noise.enabled = False
   config.sensitivity.scattered.enabled = False
-  del config.sensitivity["sharpness"]
+  config.sensitivity.sharpness = None
   config.num_seeds = 1
   single = {r["run"]: r for r in studies.run(config, copy)["rows"]}   # Resumes; measures.
   config.num_seeds = 2

@@ -34,12 +34,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens import paths
-from xsens.data import batching
 from xsens.errors import ConfigError, is_finite_number
 from xsens.lab import robustness
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit
 from xsens.report import plots, seed_stats, tables
+from xsens.train import evaluators
 
 
 def _positive_int(value, field: str) -> None:
@@ -82,36 +82,46 @@ def validate_eigen_config(ec, num_tokens: int | None = None) -> None:
     _positive_int(ec.matrix_tokens, "eigen.matrix_tokens")
 
 
-@functools.partial(jax.jit, static_argnums=0, static_argnames=("kind", "matrix_tokens"))
-def _moments(apply_fn, variables, inputs, mask, *, kind, matrix_tokens):
-  return ae.score_moments(apply_fn, variables, inputs, mask=mask, kind=kind,
-                          matrix_tokens=matrix_tokens)
+@functools.lru_cache(maxsize=None)
+def _moments_fn(apply_fn, kind: str, matrix_tokens):
+  """`fn(batch, variables)` -> `score_moments` of one padded batch (one function object per
+  model and options, so `over_split` compiles it once per shape)."""
+  return lambda batch, variables: ae.score_moments(
+      apply_fn, variables, batch["image"], mask=batch["mask"], kind=kind,
+      matrix_tokens=matrix_tokens)
 
 
 def collect_moments(apply_fn, variables, inputs: np.ndarray, *, batch_size: int,
                     kind: str, matrix_tokens) -> dict:
-  """`score_moments` streamed over `inputs` [N, ...] (padded, masked batches), float64."""
+  """`score_moments` over `inputs` [N, ...] (`evaluators.over_split`: padded, masked
+  batches), each batch's moments merged on the host in float64."""
   total = None
-  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
-    out = _moments(apply_fn, variables, jnp.asarray(inputs[idx]), jnp.asarray(mask),
-                   kind=kind, matrix_tokens=matrix_tokens)
+  for out in evaluators.over_split(_moments_fn(apply_fn, kind, matrix_tokens),
+                                   {"image": inputs}, args=(variables,),
+                                   reduce="per_batch", batch_size=batch_size):
     out = jax.tree.map(lambda a: np.asarray(a, np.float64), out)
     total = out if total is None else {
         part: ae.merge_moments(total[part], out[part]) for part in out}
   return total
 
 
-_reconstruction = jax.jit(ae.partial_reconstruction, static_argnums=0)
+@functools.lru_cache(maxsize=None)
+def _reconstruction_fn(apply_fn):
+  """`fn(batch, variables, bases, means, keys)` -> `partial_reconstruction` of one padded
+  batch."""
+  return lambda batch, variables, bases, means, keys: ae.partial_reconstruction(
+      apply_fn, variables, batch["image"], mask=batch["mask"], bases=bases, means=means,
+      keys=keys)
 
 
 def reconstruction_errors(apply_fn, variables, inputs, *, batch_size, bases, means, keys
                           ) -> dict[str, np.ndarray]:
-  """`partial_reconstruction` pooled over `inputs`: {"score_mse": [L], "tv": [L]}."""
+  """`partial_reconstruction` pooled over `inputs` (`evaluators.over_split`):
+  {"score_mse": [L], "tv": [L]}, batch means weighted by their real examples."""
   sums, count = {"score_mse": 0.0, "tv": 0.0}, 0.0
-  for idx, mask in batching.padded_index_batches(len(inputs), batch_size):
-    out = _reconstruction(apply_fn, variables, jnp.asarray(inputs[idx]),
-                          mask=jnp.asarray(mask), bases=bases, means=means,
-                          keys=jnp.asarray(keys))
+  for out in evaluators.over_split(_reconstruction_fn(apply_fn), {"image": inputs},
+                                   args=(variables, bases, means, jnp.asarray(keys)),
+                                   reduce="per_batch", batch_size=batch_size):
     c = float(out["count"])
     for name in sums:
       sums[name] = sums[name] + np.asarray(out[name], np.float64) * c
