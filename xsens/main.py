@@ -199,7 +199,8 @@ def _run_study(config, workdir: str) -> None:
     with workdir_lib.locked(workdir):  # One process per workdir, before anything else.
       out = studies.run(config, workdir, overwrite=_OVERWRITE.value)
   except ConfigError as e:
-    _fail(f"{e.flag}: {e.message}")
+    # A remote workdir refused by its probe: the storage client's threads may still run.
+    _fail(f"{e.flag}: {e.message}", at_once=e.flag == "workdir" and paths.is_remote(workdir))
   except TrainingDivergedError as e:
     print(f"xsens: {e}", file=sys.stderr)
     sys.exit(1)
@@ -523,8 +524,15 @@ def _one_line(message) -> str:
   return " ".join(str(message).split())
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, at_once: bool = False) -> None:
+  """Prints `xsens: error: <message>` and exits with 2; `at_once`: without the interpreter's
+  shutdown (a storage client's threads left by a probe that timed out can abort it; nothing
+  has been written yet)."""
   print(f"xsens: error: {message}", file=sys.stderr)
+  if at_once:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)  # pylint: disable=protected-access
   sys.exit(2)
 
 
