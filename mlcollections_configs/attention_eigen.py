@@ -51,7 +51,7 @@ import ml_collections
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
-from xsens.data import text
+from xsens.data import text_config as text
 
 SETUPS = ("mnist5k", "cifar10", "language", "imagenet")
 

@@ -1,11 +1,9 @@
 """Defaults shared by every config: the training block of one model."""
 
-import dataclasses
-
 import ml_collections
 
-from xsens import models
 from xsens.data.config import default_data_config
+from xsens.model_defaults import MODEL_DEFAULTS
 
 
 def model_config(name: str, **overrides) -> ml_collections.ConfigDict:
@@ -13,8 +11,7 @@ def model_config(name: str, **overrides) -> ml_collections.ConfigDict:
 
   Listing every field lets `--config....model.FIELD=VALUE` override any of them.
   """
-  fields = {f.name: f.default for f in dataclasses.fields(models.MODELS[name])
-            if f.name in models.config_fields(name)}
+  fields = dict(MODEL_DEFAULTS[name])
   for key in overrides:
     if key not in fields:
       raise ValueError(f"unknown field {key!r} for model {name!r}; allowed: {sorted(fields)}")

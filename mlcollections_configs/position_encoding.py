@@ -34,8 +34,8 @@ import ml_collections
 
 from mlcollections_configs import common
 from xsens.config_utils import parse_arg
-from xsens.data import text
-from xsens.models import position
+from xsens import model_defaults as position
+from xsens.data import text_config as text
 
 SETUPS = ("synthetic", "glue")
 SYNTHETIC_TASKS = {"reversed": "text/pair_reversed", "rotation": "text/pair_rotation",

@@ -52,7 +52,7 @@ import ml_collections
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
-from xsens.measures import corruptions
+from xsens import corruption_names as corruptions
 
 SETUPS = ("mnist5k", "cifar10", "imagenet")
 

@@ -53,7 +53,7 @@ import ml_collections
 
 from mlcollections_configs import common
 from xsens.config_utils import parse_arg
-from xsens.data import text
+from xsens.data import text_config as text
 
 SETUPS = ("synthetic", "mrpc", "qqp")
 _GLUE_TRAIN = {"mrpc": 3668, "qqp": 363846}

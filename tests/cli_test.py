@@ -75,15 +75,25 @@ def test_config_file_that_does_not_load(tmp_path, text, message):
   assert not (tmp_path / "wd").exists()
 
 
-def test_help_and_early_errors_do_not_import_jax():
+def test_help_print_config_and_config_errors_do_not_import_jax():
+  """`--help`, `--print_config` and every error found while parsing stay clear of JAX,
+  flax, optax, orbax and TensorFlow (tests/config_imports_test.py: every config loads
+  without them)."""
+  heavy = ("jax", "flax", "optax", "orbax", "tensorflow", "tensorflow_datasets")
   code = ("import sys\nfrom xsens import main\nsys.argv = ['xsens'] + sys.argv[1:]\n"
-          "try:\n  main.run()\nfinally:\n  print('jax' in sys.modules)\n")
+          "try:\n  main.run()\nfinally:\n"
+          f"  print(sorted(m for m in {heavy!r} if m in sys.modules))\n")
   for args, rc in ((["--help"], 0), (["--config=nope.py"], 2),
-                   (["--config=mlcollections_configs"], 2)):
+                   (["--config=mlcollections_configs"], 2),
+                   ([f"{TRAIN}:smoke", "--print_config"], 0),
+                   (["--config=sensitivity_language.py:smoke", "--print_config"], 0),
+                   ([TRAIN, "--config.train.batchsize=3"], 2),
+                   ([TRAIN, "--config.train.batch_size=None"], 2),
+                   ([f"{TRAIN}:model=vitt"], 2)):
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
                           text=True, timeout=60, check=False)
     assert proc.returncode == rc, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "False", (args, proc.stdout[-500:])
+    assert proc.stdout.splitlines()[-1] == "[]", (args, proc.stdout[-500:])
   assert "--config" in subprocess.run(
       [sys.executable, "-m", "xsens", "--help"], cwd=REPO, capture_output=True, text=True,
       timeout=60, check=False).stdout

@@ -36,66 +36,29 @@ import re
 from collections.abc import Iterable, Sequence
 
 from etils import epath
-import ml_collections
 import numpy as np
 import tensorflow_datasets as tfds
 
 from xsens import paths
 from xsens.data import pair_tasks
 from xsens.data import splits
-from xsens.data.config import optional
+# The fields and sizes config files need (jax- and tfds-free), re-exported here.
+from xsens.data.text_config import (SPECIAL_TOKENS, SYNTHETIC, SYNTHETIC_OPTIONAL,
+                                    default_text_data_config, synthetic_max_tokens)
 from xsens.errors import ConfigError, is_finite_number
 
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 GLUE = {"glue/mrpc": ("sentence1", "sentence2"), "glue/qqp": ("question1", "question2"),
         "glue/rte": ("sentence1", "sentence2")}
-SYNTHETIC = "text/synthetic"
 DATASETS = (SYNTHETIC, *GLUE, *pair_tasks.TASKS)
 FIELDS = ("name", "data_dir", "train_split", "test_split", "max_length", "vocab_size",
           "num_train", "synthetic")
 SYNTHETIC_FIELDS = ("num_train", "num_test", "max_clauses")
-# Optional fields of `data.synthetic` (absent: the default in brackets): task ["polarity"],
-# and, for task "weak_sum" only, margin [0.5] and label_noise [0.0].
-SYNTHETIC_OPTIONAL = {"task": "polarity", "margin": 0.5, "label_noise": 0.0}
 SYNTHETIC_TASKS = ("polarity", "weak_sum")
 SYNTHETIC_SPLITS = ("train", "validation")
 TOKENIZER_DIR = "xsens_tokenizers"
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # The byte alphabet plus the specials.
 _READ_BATCH = 1024
-
-
-def default_text_data_config() -> ml_collections.ConfigDict:
-  """All `data.*` fields of a text dataset with their defaults.
-
-  Fields:
-    name: "text/synthetic" | "glue/mrpc" | "glue/qqp" | "glue/rte" | a pair task of
-      `xsens.data.pair_tasks` ("text/pair_reversed", "text/pair_rotation",
-      "text/pair_match": sizes from `synthetic.num_train/num_test`, sentence length from
-      max_length).
-    data_dir: None (-> $TFDS_DATA_DIR or ~/tensorflow_datasets); holds GLUE and the
-      tokenizer cache.
-    train_split, test_split: "train" / "validation" (TFDS slicing such as "train[:10%]"
-      works for GLUE).
-    max_length: padded sequence length L (the paper's 128), specials included.
-    vocab_size: BPE vocabulary size (GLUE only; the synthetic language has its own).
-    num_train: None or a seeded random subset size of the training split.
-    synthetic: sizes of the synthetic splits and the longest sentence (in clauses);
-      `task` "polarity" (the default: `synthetic_sentences`) or "weak_sum"
-      (`weak_sum_sentences`: the label is the sign of a sum of many weak word scores,
-      with `margin` and `label_noise`).
-  """
-  return ml_collections.ConfigDict({
-      "name": SYNTHETIC,
-      "data_dir": optional(str),
-      "train_split": "train",
-      "test_split": "validation",
-      "max_length": 128,
-      "vocab_size": 8192,
-      "num_train": optional(int),
-      "synthetic": {"num_train": 4096, "num_test": 1024, "max_clauses": 4,
-                    **SYNTHETIC_OPTIONAL},
-  })
 
 
 # ------------------------------------------------------------------------------------------------
@@ -115,11 +78,6 @@ WORDS = (_DETS + _NOUNS + _VERBS + _ADVS + _POSITIVE + _NEGATIVE + _NEUTRAL + _C
          _ENDINGS + ("not", "."))
 SYNTHETIC_VOCAB = len(SPECIAL_TOKENS) + len(WORDS)
 _WORD_ID = {w: i + len(SPECIAL_TOKENS) for i, w in enumerate(WORDS)}
-
-
-def synthetic_max_tokens(max_clauses: int) -> int:
-  """Longest synthetic sequence: <s>, clauses of <= 5 words, conjunctions, ".", </s>."""
-  return 2 + 5 * max_clauses + (max_clauses - 1) + 1
 
 
 def synthetic_sentences(num_examples: int, seed: int, *, stream: int = 0,

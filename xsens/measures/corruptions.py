@@ -56,6 +56,7 @@ import math
 import numpy as np
 from scipy import ndimage
 
+from xsens.corruption_names import CATEGORIES, NAMES
 from xsens.measures import image_ops
 from xsens.measures import jpeg
 
@@ -375,13 +376,7 @@ def jpeg_compression(x: np.ndarray, severity: int, rng: np.random.Generator) -> 
 
 Corruption = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
 
-CATEGORIES: dict[str, list[str]] = {
-    "noise": ["gaussian_noise", "shot_noise", "impulse_noise"],
-    "blur": ["defocus_blur", "glass_blur", "motion_blur", "zoom_blur"],
-    "weather": ["snow", "frost", "fog"],
-    "digital": ["brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression"],
-}
-
+# In the order of NAMES (xsens.corruption_names, jax-free, re-exported here; tested).
 CORRUPTIONS: dict[str, Corruption] = {
     "gaussian_noise": gaussian_noise,
     "shot_noise": shot_noise,
@@ -399,8 +394,6 @@ CORRUPTIONS: dict[str, Corruption] = {
     "pixelate": pixelate,
     "jpeg_compression": jpeg_compression,
 }
-
-NAMES: tuple[str, ...] = tuple(CORRUPTIONS)
 
 
 def category_of(name: str) -> str:

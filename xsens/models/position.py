@@ -37,8 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens.errors import ConfigError
+from xsens.model_defaults import POSITIONS
 
-POSITIONS = ("none", "absolute", "sinusoidal", "shaw", "t5", "diet_abs", "diet_rel")
 INPUT_POSITIONS = ("absolute", "sinusoidal")     # Added to the token embeddings.
 SEGMENT_POSITIONS = ("diet_abs", "diet_rel")     # Carry the segment scalar E_S.
 SEP_ID = 2                                       # "</s>" (xsens.data.text.EOS_ID).
