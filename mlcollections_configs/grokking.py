@@ -30,8 +30,8 @@ Variants:
   (its state_dict's keys; each array of the official shape, or [seeds, ...] one per seed),
   written by `python -m experiments.official_grokking_init --out=PATH` (PyTorch; seeds
   42..46 stacked); the mapping is in xsens/models/grokking_transformer.py.
-  (`--config.model.init_npz=` is refused: the command line cannot set a field that is None
-  in the file.)
+  `--config.model.init_npz=PATH` does the same, and `--config.model.init_npz=None` goes back
+  to the seeds' own draws.
 
 Shows: results.md with, per seed, the epochs at which the model memorises (train acc ≥
 0.99), sensitivity peaks and falls (≤ 0.9 and ≤ 0.5 × peak of its rolling mean), test
@@ -67,7 +67,7 @@ def get_config(arg=None):
   m.num_heads = CPU_DEFAULTS["num_heads"]
   m.mlp_dim = CPU_DEFAULTS["mlp_dim"]
   # None: each seed draws its own weights; a path: the official layout's weights (above).
-  m.init_npz = None
+  m.init_npz = ml_collections.FieldReference(None, field_type=str)
 
   # torch.optim.AdamW defaults: betas (0.9, 0.999), eps 1e-8; weight decay on all params.
   o = config.optimizer = ml_collections.ConfigDict()

@@ -135,6 +135,8 @@ def _parse(*args: str):
     ([TRAIN, "--config.train.model.representation_size=32"],
      "train.model.representation_size", 32),
     ([TRAIN, "--config.train.data.data_dir=/data/tfds"], "train.data.data_dir", "/data/tfds"),
+    (["--config=mlcollections_configs/grokking.py", "--config.model.init_npz=/w/init.npz"],
+     "model.init_npz", "/w/init.npz"),                                   # None default, str
 ])
 def test_override_each_kind_of_field(args, path, value):
   config = _parse(*args)
@@ -153,6 +155,8 @@ def test_override_each_kind_of_field(args, path, value):
      "train.init_seed", None),
     ([TRAIN, "--config.train.target_train_accuracy", "None", "--config.train.seed=5"],
      "train.target_train_accuracy", ("train.seed", 5)),
+    (["--config=mlcollections_configs/grokking.py:init_npz=/w/init.npz",
+      "--config.model.init_npz=None"], "model.init_npz", None),
 ])
 def test_none_sets_an_optional_field_to_none(args, path, other):
   config = _parse(*args)
