@@ -64,6 +64,9 @@ def test_smoke_variant_trains_and_writes_checkpoint_and_metrics(tmp_path, name):
   out = studies.run(config, str(tmp_path))
   assert out["rows"] and all(r["steps"] > 0 for r in out["rows"])
   assert os.path.exists(tmp_path / "results.md")
+  if name == "train":  # The plots the CLI's last line announces.
+    assert (tmp_path / "training_curves.png").exists()
+    assert "![training_curves](training_curves.png)" in (tmp_path / "results.md").read_text()
   for sub in SMOKE_RUNS[name]:
     workdir = os.path.join(tmp_path, sub)
     assert workdir_lib.Workdir(workdir).latest_step() == config.train.total_steps

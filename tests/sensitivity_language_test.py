@@ -172,6 +172,9 @@ def test_smoke_study_writes_table_plots_and_history(smoke_run):
   md = (workdir / "results.md").read_text()
   assert "Token-wise sensitivity of language models on text/synthetic" in md
   assert "recency_ratio" in md and "Ordering of S_token" in md
+  # The smoke config trains a fixed length: said in words, no `None` for the absent target.
+  assert (f"Every model trained for {config.train.total_steps} steps (no train-accuracy "
+          "target).") in md and "None" not in md
   for plot in ("sensitivity_vs_examples.png", "sensitivity_per_position.png"):
     assert (workdir / plot).exists() and plot in md
   payload = json.loads((workdir / "results.json").read_text())
@@ -310,3 +313,7 @@ def test_two_seeds_matched_accuracy_and_placement(tmp_path):
   md = (tmp_path / "results.md").read_text()
   assert "Mean ± standard error over the training seeds" in md and "S_signal" in md
   assert "before the embedding LayerNorm" in md
+  assert (f"until its train accuracy (on {config.train.eval_train_examples} training "
+          f"examples, checked every {config.train.eval_every} steps) reached 0.01, for at most "
+          f"{config.train.total_steps} steps. Reached by lstm (step 2), lstm_seed1 (step 2)."
+          ) in md and "None" not in md

@@ -292,3 +292,34 @@ def panels_plot(path: str, panels: Mapping[str, Mapping[str, tuple]], *, xlabel:
   if title:
     fig.suptitle(title, fontsize=10)
   return _save(fig, path)
+
+
+# Series of `training_curves`: label -> the metrics.jsonl key of its loss and accuracy.
+TRAINING_SERIES = {
+    "training batches (mean over each log window)": ("train/loss", "train/accuracy"),
+    "train split (evaluation)": ("eval/train_loss", "eval/train_accuracy"),
+    "test split (evaluation)": ("eval/test_loss", "eval/test_accuracy"),
+}
+
+
+def training_curves(path: str, records: Sequence[Mapping], *, loss_label: str = "loss",
+                    num_classes: int | None = None, title: str = "") -> str | None:
+  """Loss and accuracy against the training step from one run's metrics records
+  (`xsens.train.metrics.read_metrics`): the logged training-batch means and the
+  evaluations of the train and test splits (`TRAINING_SERIES`); a chance line on the
+  accuracy panel. Returns the file name, or None (nothing written) when the records hold
+  none of those series."""
+  panels = {"loss": {}, "accuracy": {}}
+  for label, keys in TRAINING_SERIES.items():
+    for panel, key in zip(panels, keys):
+      points = [(r["step"], r[key]) for r in records if key in r and "step" in r]
+      if points:
+        x, y = zip(*sorted(points))
+        panels[panel][label] = (x, y)
+  panels = {name: series for name, series in panels.items() if series}
+  if not panels:
+    return None
+  ylabels = {"loss": loss_label, "accuracy": ACCURACY}
+  return panels_plot(path, panels, xlabel="training step", ylabels=[ylabels[p] for p in panels],
+                     title=title, num_classes=[num_classes if p == "accuracy" else None
+                                               for p in panels])

@@ -11,8 +11,15 @@ from typing import Sequence
 from xsens import paths
 
 
+# What a table shows for a value that is None (an event not reached, a quantity not
+# measured); results.json keeps null.
+NO_VALUE = "—"
+
+
 def format_value(value, digits: int = 4) -> str:
-  if isinstance(value, bool) or value is None:
+  if value is None:
+    return NO_VALUE
+  if isinstance(value, bool):
     return str(value)
   if isinstance(value, int):
     return f"{value:,}"
@@ -35,7 +42,8 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -
 def write_results(workdir: str, title: str, rows: Sequence[dict], *,
                   columns: Sequence[str] | None = None, notes: str = "",
                   extra: dict | None = None, plots: Sequence[str] = ()) -> str:
-  """Writes `results.json` (rows + extra) and `results.md` (title, table, notes, plots).
+  """Writes `results.json` (rows + extra) and `results.md` (title, table, notes, plots);
+  a None cell shows as `NO_VALUE`, explained below the table.
 
   Returns the markdown text (on every process). Files are replaced atomically, by process 0
   only (`xsens.paths.is_writer`).
@@ -47,6 +55,8 @@ def write_results(workdir: str, title: str, rows: Sequence[dict], *,
   if writer:
     paths.write_text(os.path.join(workdir, "results.json"), json.dumps(payload, indent=2))
   md = f"# {title}\n\n" + markdown_table(rows, columns)
+  if any(row.get(c, "") is None for row in rows for c in (columns or rows[0].keys())):
+    md += f"\n{NO_VALUE}: no value (not reached within the run, or not measured).\n"
   if notes:
     md += "\n" + notes.strip() + "\n"
   for plot in plots:

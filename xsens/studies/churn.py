@@ -28,7 +28,7 @@ import numpy as np
 from xsens.errors import ConfigError
 from xsens.lab import multirun
 from xsens.measures import churn as churn_lib
-from xsens.report import plots, tables
+from xsens.report import plots, tables, training
 from xsens.train import codistill
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
@@ -204,7 +204,7 @@ def _confidence_plot(path, bins, by_conf) -> str:
 def _notes(config, conf_rows, rows, methods) -> str:
   cc, t = config.churn, config.train
   lines = [
-      f"Model `{t.model.name}`, {t.total_steps} steps, batch {t.batch_size}, augmentation "
+      f"Model `{t.model.name}`, {training.length(t)}, batch {t.batch_size}, augmentation "
       f"σ = {t.augment.gaussian_std} on {t.augment.gaussian_prob:.0%} of the images. "
       f"{cc.num_seeds} runs per source (seeds {cc.base_seed}..{cc.base_seed + cc.num_seeds - 1}"
       f" of that source, the others at {cc.base_seed}); churn over all pairs (mean ± std). "

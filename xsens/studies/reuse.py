@@ -35,7 +35,7 @@ import numpy as np
 from xsens.errors import ConfigError
 from xsens.lab import head_similarity, model_cost, multirun
 from xsens.measures import attention_similarity as asim
-from xsens.report import plots, tables
+from xsens.report import plots, tables, training
 
 
 def validate_reuse_config(rc) -> None:
@@ -174,8 +174,8 @@ def _notes(config, rows, adjacent, n) -> str:
       f"images; attn = FLOPs minus those of the same model with every attention "
       f"sub-layer skipped. peak_temp_mb: XLA temp buffer of one loss+grad step at that "
       f"batch; step_ms: best of {rc.timing_repeats} calls on {jax.devices()[0].device_kind}. "
-      f"All models trained with the same training block "
-      f"({config.train.total_steps} steps, batch {config.train.batch_size}, one seed).",
+      f"All models trained with the same training block (batch "
+      f"{config.train.batch_size}, one seed). {training.stop_note(config.train, rows)}",
       "",
       "Accuracy vs the baseline (test accuracy difference): " + ", ".join(
           f"{r['run']} {r['test_accuracy'] - base['test_accuracy']:+.4f}"

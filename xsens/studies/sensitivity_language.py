@@ -60,7 +60,7 @@ from xsens.measures import sensitivity as sens
 from xsens.measures import text_sensitivity as ts
 from xsens.models import text as text_models
 from xsens.report import plots, tables
-from xsens.report import seed_stats
+from xsens.report import seed_stats, training
 from xsens.train import evaluators, trainer
 from xsens.train.metrics import read_metrics
 
@@ -335,7 +335,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   md = tables.write_results(
       workdir, f"Token-wise sensitivity of language models on {config.train.data.name}",
       rows, columns=COLUMNS,
-      notes=seed_table + _notes(config, rows if seeds == 1 else seed_summary, n),
+      notes=seed_table + _notes(config, rows if seeds == 1 else seed_summary, n, rows),
       plots=plot_files,
       extra={"curves": {k: _curve_json(measured[k]) for k in names},
              "history": {k: {f: v.tolist() for f, v in hist[k].items()} for k in names},
@@ -437,9 +437,9 @@ def _plot_positions(workdir, measured, sc) -> str:
       title="Token-wise sensitivity per position")
 
 
-def _notes(config, rows, n) -> str:
+def _notes(config, rows, n, run_rows) -> str:
   """The notes below the tables; `rows` are the per-run rows or, with several seeds, the
-  seed means (`seed_stats.seed_rows`)."""
+  seed means (`seed_stats.seed_rows`); `run_rows` the per-run rows (where each stopped)."""
   sc = config.sensitivity
   ranked = sorted(rows, key=lambda r: r["S_token"])
   order = " < ".join(f"{r['run']} ({r['S_token']:.3g})" for r in ranked)
@@ -473,8 +473,6 @@ def _notes(config, rows, n) -> str:
       f"(about 1 after a LayerNorm); sigma is the noise std added, nsr = sigma / token_rms "
       f"its noise-to-signal ratio (global_nsr that of S_global). S_signal / S_other / "
       f"S_special pool the signal words ({signal}), the other words and the special "
-      f"tokens. "
-      f"Models trained to train accuracy {config.train.target_train_accuracy} (or "
-      f"{config.train.total_steps} steps).\n\n"
+      f"tokens. {training.stop_note(config.train, run_rows)}\n\n"
       f"Ordering of S_token: {order}. Recency ratios: {recency}. S_signal / S_other: "
       f"{ratio}.")

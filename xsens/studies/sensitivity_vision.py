@@ -32,7 +32,7 @@ import numpy as np
 from xsens.lab import multirun
 from xsens.lab import sensitivity as lab_sens
 from xsens.measures import sensitivity as sens
-from xsens.report import plots, seed_stats, tables
+from xsens.report import plots, seed_stats, tables, training
 from xsens.train import sharding
 
 
@@ -160,7 +160,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     seed_table = seed_stats.seed_summary_markdown(extra["seed_summary"], means,
                                                "; its ± is over examples")
   notes = _notes(config, rows if not multi_seed else extra["seed_summary"], main,
-                 min(sc.num_examples, len(probe[next(iter(probe))].train)), extra)
+                 min(sc.num_examples, len(probe[next(iter(probe))].train)), extra, rows)
   md = tables.write_results(
       workdir, f"Token-wise sensitivity on {config.train.data.name}", rows, columns=columns,
       notes=seed_table + notes, plots=plot_files, extra=extra)
@@ -219,7 +219,7 @@ def _sharpness_plot(path: str, measured, main_sigma, link) -> str:
   return plots.save_figure(fig, path)
 
 
-def _notes(config, rows, main_sigma, n, extra) -> str:
+def _notes(config, rows, main_sigma, n, extra, run_rows) -> str:
   sc = config.sensitivity
   key = f"S(σ={main_sigma:g})"
   ranked = sorted(rows, key=lambda r: r[key])
@@ -228,8 +228,8 @@ def _notes(config, rows, main_sigma, n, extra) -> str:
       f"Sensitivity: label-flip probability when one {sc.patch_size}×{sc.patch_size} "
       f"patch gets N(0, σ²) noise (pixel space, after normalisation), averaged over the "
       f"patches, {sc.num_draws} draws per patch and the first {n} training examples; "
-      f"± is the standard error over examples. Models trained to train accuracy "
-      f"{config.train.target_train_accuracy} (or {config.train.total_steps} steps).\n\n"
+      f"± is the standard error over examples. "
+      f"{training.stop_note(config.train, run_rows)}\n\n"
       f"Ordering at σ={main_sigma:g}: {order}.")
   if lab_sens.enabled(sc, "global_noise"):
     text += (f"\n\nS_global: the same with N(0, σ²) on every patch at once (App. A.2), "
