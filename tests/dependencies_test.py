@@ -23,7 +23,6 @@ DISTRIBUTION = {
 # Declared but imported by no module of xsens/, each with why it is declared.
 NOT_IMPORTED = {
     "array_record": "TFDS reads and writes the ArrayRecord files of the datasets with it",
-    "chex": "imported nowhere in xsens/, tests/ or experiments/ today",
 }
 FIRST_PARTY = {"xsens", "mlcollections_configs", "experiments", "tests"}
 
