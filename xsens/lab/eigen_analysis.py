@@ -1,9 +1,9 @@
 """Eigen-analysis of the attention of finished runs, and its report.
 
 Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), "Eigen Analysis of
-Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823 (spec:
-google_papers.md §C; definitions in `xsens.measures.attention_eigen`). For a list of runs
-(the training seeds of one trained model, or pretrained models) and the first run's
+Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823
+(docs/papers/google_papers.md §C; definitions in `xsens.measures.attention_eigen`). For a list of
+runs (the training seeds of one trained model, or pretrained models) and the first run's
 architecture at random init, `analyse_runs`:
 
 1. streams the covariance of score rows (per layer and head) and of vectorised score

@@ -2,12 +2,12 @@
 
 "Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925): the
 token-wise Gaussian sensitivity S_σ(f) of a model on its training examples, for every σ of
-`sensitivity.sigmas` (spec §2.1), the official code's scattered-pixel estimate (spec §2.2),
-the global variant with noise on every patch at once (App. A.2), and the sharpness of the
-weights (the official code's `check_sharpness`, spec §4), by the estimators of
-`xsens.measures.sensitivity` over padded batches of the examples
-(`xsens.train.evaluators.over_split`). Keys: a run's key folded with the σ index, then the
-batch number (global: first with len(σ) + 1; sharpness: len(σ) + 2, then the draw).
+`sensitivity.sigmas` (docs/papers/sensitivity.md §2.1), the official code's scattered-pixel
+estimate (docs/papers/sensitivity.md §2.2), the global variant with noise on every patch at once
+(App. A.2), and the sharpness of the weights (the official code's `check_sharpness`,
+docs/papers/sensitivity.md §4), by the estimators of `xsens.measures.sensitivity` over padded
+batches of the examples (`xsens.train.evaluators.over_split`). Keys: a run's key folded with the σ
+index, then the batch number (global: first with len(σ) + 1; sharpness: len(σ) + 2, then the draw).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def validate_global_config(block) -> None:
 
 
 def validate_sharpness_config(block) -> None:
-  """Checks `config.sensitivity.sharpness` (spec §4; None: not measured)."""
+  """Checks `config.sensitivity.sharpness` (docs/papers/sensitivity.md §4; None: not measured)."""
   if block is None:
     return
   path = "sensitivity.sharpness"
@@ -91,7 +91,8 @@ def validate_sharpness_config(block) -> None:
 
 
 def validate_scattered_config(scattered) -> None:
-  """Checks `config.sensitivity.scattered` (the official code's estimator, spec §2.2)."""
+  """Checks `config.sensitivity.scattered` (the official code's estimator,
+  docs/papers/sensitivity.md §2.2)."""
   path = "sensitivity.scattered"
   if not isinstance(scattered.enabled, bool):
     raise ConfigError(f"{path}.enabled", f"must be True or False, got {scattered.enabled!r}")
@@ -132,7 +133,8 @@ def config_summary(sc) -> dict:
 @functools.partial(jax.jit, static_argnames=("model", "patch_size", "num_draws", "chunk_size"))
 def patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_draws,
                 chunk_size):
-  """Per-example and per-patch flip rates of one padded batch (paper mode, spec §2.1)."""
+  """Per-example and per-patch flip rates of one padded batch (paper mode,
+  docs/papers/sensitivity.md §2.1)."""
   out = sens.token_sensitivity(
       functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
       patch_size=patch_size, sigma=sigma, num_draws=num_draws, chunk_size=chunk_size,
@@ -142,7 +144,8 @@ def patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_d
 
 @functools.partial(jax.jit, static_argnames=("model", "num_draws", "num_pixels"))
 def _scattered_batch(variables, images, mask, key, sigma, *, model, num_draws, num_pixels):
-  """Per-example flip rates of one padded batch (the official code's mode, spec §2.2)."""
+  """Per-example flip rates of one padded batch (the official code's mode,
+  docs/papers/sensitivity.md §2.2)."""
   out = sens.scattered_pixel_sensitivity(
       functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
       sigma=sigma, num_draws=num_draws, num_pixels=num_pixels, chunk_size=None,
@@ -163,9 +166,9 @@ def global_batch(variables, images, mask, key, sigma, *, model, patch_size, num_
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _sharpness_batch(variables, images, mask, key, sigma, *, model):
-  """Masked means over one padded batch of one weight-noise draw (spec §4): {"l1": the L1
-  logit change, "flip": the label flips, "count": the real examples}, scalars. The draw
-  depends on `key` only, not on the batch."""
+  """Masked means over one padded batch of one weight-noise draw (docs/papers/sensitivity.md §4):
+  {"l1": the L1 logit change, "flip": the label flips, "count": the real examples}, scalars. The
+  draw depends on `key` only, not on the batch."""
   out = measures.sharpness(functools.partial(model.apply, train=False), variables, images,
                            key=key, sigma=sigma, num_draws=1, mask=mask)
   return {"l1": out["sharpness_l1"], "flip": out["sharpness_flip"], "count": jnp.sum(mask)}
@@ -257,7 +260,8 @@ def measure_global(result, sc, key, mesh, scale: float = 1.0) -> dict:
 
 
 def measure_sharpness(result, sc, key, mesh) -> dict:
-  """Sharpness of one trained model on the evaluated training examples (spec §4).
+  """Sharpness of one trained model on the evaluated training examples (docs/papers/sensitivity.md
+  §4).
 
   Draw r adds N(0, σ²) to every parameter (`xsens.measures.sharpness` with the key
   fold_in(fold_in(key, len(σ) + 2), r), the same noisy weights for every batch); its value
