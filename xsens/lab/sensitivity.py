@@ -17,14 +17,12 @@ import math
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 
 from xsens import measures
 from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
-from xsens.report import plots
 from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 from xsens.train import streams as streams_lib
@@ -297,38 +295,3 @@ def noise_to_signal(sigma: float, patch_size: int, channels: int, rms: float) ->
   """σ relative to the tokens' scale: the RMS norm of a patch's noise, σ·√(p·p·C), over
   the RMS norm of a clean patch (`token_rms`)."""
   return sigma * math.sqrt(patch_size * patch_size * channels) / rms
-
-
-def sigma_plot(path: str, measured, nsr) -> str:
-  """Sensitivity vs σ per model: token-wise solid, global dashed (same colour), ± s.e.
-  bands; the top axis gives σ as noise-to-signal."""
-  sigmas = list(nsr)
-  fig, ax = plt.subplots(figsize=(6.6, 3.8))
-  for (name, m), style in zip(measured.items(), plots.line_styles(len(measured))):
-    parts = [("token-wise", "-", m["sigmas"])]
-    if "global" in m:
-      parts.append(("global", "--", m["global"]))
-    for i, (label, linestyle, values) in enumerate(parts):
-      y = np.array([values[s][0] for s in sigmas])
-      e = np.array([values[s][1] for s in sigmas])
-      ax.plot(sigmas, y, **{**style, "linestyle": linestyle if len(parts) > 1
-                             else style["linestyle"]},
-              label=name if i == 0 else None)
-      ax.fill_between(sigmas, y - e, y + e, alpha=0.15, color=style["color"])
-  if any("global" in m for m in measured.values()):
-    ax.plot([], [], "k-", label="token-wise (one patch)")
-    ax.plot([], [], "k--", label="global (all patches)")
-  ax.set_xscale("log")
-  ax.set_xticks(sigmas, [f"{s:g}" for s in sigmas])
-  ax.minorticks_off()
-  ratio = nsr[sigmas[0]] / sigmas[0] if sigmas[0] > 0 else None
-  if ratio:
-    top = ax.secondary_xaxis("top", functions=(lambda s: s * ratio, lambda r: r / ratio))
-    top.set_xticks([nsr[s] for s in sigmas], [f"{nsr[s]:.2g}" for s in sigmas])
-    top.minorticks_off()
-    top.set_xlabel("noise-to-signal σ√D / RMS‖x_i‖", fontsize=8)
-  plots.styled_axes(ax, "Sensitivity vs noise scale", "σ (pixel units, log scale)",
-                    "train-set sensitivity (flip probability)")
-  plots.legend_outside(ax)
-  fig.tight_layout()
-  return plots.save_figure(fig, path)

@@ -292,3 +292,38 @@ def panels_plot(path: str, panels: Mapping[str, Mapping[str, tuple]], *, xlabel:
   if title:
     fig.suptitle(title, fontsize=10)
   return _save(fig, path)
+
+
+def sigma_plot(path: str, measured, nsr) -> str:
+  """Sensitivity vs σ per model: token-wise solid, global dashed (same colour), ± s.e.
+  bands; the top axis gives σ as noise-to-signal."""
+  sigmas = list(nsr)
+  fig, ax = plt.subplots(figsize=(6.6, 3.8))
+  for (name, m), style in zip(measured.items(), line_styles(len(measured))):
+    parts = [("token-wise", "-", m["sigmas"])]
+    if "global" in m:
+      parts.append(("global", "--", m["global"]))
+    for i, (label, linestyle, values) in enumerate(parts):
+      y = np.array([values[s][0] for s in sigmas])
+      e = np.array([values[s][1] for s in sigmas])
+      ax.plot(sigmas, y, **{**style, "linestyle": linestyle if len(parts) > 1
+                             else style["linestyle"]},
+              label=name if i == 0 else None)
+      ax.fill_between(sigmas, y - e, y + e, alpha=0.15, color=style["color"])
+  if any("global" in m for m in measured.values()):
+    ax.plot([], [], "k-", label="token-wise (one patch)")
+    ax.plot([], [], "k--", label="global (all patches)")
+  ax.set_xscale("log")
+  ax.set_xticks(sigmas, [f"{s:g}" for s in sigmas])
+  ax.minorticks_off()
+  ratio = nsr[sigmas[0]] / sigmas[0] if sigmas[0] > 0 else None
+  if ratio:
+    top = ax.secondary_xaxis("top", functions=(lambda s: s * ratio, lambda r: r / ratio))
+    top.set_xticks([nsr[s] for s in sigmas], [f"{nsr[s]:.2g}" for s in sigmas])
+    top.minorticks_off()
+    top.set_xlabel("noise-to-signal σ√D / RMS‖x_i‖", fontsize=8)
+  styled_axes(ax, "Sensitivity vs noise scale", "σ (pixel units, log scale)",
+                    "train-set sensitivity (flip probability)")
+  legend_outside(ax)
+  fig.tight_layout()
+  return save_figure(fig, path)

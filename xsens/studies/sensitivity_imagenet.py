@@ -242,7 +242,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                      errors=[measured[n]["sigmas"][main][1] for n in names],
                      ylabel="sensitivity, ImageNet val (flip probability)", xlabel="model",
                      title=f"Token-wise sensitivity, σ={main:g}"),
-      lab_sens.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
+      plots.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: measured[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",
