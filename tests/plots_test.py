@@ -15,7 +15,6 @@ import pytest
 from matplotlib import colors as mcolors
 from matplotlib.patches import Rectangle
 
-from xsens.lab import boolean_spectrum
 from xsens.measures import corruption_eval
 from xsens.report import plots, tables
 from xsens.studies import benign_overfitting  # pylint: disable=unused-import
@@ -227,7 +226,7 @@ def test_language_grokking_synthetic_benign_figures(tmp_path, figures):
   assert "sensitivity (seed 43)" in axes[2]["labels"]
   assert axes[1]["chance"] == [pytest.approx(1 / 7)]
   steps = np.arange(0, 50, 10)
-  boolean_spectrum.figure(str(tmp_path / "boolean_spectrum.png"), {
+  plots.boolean_spectrum_figure(str(tmp_path / "boolean_spectrum.png"), {
       "coef": {"attn": np.ones((5, 2))}, "steps": steps,
       "components": [{"degree": 1, "coords": [0], "coef": 1.0},
                      {"degree": 2, "coords": [1, 2], "coef": 1.0}],

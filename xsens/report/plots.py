@@ -327,3 +327,33 @@ def sigma_plot(path: str, measured, nsr) -> str:
   legend_outside(ax)
   fig.tight_layout()
   return save_figure(fig, path)
+
+
+def boolean_spectrum_figure(path: str, res: dict) -> str:
+  """boolean_spectrum.png: per model, the learned / target coefficient of each component
+  and the degree spectrum W^k over training (`res` of the study's Boolean part)."""
+  models = list(res["coef"])
+  steps = np.asarray(res["steps"])
+  fig, axes = plt.subplots(2, len(models), figsize=(6.2 * len(models), 6.6), squeeze=False)
+  every = max(1, len(steps) // 10)
+  comps = res["components"]
+  for j, name in enumerate(models):
+    ax = axes[0, j]
+    for comp, c, style in zip(comps, range(len(comps)), line_styles(len(comps))):
+      ax.plot(steps, res["coef"][name][:, c] / comp["coef"], markevery=every,
+              label=f"deg {comp['degree']}: " + "x" + "·x".join(map(str, comp["coords"])),
+              **style)
+    ax.axhline(1.0, color="gray", lw=0.6, ls="--")
+    styled_axes(ax, f"{name}: learned / target coefficient", "training step",
+                      "learned / target coefficient", integer_x=True, title_size=9)
+    legend_outside(ax, in_layout=True)  # Other models' panels to the right.
+    ax = axes[1, j]
+    spec = res["spectrum"][name]
+    ks = [k for k in range(spec.shape[1]) if k <= 4 or spec[:, k].max() > 0.05]
+    for k, style in zip(ks, line_styles(len(ks))):
+      ax.plot(steps, spec[:, k], label=f"W^{k}", markevery=every, **style)
+    styled_axes(ax, f"{name}: degree spectrum W^k of the learned f", "training step",
+                      "W^k (share of ‖f‖²)", integer_x=True, title_size=9)
+    legend_outside(ax, in_layout=True)  # Other models' panels to the right.
+  fig.suptitle("Boolean task: coefficients and degree spectrum over training")
+  return _save(fig, path)

@@ -561,7 +561,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
     bo = run_boolean(config, workdir, overwrite=overwrite, log=log)
     result["boolean"] = bo
     result["rows"] += bo["rows"]
-    figs.append(boolean_spectrum.figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
+    figs.append(plots.boolean_spectrum_figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
     b = config.boolean
     order = boolean_spectrum.learning_order(bo["rows"], bo["components"], b.models,
                                             float(b.learned_fraction), config.num_seeds)
