@@ -49,7 +49,8 @@ from xsens.config_utils import parse_arg
 
 
 def _dynamics_run(**overrides) -> ml_collections.ConfigDict:
-  # The authors' harmful-regime script (spec §6): M=3, d=2048, N=10, ‖μ‖=1, σ_p=0.05, σ̃_p=1.
+  # The authors' harmful-regime script (docs/papers/benign_overfitting.md §6): M=3, d=2048, N=10,
+  # ‖μ‖=1, σ_p=0.05, σ̃_p=1.
   run = dict(d=2048, num_tokens=3, n=10, num_test=100, mu_norm=1.0, sigma_p=0.05,
              strong_std=1.0, d_h=1024, d_v=512, init_divisor=32.0, learning_rate=0.01,
              steps=500, trials=10)
@@ -150,9 +151,10 @@ def get_config(arg=None):
     config.models = ("cnn",)
     dyn.enabled = False
   if arg.kou:
-    # Kou et al. (ICML 2023) as the spec reads them: Cao's CNN with ReLU (q = 1), x = [ỹμ, ξ]
-    # with ξ ⟂ μ at σ_p (no strong token), labels flipped with probability 0.1; the test
-    # set keeps clean labels. Theory: benign iff n‖μ‖⁴ ≳ d σ_p⁴, i.e. N·SNR⁴ = const.
+    # Kou et al. (ICML 2023) as docs/papers/benign_overfitting.md §8 reads them: Cao's CNN with
+    # ReLU (q = 1), x = [ỹμ, ξ] with ξ ⟂ μ at σ_p (no strong token), labels flipped with
+    # probability 0.1; the test set keeps clean labels. Theory: benign iff n‖μ‖⁴ ≳ d σ_p⁴, i.e.
+    # N·SNR⁴ = const.
     config.models = ("cnn",)
     c.q = 1.0
     d.num_tokens = 2

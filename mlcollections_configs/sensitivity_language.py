@@ -17,7 +17,7 @@ Set-ups (`setup=`):
   BPE tokenizer trained on the training split; the paper's models (4 layers, width 256,
   8 heads, RoBERTa intermediate 3072), max length 128, batch 32, AdamW lr 1e-4,
   StepLR(γ 0.9 per epoch), 100 epochs, R = 3, σ² = 15, and "RoBERTa (ReLU)" too
-  (GPU/TPU-sized; spec §8).
+  (GPU/TPU-sized; docs/papers/sensitivity.md §8).
 Add `relu` to also train RoBERTa with ReLU attention on the synthetic set-up.
 
 Variants (comma-separated, combinable):
@@ -34,7 +34,7 @@ Variants (comma-separated, combinable):
   sum; GPT-2, without one, is unchanged) instead of after it (the paper's).
 - `official_lstm`: adds the run `lstm_official`, the official code's LSTM as released:
   embedding, LayerNorm and head frozen at initialisation, only the LSTM layers train
-  (spec §8 defect 5; `model.official_frozen`).
+  (docs/papers/sensitivity.md §8 defect 5; `model.official_frozen`).
 - `noise_scale=token_rms`: σ in units of each model's clean-token RMS.
 - `only=lstm+roberta`: keep only these runs (e.g. to train the models of one study in
   parallel processes, one workdir each).
@@ -94,7 +94,8 @@ def get_config(arg=None):
 
   sc = config.sensitivity = ml_collections.ConfigDict()
   sc.seed = 0
-  # The code's --embedding_noise_variance 15 is a variance (spec §8): σ = √15 ≈ 3.87.
+  # The code's --embedding_noise_variance 15 is a variance (docs/papers/sensitivity.md §8): σ = √15
+  # ≈ 3.87.
   sc.sigma = math.sqrt(15.0)
   sc.num_draws = 2              # Draws per position at each report during training.
   sc.final_num_draws = 3        # The code's replace_size R = 3, for the final models.
@@ -149,7 +150,8 @@ def get_config(arg=None):
     c.eval_every = steps_per_epoch
     c.eval_train_examples = 10000
     c.checkpoint_every = steps_per_epoch
-    sc.num_examples = 408 if arg.setup == "mrpc" else 640     # The code's sets (spec §8).
+    # The code's sets (docs/papers/sensitivity.md §8).
+    sc.num_examples = 408 if arg.setup == "mrpc" else 640
     sc.chunk_size = 32   # (position, draw) pairs per forward: bounds memory at length 128.
     sc.every_steps = max(1, (500 if arg.setup == "mrpc" else 5000) // c.batch_size)
     sc.num_draws = 3

@@ -6,9 +6,9 @@ and a ResNet ("Transformers Learn Low Sensitivity Functions", ICLR 2025, §6.1).
   xsens --config=mlcollections_configs/sensitivity_regularization.py:setup=cifar10 \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/sr_c10
 
-The regulariser is the official code's (spec §3): (1−p)·CE + p·MSE(f(x̃), f(x)), x̃ with
-N(0, s²) noise on one random 4×4 window, p = 0.5, s = 1 (the paper's values are not known).
-The augmentation adds N(0, 0.5²) pixel noise to every training image (σ and rate not known).
+The regulariser is the official code's (docs/papers/sensitivity.md §3): (1−p)·CE + p·MSE(f(x̃),
+f(x)), x̃ with N(0, s²) noise on one random 4×4 window, p = 0.5, s = 1 (the paper's values are not
+known). The augmentation adds N(0, 0.5²) pixel noise to every training image (σ and rate not known).
 Shows: clean and corrupted accuracy per category (noise, blur, weather, digital), mCE vs
 the plain ViT, and train-set sensitivity per run. The paper's claim: the regulariser or the
 augmentation lowers sensitivity and improves the ViT's robustness on CIFAR-10-C.

@@ -141,13 +141,14 @@ def get_config(arg=None):
   # "absolute": σ in pixels (the paper's); "token_rms": σ in units of the RMS pixel of the
   # measured examples, i.e. σ is the noise-to-signal ratio (xsens.measures.sensitivity).
   sc.noise_scale = "absolute"
-  # The official code's estimator (spec §2.2): 16 scattered pixels, 5 draws, σ=0.1 on
-  # CIFAR-10 (paper set-ups); on mnist5k σ=0.1 never flips a label, so it uses main σ.
+  # The official code's estimator (docs/papers/sensitivity.md §2.2): 16 scattered pixels, 5 draws,
+  # σ=0.1 on CIFAR-10 (paper set-ups); on mnist5k σ=0.1 never flips a label, so it uses main σ.
   sc.scattered = ml_collections.ConfigDict(
       {"enabled": True, "sigma": 4.0, "num_pixels": 16, "num_draws": 5})
   # Global noise (App. A.2): every patch noised at once, same examples and σ grid.
   sc.global_noise = ml_collections.ConfigDict({"enabled": True, "num_draws": 8})
-  # Sharpness (the official `check_sharpness`, spec §4): N(0, 0.05²) on every parameter.
+  # Sharpness (the official `check_sharpness`, docs/papers/sensitivity.md §4): N(0, 0.05²) on every
+  # parameter.
   sc.sharpness = ml_collections.ConfigDict({"enabled": True, "sigma": 0.05, "num_draws": 5})
 
   if arg.setup == "mnist5k":
@@ -162,7 +163,8 @@ def get_config(arg=None):
         resnet18=dict(name="resnet18", width_multiplier=0.125))
   else:
     # Paper-sized set-ups (GPU/TPU). Adam 1e-3 with the code's StepLR(8 epochs, γ 0.5);
-    # the official lr 0.01 was never applied (its optimizer never stepped, spec §8).
+    # the official lr 0.01 was never applied (its optimizer never stepped,
+    # docs/papers/sensitivity.md §8).
     c.data.name = {"cifar10": "cifar10", "svhn": "svhn_cropped",
                    "fashion_mnist": "fashion_mnist", "mnist_binary": "mnist"}[arg.setup]
     if arg.setup == "mnist_binary":

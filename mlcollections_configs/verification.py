@@ -28,14 +28,15 @@ SETUPS = ("mnist5k", "cifar10")
 
 
 def verification_config() -> ml_collections.ConfigDict:
-  """The `config.verification` block read by `xsens.studies.verification`."""
+  """The `config.verification` block read by `xsens.studies.verification` (the solver's
+  defaults: docs/papers/google_papers.md §H)."""
   return ml_collections.ConfigDict({
       "epsilons": (0.005, 0.01, 0.02, 0.05),
       "methods": ("ibp", "triangle", "pgd", "fista", "lp"),
       "num_examples": 100,           # first test examples
       "bounds_method": "triangle",   # intermediate bounds of the relaxation
       "max_iters": 100,              # nonconvex solver iterations per property
-      "tol": 1e-2,                   # duality-gap stopping rule (spec §H default)
+      "tol": 1e-2,                   # duality-gap stopping rule
       "attack_steps": 20,            # PGD attack for the falsified / open split
       "lp_runs": ("mlp_small", "mlp_small_adv"),
       "lp_num_examples": 10,

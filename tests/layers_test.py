@@ -59,6 +59,23 @@ def test_lab_never_imports_studies(path):
       f"{path.relative_to(REPO)} imports a study: " + "; ".join(study_imports(path)))
 
 
+def _plotting_imports(path: pathlib.Path) -> list[str]:
+  tree = ast.parse(path.read_text(), filename=str(path))
+  names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+  names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+  return [n for n in names if n.split(".")[0] == "matplotlib"]
+
+
+@pytest.mark.parametrize("path", _modules(LAB), ids=lambda p: p.name)
+def test_lab_leaves_plotting_to_report(path):
+  """Figures are drawn in xsens/report; the lab computes what they show."""
+  assert not _plotting_imports(path), f"{path.relative_to(REPO)} imports matplotlib"
+
+
+def test_the_plotting_check_sees_matplotlib():
+  assert _plotting_imports(ROOT / "xsens" / "report" / "plots.py")
+
+
 def test_the_check_sees_every_spelling(tmp_path):
   """Each spelling of a study import, at module level or inside a function, is caught."""
   source = "\n".join([

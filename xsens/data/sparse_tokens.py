@@ -1,5 +1,5 @@
-"""Synthetic token tasks for the sensitivity study (spec §6): ours, and the paper's set-up as
-far as it is known.
+"""Synthetic token tasks for the sensitivity study (docs/papers/sensitivity.md §6): ours, and the
+paper's set-up as far as it is known.
 
 Of the sensitivity paper's synthetic data model (ICLR 2025 §3.1) only the outline is known
 (spec, "Facts from the full paper text", item 1): a synthetic vocabulary with frequent and

@@ -1,6 +1,6 @@
 """Set-up `imagenet` of study `attention_eigen`: pretrained ViT-B/16, no training.
 
-Bhojanapalli et al. (2021), arXiv 2106.08823 (spec: google_papers.md §C). The analysis of
+Bhojanapalli et al. (2021), arXiv 2106.08823 (docs/papers/google_papers.md §C). The analysis of
 `xsens.lab.eigen_analysis.analyse_runs` (eigen statistics of the score rows and
 matrices, overlaps across layers / heads, partial-reconstruction errors and the frozen
 model's accuracy vs (m, k)) on public checkpoints instead of trained runs:

@@ -23,7 +23,8 @@ What it does:
      fit of 1[test loss < cutoff] on (log N, log SNR) over all runs, whose decision line
      gives k (`xsens.lab.phase_boundary`); the plots also draw the paper's N·SNR² = 1000.
   3. Dynamics: for one harmful and one benign setting, every GD step logs the losses,
-     pooled attention, V projections, QK logits and the stable rank of W_V (spec §6).
+     pooled attention, V projections, QK logits and the stable rank of W_V
+     (docs/papers/benign_overfitting.md §6).
   4. Convergence time: a power-law fit of the recorded steps to train loss < ε over N and
      ‖μ‖ (`phase_boundary.convergence_fit`) and steps_<model>.png; the η and ε dependence
      is measured by experiments/benign_convergence_time.py.
@@ -223,8 +224,8 @@ def cnn_lr_scale(config):
   """‖μ‖ -> the CNN's GD step size.
 
   With `cnn.normalize_lr`, η = cnn.learning_rate / max(‖μ‖², σ̃_p² d), the scale of Cao et
-  al.'s condition η ≤ Õ(min{‖μ‖⁻², σ_p⁻² d⁻¹}) (spec §8) with the strongest noise token;
-  a fixed η = 0.1 makes σ(z) = z^q explode on this data (‖ξ₂‖ ≈ 5√M σ_p √d).
+  al.'s condition η ≤ Õ(min{‖μ‖⁻², σ_p⁻² d⁻¹}) (docs/papers/benign_overfitting.md §8) with the
+  strongest noise token; a fixed η = 0.1 makes σ(z) = z^q explode on this data (‖ξ₂‖ ≈ 5√M σ_p √d).
   """
   c, dc = config.cnn, config.data
   lr = float(c.learning_rate)
@@ -237,7 +238,8 @@ def cnn_lr_scale(config):
 
 
 def theory_exponent(config, model: str) -> float:
-  """The k of the theoretical boundary N·SNR^k = const at fixed d (spec §4, §8).
+  """The k of the theoretical boundary N·SNR^k = const at fixed d
+  (docs/papers/benign_overfitting.md §4, §8).
 
   ViT: 2 (Jiang et al. Thm 4.1–4.2). CNN σ(z) = max(0, z)^q: q (Cao et al., stated for
   q > 2); ReLU, q = 1: 4 (Kou et al.'s n‖μ‖⁴ ≥ C d σ_p⁴, i.e. N·SNR⁴ ≥ C/d).
@@ -401,12 +403,13 @@ def load_sweep(config, path: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
-# Training dynamics (spec §6).
+# Training dynamics (docs/papers/benign_overfitting.md §6).
 
 
 
 def dynamics_metrics_fn(params_frozen_data):
-  """Builds metrics(params) -> {name: scalar} for the ViT (spec §6 items 1–4, 6)."""
+  """Builds metrics(params) -> {name: scalar} for the ViT (docs/papers/benign_overfitting.md §6
+  items 1–4, 6)."""
   w_o, x, y, mask, xt, yt, mus = params_frozen_data
   m_tokens = x.shape[1]
 
@@ -425,7 +428,8 @@ def dynamics_metrics_fn(params_frozen_data):
     out["attn_other_mean"] = mean(jnp.sum(a[:, 2:], axis=-1))
     v = vit_lib.value_readout(params, w_o)  # [d]
     out["gamma_plus"], out["gamma_minus"] = mus[0] @ v, mus[1] @ v
-    # Margin decomposition y·f = a_1·y x_1ᵀW_Vw_O + Σ_{j≥2} a_j·y x_jᵀW_Vw_O (spec §6 item 5).
+    # Margin decomposition y·f = a_1·y x_1ᵀW_Vw_O + Σ_{j≥2} a_j·y x_jᵀW_Vw_O
+    # (docs/papers/benign_overfitting.md §6 item 5).
     parts = a * (x @ v) * y[:, None]  # [N, M]
     out["margin_signal_mean"] = mean(parts[:, 0])
     out["margin_noise_mean"] = mean(jnp.sum(parts[:, 1:], axis=-1))

@@ -1,7 +1,7 @@
 """Study `churn`: how much do retrained models disagree, and what lowers it?
 
 "On the reproducibility of neural network predictions" (Bhojanapalli et al., arXiv
-2102.03349; spec google_papers.md §F). Claims (abstract): two models trained by the same
+2102.03349; docs/papers/google_papers.md §F). Claims (abstract): two models trained by the same
 algorithm disagree on a notable share of predictions (churn) even at equal accuracy; the
 sources are initialisation, mini-batch order and augmentation; churn is related to
 prediction confidence; a minimum-entropy regulariser and a co-distillation variant reduce

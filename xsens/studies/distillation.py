@@ -1,7 +1,7 @@
 """Study `distillation`: distillation bias per class, and two mitigations.
 
 "Teacher's pet: understanding and mitigating biases in distillation" (Lukasik, Bhojanapalli,
-Menon, Kumar; TMLR 2022, arXiv 2106.10494; spec google_papers.md §B). The paper's claims:
+Menon, Kumar; TMLR 2022, arXiv 2106.10494; docs/papers/google_papers.md §B). The paper's claims:
 distillation raises overall accuracy but can harm subgroups, e.g. "classes with few
 associated samples"; teacher errors are "transferred to and amplified by the student";
 softening the teacher where it is less reliable mitigates this. Its datasets, formulas,
@@ -51,7 +51,8 @@ SUMMARY_KEYS = ("accuracy", "balanced_accuracy", "worst_class", "worst_k_mean",
 
 
 def class_alpha(alpha: float, per_class_acc, overall_acc: float) -> np.ndarray:
-  """α_c = α·clip(acc_T(c)/acc_T, 0, 1) (spec §B candidate; our design). [K] -> [K].
+  """α_c = α·clip(acc_T(c)/acc_T, 0, 1) (docs/papers/google_papers.md §B candidate; our design).
+  [K] -> [K].
 
   A class without held-out examples (NaN) keeps α.
   """

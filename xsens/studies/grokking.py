@@ -2,8 +2,8 @@
 
 Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
 2403.06925); official code estija/sensitivity language/sens_addition.py and
-language/sens_modular_addition.ipynb (spec §5). The paper's claim (secondary source):
-sensitivity falls during the loss plateau, before test accuracy jumps; the authors call
+language/sens_modular_addition.ipynb (docs/papers/sensitivity.md §5). The paper's claim (secondary
+source): sensitivity falls during the loss plateau, before test accuracy jumps; the authors call
 sensitivity "a progress measure for grokking" (rebuttal).
 
 Setup (as the official code):

@@ -1,7 +1,7 @@
 """Study `label_shift`: DRO over the label prior against its baselines under label shift.
 
 "Coping with label shift via distributionally robust optimisation" (Zhang, Menon, Veit,
-Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I). Every
+Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; docs/papers/google_papers.md §I). Every
 method of `config.runs` (objective terms of `xsens.train.dro`) is trained on a
 long-tailed training split through `multirun.train_runs` (`config.num_seeds` seeds each).
 Each model's per-class accuracy and loss on the balanced test split give its accuracy

@@ -1,10 +1,10 @@
 """Study `modify_memories`: editing facts in a masked LM under a norm constraint.
 
 Zhu, Rawat, Zaheer, Bhojanapalli, Li, Yu, Kumar, "Modifying Memories in Transformer
-Models" (arXiv 2012.00363; spec §G; benchmark code github.com/zhuchen03/modifying-memory).
-The paper's claims: plain fine-tuning on the modified facts S forgets the unmodified facts
-F\\S; constraining ‖θ − θ₀‖ ≤ δ keeps them; tuning selected blocks (the first and last)
-works best; the pre-training and fine-tuning phases matter for memorisation.
+Models" (arXiv 2012.00363; docs/papers/google_papers.md §G; benchmark code
+github.com/zhuchen03/modifying-memory). The paper's claims: plain fine-tuning on the modified facts
+S forgets the unmodified facts F\\S; constraining ‖θ − θ₀‖ ≤ δ keeps them; tuning selected blocks
+(the first and last) works best; the pre-training and fine-tuning phases matter for memorisation.
 
 Pipeline (all training through the one loop, `xsens.train.loop.run`, resumable):
   1. knowledge: `xsens.data.knowledge` (synthetic from the seed, or LAMA / T-REx from

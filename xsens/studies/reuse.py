@@ -1,8 +1,8 @@
 """Study `reuse`: does reusing attention keep accuracy at lower compute and memory?
 
 Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
-Transformers", arXiv 2110.06821 (spec §A). Trains a baseline ViT and ReuseViT
-variants (P reused heads in layers 1..K) with the one trainer
+Transformers", arXiv 2110.06821 (docs/papers/google_papers.md §A). Trains a baseline ViT and
+ReuseViT variants (P reused heads in layers 1..K) with the one trainer
 (`multirun.train_runs`) and reports per run:
 
 - params, train/test accuracy;
@@ -15,9 +15,9 @@ variants (P reused heads in layers 1..K) with the one trainer
   the test examples by `xsens.lab.head_similarity`) of the trained baseline vs two
   controls: the same architecture at random init, and the same architecture trained on
   randomly labelled data (`reuse.random_labels_run`, a run with `data.random_labels`;
-  the spec's "trained on random data" control, which tells redundancy learnt from the
-  data's structure from redundancy of any trained network): the layer x layer heat map
-  and each head's k-th best match in the previous layer.
+  docs/papers/google_papers.md §A.1's "trained on random data" control, which tells redundancy
+  learnt from the data's structure from redundancy of any trained network): the layer x layer heat
+  map and each head's k-th best match in the previous layer.
 
 Writes results.md/json, accuracy_vs_flops.png, similarity_layers.png and
 similarity_kth_best.png.

@@ -1,7 +1,7 @@
 """Study `robustness`: ViT vs ResNet under input and model perturbations.
 
 "Understanding Robustness of Transformers for Image Classification" (Bhojanapalli et al.,
-ICCV 2021, arXiv 2103.14586), spec google_papers.md §E, on the one trainer's models:
+ICCV 2021, arXiv 2103.14586), docs/papers/google_papers.md §E, on the one trainer's models:
   - common corruptions (15 × 5 severities): accuracy per corruption, category and
     severity, mean corruption accuracy, mCE relative to `robustness.baseline_run`; the
     corrupted images are read from a pre-computed TFDS set (`robustness.corruptions.

@@ -1,7 +1,7 @@
 """The ImageNet variant of study `robustness`: public ViT and BiT checkpoints, no training.
 
 Bhojanapalli et al., "Understanding Robustness of Transformers for Image Classification",
-ICCV 2021, arXiv 2103.14586 (spec google_papers.md §E) compare ViT-B/16 and BiT ResNets
+ICCV 2021, arXiv 2103.14586 (docs/papers/google_papers.md §E) compare ViT-B/16 and BiT ResNets
 pre-trained on ImageNet-21k and fine-tuned on ImageNet. This variant evaluates such
 checkpoints (vit_jax `.npz`, e.g. imagenet21k+imagenet2012/ViT-B_16.npz, and big_transfer
 `.npz`, e.g. BiT-M-R50x1-ILSVRC2012.npz; `runs.<run>.pretrained.path`, loaded by

@@ -4,8 +4,8 @@
 the small-scale ordering holds for large pretrained models on ImageNet-1k: ConvNeXt 0.0342
 vs ViT-B/16 0.0191 (submitted version, as quoted by a reviewer; the σ, the token size and
 the number of examples are not known). This set-up measures the same token-wise Gaussian
-sensitivity as the small set-ups (`xsens.lab.sensitivity`, spec §2.1) on public
-checkpoints fine-tuned on ImageNet-1k, with nothing trained:
+sensitivity as the small set-ups (`xsens.lab.sensitivity`, docs/papers/sensitivity.md §2.1) on
+public checkpoints fine-tuned on ImageNet-1k, with nothing trained:
 
   - `runs.<run>.pretrained.path`: a local checkpoint of a registry entry with a loader
     (`xsens.models.pretrained`), the architecture read off the file: a vit_jax `.npz`
@@ -51,8 +51,8 @@ from xsens.report import plots, tables
 from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 
-# The paper's ImageNet numbers (submitted version, reviewer quote; spec "Facts from the full
-# paper text" §3): {model kind: sensitivity}.
+# The paper's ImageNet numbers (submitted version, reviewer quote; docs/papers/sensitivity.md
+# "Facts from the full paper text" §3): {model kind: sensitivity}.
 PAPER = {"convnext": 0.0342, "vit": 0.0191}
 
 
@@ -242,7 +242,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                      errors=[measured[n]["sigmas"][main][1] for n in names],
                      ylabel="sensitivity, ImageNet val (flip probability)", xlabel="model",
                      title=f"Token-wise sensitivity, σ={main:g}"),
-      lab_sens.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
+      plots.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: measured[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",

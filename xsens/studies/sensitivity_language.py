@@ -12,8 +12,8 @@ one text dataset (`xsens.data.text`) and, on a fixed set of training examples, m
 
 every `every_steps` training steps (through the trainer's hooks, written to each run's
 metrics.jsonl) and once more, with more draws, on the final model. Reports the three
-aggregates of spec §2.3: (a) pooled over tokens, (b) mean of per-sentence means and
-(c) the per-position curve right-aligned to the sequence end; plus, as our summary of
+aggregates of docs/papers/sensitivity.md §2.3: (a) pooled over tokens, (b) mean of per-sentence
+means and (c) the per-position curve right-aligned to the sequence end; plus, as our summary of
 (c), the recency ratio: pooled sensitivity of the last half of each sentence's tokens over
 that of its first half. The paper's claim: "transformers tend to have uniform
 sensitivity to all tokens while LSTMs are more sensitive to more recent tokens", and

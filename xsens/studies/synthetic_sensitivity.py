@@ -3,9 +3,9 @@ generating rule's own sensitivity as the yardstick, an ablation of the layer's p
 the Boolean spectral bias.
 
 Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
-2403.06925) §2–§3.1 (OpenReview numbering; spec §6 and its last section, "Facts from the
-full paper text", item 1). What is known of the paper's synthetic experiment: a single
-attention layer (W_Q, W_K, W_V) followed by a linear decoder U, on a synthetic vocabulary
+2403.06925) §2–§3.1 (OpenReview numbering; docs/papers/sensitivity.md §6 and its last section,
+"Facts from the full paper text", item 1). What is known of the paper's synthetic experiment: a
+single attention layer (W_Q, W_K, W_V) followed by a linear decoder U, on a synthetic vocabulary
 with frequent and sparse tokens; in one reviewer's paraphrase, the sparse tokens are made
 uninformative so that the model must use the frequent ones. An MLP comparison there is
 not confirmed. Vocabulary size, sequence length, label rule, dimensions, σ and training
@@ -561,7 +561,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
     bo = run_boolean(config, workdir, overwrite=overwrite, log=log)
     result["boolean"] = bo
     result["rows"] += bo["rows"]
-    figs.append(boolean_spectrum.figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
+    figs.append(plots.boolean_spectrum_figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
     b = config.boolean
     order = boolean_spectrum.learning_order(bo["rows"], bo["components"], b.models,
                                             float(b.learned_fraction), config.num_seeds)

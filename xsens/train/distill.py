@@ -11,9 +11,10 @@ The τ² factor keeps the gradient of the KL term w.r.t. the student logits,
 
 With `per_class_alpha = None` and `margin = None` this is plain distillation (α_y = α,
 m_y = 0). The two mitigations follow "Teacher's pet" (Lukasik et al., TMLR 2022, arXiv
-2106.10494, spec google_papers.md §B), whose abstract says only: "soften the teacher
+2106.10494, docs/papers/google_papers.md §B), whose abstract says only: "soften the teacher
 influence for subgroups where it is less reliable". The exact formulas are NOT known; ours
-are the spec's candidate forms (our design, not confirmed from the paper):
+are the candidate forms of docs/papers/google_papers.md §B (our design, not confirmed from the
+paper):
 
 - per-class α: α_c = α·clip(acc_T(c)/acc_T, 0, 1) from the teacher's accuracy on held-out
   data (computed by the study, `xsens.studies.distillation.class_alpha`, passed here as the

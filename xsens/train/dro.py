@@ -1,7 +1,7 @@
 """Objective terms for label shift: DRO over the label prior, and its baselines.
 
 "Coping with label shift via distributionally robust optimisation" (Zhang, Menon, Veit,
-Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I):
+Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; docs/papers/google_papers.md §I):
 
   min_θ max_{π ∈ Δ: KL(π‖p) ≤ r} Σ_y π_y E_{x|y}[ℓ] = E_train[(π_y / p_y) · ℓ(x, y; θ)]
 
@@ -19,8 +19,8 @@ examples (step numbers and values as in the spec, which cites the paper's App. B
   With `project` (default) π is finally KL-projected onto the ball around the new p
   (`xsens.measures.label_shift.project_to_kl_ball`), so the constraint holds after every
   step; `project=False` is Algorithm 1 alone (the ball is then kept only on average, by
-  the α-step). η_π is not known from the paper (the spec gives a formula in an unknown λ);
-  0.01 is our default.
+  the α-step). η_π is not known from the paper (docs/papers/google_papers.md §I gives a formula in
+  an unknown λ); 0.01 is our default.
 
 Baselines (the paper's BASELINE, BALANCED, AGNOSTIC, FIXED, and two more):
 - ERM: the `cross_entropy` term.
