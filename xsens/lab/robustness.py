@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens import measures
 from xsens.errors import ConfigError, is_finite_number, is_int, require
 from xsens.measures import adversarial as adv
@@ -29,7 +30,7 @@ from xsens.measures import perturbations as pert
 from xsens.train import evaluators
 
 # Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
-PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
+PIXEL_SCALE = choices.PIXEL_SCALE
 PIXEL_RANGE = {"zero_one": (0.0, 1.0), "half": (-1.0, 1.0)}
 
 
