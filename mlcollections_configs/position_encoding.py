@@ -33,8 +33,9 @@ Toeplitz R_{i−j} per head). The paper's anchors: GLUE average 84.8 (input PE) 
 import ml_collections
 
 from mlcollections_configs import common
-from xsens.config_utils import parse_arg
+from xsens.config_utils import parse_arg, run_config
 from xsens.data import text
+from xsens.errors import ConfigError, is_finite_number, is_int
 from xsens.models import position
 
 SETUPS = ("synthetic", "glue")
@@ -46,6 +47,8 @@ GLUE_TASKS = {"mrpc": "glue/mrpc", "qqp": "glue/qqp", "rte": "glue/rte"}
 DEFAULT_TASKS = {"synthetic": "match"}
 PAIR_LENGTH = 12
 DEFAULT_MODES = "none+absolute+shaw+t5+diet_abs+diet_rel"
+MEASURE_FIELDS = ("rank_examples", "rank_rtol", "timing_batch", "timing_repeats",
+                  "baseline_mode")
 
 
 def _pick(names: str, allowed: dict | tuple, what: str) -> list[str]:
@@ -125,3 +128,26 @@ def get_config(arg=None):
                          "data": _task_data(task_names[task], arg.setup)}
       for task in tasks for mode in modes})
   return config
+
+
+def validate(config) -> None:
+  """ConfigError naming `position_encoding.<field>`; the runs' models are checked by the
+  study (a RoBERTa on the einsum path)."""
+  pc = config.get("position_encoding")
+  if pc is None:
+    raise ConfigError("position_encoding", "missing; start from "
+                      "mlcollections_configs/position_encoding.py measure_config()")
+  for field in MEASURE_FIELDS:
+    if field not in pc:
+      raise ConfigError(f"position_encoding.{field}", "missing")
+  for field in ("rank_examples", "timing_batch", "timing_repeats"):
+    if not (is_int(pc[field]) and pc[field] >= 1):
+      raise ConfigError(f"position_encoding.{field}", f"must be an int >= 1, got "
+                        f"{pc[field]!r}")
+  if not (is_finite_number(pc.rank_rtol) and 0 < pc.rank_rtol < 1):
+    raise ConfigError("position_encoding.rank_rtol", f"must be a number in (0, 1), got "
+                      f"{pc.rank_rtol!r}")
+  modes = {run_config(config, name).model.position for name in config.runs}
+  if pc.baseline_mode not in modes:
+    raise ConfigError("position_encoding.baseline_mode", f"{pc.baseline_mode!r} is the "
+                      f"mode of no run; allowed: {', '.join(sorted(modes))}")

@@ -52,11 +52,15 @@ import math
 import ml_collections
 
 from mlcollections_configs import common
+from xsens import choices
 from xsens.config_utils import parse_arg
 from xsens.data import text
+from xsens.errors import ConfigError, is_finite_number, is_int
 
 SETUPS = ("synthetic", "mrpc", "qqp")
 _GLUE_TRAIN = {"mrpc": 3668, "qqp": 363846}
+# Where the noise enters (`xsens.studies.sensitivity_language.NOISE_PLACEMENTS`).
+NOISE_PLACEMENTS = ("after_norm", "before_norm")
 
 
 def _runs(vocab_size: int, max_length: int, width: int, depth: int, heads: int,
@@ -196,3 +200,33 @@ def get_config(arg=None):
                        f"{', '.join(config.runs)}")
     config.runs = ml_collections.ConfigDict({k: config.runs[k].to_dict() for k in keep})
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of `config.sensitivity`; the runs (text models on a text
+  dataset) and `sensitivity.num_examples` against their training examples are checked by
+  the study."""
+  sc = config.sensitivity
+  for field in ("sigma", "global_sigma"):
+    if not (is_finite_number(sc[field]) and sc[field] >= 0):
+      raise ConfigError(f"sensitivity.{field}", f"must be a standard deviation >= 0, got "
+                        f"{sc[field]!r}")
+  for field in ("num_draws", "final_num_draws", "global_num_draws", "num_examples",
+                "batch_size"):
+    if not isinstance(sc[field], int) or isinstance(sc[field], bool) or sc[field] < 1:
+      raise ConfigError(f"sensitivity.{field}", f"must be an int >= 1, got {sc[field]!r}")
+  if not isinstance(sc.every_steps, int) or sc.every_steps < 0:
+    raise ConfigError("sensitivity.every_steps", f"must be an int >= 0 (0: only before "
+                      f"and after training), got {sc.every_steps!r}")
+  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size >= 1):
+    raise ConfigError("sensitivity.chunk_size", f"must be an int >= 1 or None, got "
+                      f"{sc.chunk_size!r}")
+  if sc.noise_scale not in choices.NOISE_SCALES:
+    raise ConfigError("sensitivity.noise_scale", f"unknown value {sc.noise_scale!r}; "
+                      f"allowed: {', '.join(choices.NOISE_SCALES)}")
+  if not isinstance(sc.include_special_tokens, bool):
+    raise ConfigError("sensitivity.include_special_tokens",
+                      f"must be True or False, got {sc.include_special_tokens!r}")
+  if sc.noise_placement not in NOISE_PLACEMENTS:
+    raise ConfigError("sensitivity.noise_placement", f"unknown value {sc.noise_placement!r}; "
+                      f"allowed: {', '.join(NOISE_PLACEMENTS)}")

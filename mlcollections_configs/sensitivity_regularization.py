@@ -66,3 +66,11 @@ def get_config(arg=None):
     rc.corruptions.names = ("gaussian_noise", "defocus_blur", "fog", "contrast")
     rc.corruptions.severities = (1, 5)
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of `config.robustness` or `config.sensitivity` (their
+  config files' block checks); the runs, the patch sizes against them and
+  `robustness.baseline_run` are checked by the study."""
+  robustness_configs.validate_robustness(config.robustness)
+  sensitivity_configs.validate_sensitivity(config.sensitivity)

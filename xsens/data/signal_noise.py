@@ -25,7 +25,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-LAYOUTS = ("two_vectors", "plus_minus")
+from xsens import choices
+
+LAYOUTS = choices.SIGNAL_NOISE_LAYOUTS
 
 
 def snr(mu_norm, sigma_p, d):

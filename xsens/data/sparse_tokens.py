@@ -41,9 +41,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens import boolean_cube
 
-RULES = ("majority", "parity")
+RULES = choices.SPARSE_RULES
 
 
 def relevant_positions(n: int, k: int, seed: int) -> np.ndarray:
@@ -101,7 +102,7 @@ def boolean_target(n: int, components) -> tuple[np.ndarray, list[dict]]:
 # sparse tokens are made uninformative so the model must use the frequent ones. Every
 # detail below is our choice.
 
-SPARSE_CUES = ("uninformative", "informative")
+SPARSE_CUES = choices.SPARSE_CUES
 
 
 def vocabulary(*, num_frequent: int, num_sparse: int, dim: int, seed: int) -> dict:

@@ -32,52 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.errors import ConfigError, is_finite_number
 from xsens.lab import robustness
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit
 from xsens.report import eigen_report, seed_stats, tables
 from xsens.train import evaluators
-
-
-def _positive_int(value, field: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ConfigError(field, f"must be a positive int; got {value!r}")
-
-
-def validate_eigen_config(ec, num_tokens: int | None = None) -> None:
-  """ConfigError naming `eigen.<field>` for a bad value; `num_tokens` T bounds m."""
-  for field in ("num_examples", "batch_size", "overlap_rank", "cost_batch_size",
-                "timing_repeats"):
-    _positive_int(ec[field], f"eigen.{field}")
-  keys, ranks = tuple(ec.key_counts), tuple(ec.ranks)
-  if not keys or not ranks:
-    raise ConfigError("eigen.key_counts" if not keys else "eigen.ranks", "must not be empty")
-  for m in keys:
-    _positive_int(m, "eigen.key_counts")
-    if num_tokens is not None and m > num_tokens:
-      raise ConfigError("eigen.key_counts", f"m={m} exceeds the T={num_tokens} tokens; "
-                        f"use 1 <= m <= {num_tokens}")
-  for k in ranks:
-    _positive_int(k, "eigen.ranks")
-    if k > min(keys):
-      raise ConfigError("eigen.ranks", f"k={k} exceeds the smallest m={min(keys)} of "
-                        "eigen.key_counts (least squares needs k <= m)")
-  for rule in tuple(ec.subset_rules) + (ec.accuracy_rule,):
-    if rule not in ae.SUBSET_RULES:
-      field = "eigen.accuracy_rule" if rule == ec.accuracy_rule and rule not in tuple(
-          ec.subset_rules) else "eigen.subset_rules"
-      raise ConfigError(field, f"unknown subset rule {rule!r}; allowed: "
-                        f"{', '.join(ae.SUBSET_RULES)}")
-  if num_tokens is not None and ec.overlap_rank > num_tokens:
-    raise ConfigError("eigen.overlap_rank", f"{ec.overlap_rank} exceeds T={num_tokens}")
-  levels = ec.levels
-  if (not isinstance(levels, (tuple, list)) or not levels
-      or not all(is_finite_number(v) and 0 < v <= 1 for v in levels)):
-    raise ConfigError("eigen.levels", f"must be a non-empty tuple of numbers in (0, 1]; "
-                      f"got {levels!r}")
-  if ec.matrix_tokens is not None:
-    _positive_int(ec.matrix_tokens, "eigen.matrix_tokens")
 
 
 @functools.lru_cache(maxsize=None)

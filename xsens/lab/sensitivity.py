@@ -20,94 +20,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from xsens import measures
-from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.errors import ConfigError, is_int
 from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
 from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
-from xsens.train import streams as streams_lib
 
 
-def validate_sensitivity_config(sc, image_shape) -> None:
-  """Checks `config.sensitivity` against the data's image shape (before any compile)."""
+def validate_patch_size(sc, image_shape) -> None:
+  """Checks `sensitivity.patch_size` against the data's image shape [H, W, C] (before any
+  compile); the other fields of `config.sensitivity` are checked by the config file
+  (`mlcollections_configs.sensitivity_vision.validate_sensitivity`)."""
   h, w, _ = image_shape
   p = sc.patch_size
   if not (is_int(p) and p > 0 and h % p == 0 and w % p == 0):
     allowed = [d for d in range(1, min(h, w) + 1) if h % d == 0 and w % d == 0]
     raise ConfigError("sensitivity.patch_size",
                       f"{p} must divide the image size {h}x{w}; allowed: {allowed}")
-  if not sc.sigmas or not all(is_finite_number(s) and s >= 0 for s in sc.sigmas):
-    raise ConfigError("sensitivity.sigmas", f"must be a non-empty list of finite σ >= 0, got "
-                      f"{list(sc.sigmas)}")
-  if sc.main_sigma not in sc.sigmas:
-    raise ConfigError("sensitivity.main_sigma",
-                      f"{sc.main_sigma} must be one of sensitivity.sigmas {list(sc.sigmas)}")
-  for field in ("num_draws", "num_examples", "batch_size"):
-    if not (is_int(sc[field]) and sc[field] > 0):
-      raise ConfigError(f"sensitivity.{field}", f"must be an int > 0, got {sc[field]!r}")
-  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
-    raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
-                      f"{sc.chunk_size!r}")
-  streams_lib.check_field("sensitivity.streams", sc.streams)
-  noise_scale = sc.noise_scale
-  if noise_scale not in sens.NOISE_SCALES:
-    raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
-                      f"{', '.join(sens.NOISE_SCALES)}")
-  validate_scattered_config(sc.scattered)
-  validate_global_config(sc.global_noise)
-  validate_sharpness_config(sc.sharpness)
-
-
-def _check_enabled(block, path: str) -> None:
-  if not isinstance(block.enabled, bool):
-    raise ConfigError(f"{path}.enabled", f"must be True or False, got {block.enabled!r}")
-
-
-def validate_global_config(block) -> None:
-  """Checks `config.sensitivity.global_noise` (App. A.2; None: not measured)."""
-  if block is None:
-    return
-  path = "sensitivity.global_noise"
-  _check_enabled(block, path)
-  if not (is_int(block.num_draws) and block.num_draws > 0):
-    raise ConfigError(f"{path}.num_draws", f"must be an int > 0 (noise draws per example "
-                      f"and σ), got {block.num_draws!r}")
-
-
-def validate_sharpness_config(block) -> None:
-  """Checks `config.sensitivity.sharpness` (docs/papers/sensitivity.md §4; None: not measured)."""
-  if block is None:
-    return
-  path = "sensitivity.sharpness"
-  _check_enabled(block, path)
-  if not (is_finite_number(block.sigma) and block.sigma >= 0):
-    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0 (absolute weight noise), "
-                      f"got {block.sigma!r}")
-  if not (is_int(block.num_draws) and block.num_draws > 1):
-    raise ConfigError(f"{path}.num_draws", f"must be an int > 1 (the standard error is "
-                      f"over the draws), got {block.num_draws!r}")
-
-
-def validate_scattered_config(scattered) -> None:
-  """Checks `config.sensitivity.scattered` (the official code's estimator,
-  docs/papers/sensitivity.md §2.2)."""
-  path = "sensitivity.scattered"
-  if not isinstance(scattered.enabled, bool):
-    raise ConfigError(f"{path}.enabled", f"must be True or False, got {scattered.enabled!r}")
-  if not (is_finite_number(scattered.sigma) and scattered.sigma >= 0):
-    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0, got {scattered.sigma!r}")
-  if not (is_int(scattered.num_draws) and scattered.num_draws > 0):
-    raise ConfigError(f"{path}.num_draws", f"must be an int > 0, got {scattered.num_draws!r}")
-  if not (is_int(scattered.num_pixels) and scattered.num_pixels > 0):
-    raise ConfigError(f"{path}.num_pixels", f"must be an int > 0 (positions drawn with "
-                      f"replacement per mask), got {scattered.num_pixels!r}")
 
 
 def validate_against_runs(config, experiments) -> None:
   """`config.sensitivity` against the runs: the image shape, and the ViT's patch size (the
   tokens measured are the ViT's tokens)."""
   sc = config.sensitivity
-  validate_sensitivity_config(sc, next(iter(experiments.values())).train.image_shape)
+  validate_patch_size(sc, next(iter(experiments.values())).train.image_shape)
   multirun.require_vit_patch_size(config, experiments, "sensitivity.patch_size", sc.patch_size)
 
 

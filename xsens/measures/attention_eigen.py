@@ -41,9 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
+from xsens import choices
 from xsens.models import eigen_vit
 
-SUBSET_RULES = ("strided", "random", "pivoted_qr")
+SUBSET_RULES = choices.SUBSET_RULES
 SCORE_KINDS = ("logits", "probs")
 _QK = ("query", "key")
 

@@ -56,10 +56,11 @@ import math
 import numpy as np
 from scipy import ndimage
 
+from xsens import choices
 from xsens.measures import image_ops
 from xsens.measures import jpeg
 
-SEVERITIES = (1, 2, 3, 4, 5)
+SEVERITIES = choices.CORRUPTION_SEVERITIES
 
 
 # ------------------------------------------------------------------------------------------------
@@ -401,6 +402,7 @@ CORRUPTIONS: dict[str, Corruption] = {
 }
 
 NAMES: tuple[str, ...] = tuple(CORRUPTIONS)
+assert NAMES == choices.CORRUPTION_NAMES, NAMES
 
 
 def category_of(name: str) -> str:

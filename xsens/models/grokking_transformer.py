@@ -67,11 +67,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import precision
 
-SEQ_LEN = 3
+SEQ_LEN = choices.GROKKING_SEQ_LEN
 
 
 def _uniform(bound: float):

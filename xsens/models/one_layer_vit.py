@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xsens import choices
 from xsens.models import _checks
 from xsens.models import precision
 from xsens.models import token_split as split_lib
 
-INITS = ("torch_scaled", "gaussian")
+INITS = choices.ONE_LAYER_VIT_INITS
 
 
 def init(key, d: int, d_h: int, d_v: int, *, init: str = "torch_scaled",

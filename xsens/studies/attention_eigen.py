@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xsens.errors import ConfigError
+from mlcollections_configs import attention_eigen as configs
 from xsens.lab import eigen_analysis, model_cost, multirun
 from xsens.models import eigen_vit
 from xsens.report import seed_stats
@@ -40,11 +40,9 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   ec = config.eigen
   probe = multirun.validate_runs(config)
   ids = multirun.run_ids(config)
-  if ec.analysed_run not in config.runs:
-    raise ConfigError("eigen.analysed_run", f"{ec.analysed_run!r} is not a run; runs: "
-                      f"{', '.join(config.runs)}")
+  configs.validate(config)
   num_tokens = _tokens_of(probe[ec.analysed_run])
-  eigen_analysis.validate_eigen_config(ec, num_tokens)
+  configs.validate_eigen(ec, num_tokens)
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
   seeds = [rid for rid, (name, _) in ids.items() if name == ec.analysed_run]
   return eigen_analysis.analyse_runs(

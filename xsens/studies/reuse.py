@@ -32,16 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import reuse as configs
 from xsens.errors import ConfigError
 from xsens.lab import head_similarity, model_cost, multirun
 from xsens.measures import attention_similarity as asim
 from xsens.report import plots, tables
-
-
-def validate_reuse_config(rc) -> None:
-  for field in ("num_examples", "batch_size", "cost_batch_size", "timing_repeats"):
-    if not (isinstance(rc[field], int) and rc[field] > 0):
-      raise ConfigError(f"reuse.{field}", f"must be a positive int, got {rc[field]!r}")
 
 
 def _model_fields(model) -> tuple[int, int]:
@@ -67,8 +62,8 @@ def _scatter(path, rows, x_key, y_key, *, xlabel, ylabel, title, num_classes=Non
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run of `config.runs`, measures cost and similarity, writes the report."""
+  configs.validate(config)
   rc = config.reuse
-  validate_reuse_config(rc)
   probe = multirun.validate_runs(config)
   if rc.baseline not in probe:
     raise ConfigError("reuse.baseline", f"{rc.baseline!r} is not a run; runs: "

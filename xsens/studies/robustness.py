@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import robustness as configs
 from xsens.data import splits
 from xsens.errors import ConfigError
 from xsens.lab import corruptions, multirun
@@ -195,6 +196,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """
   rc = config.robustness
   experiments = multirun.validate_runs(config)
+  configs.validate(config)
   lab_robustness.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
   validate_patch_size(config, experiments)
   skipped_sections(rc)

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import sensitivity_vision as configs
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import streaming
@@ -75,20 +76,13 @@ def loaders() -> dict[str, pretrained.Format]:
 
 
 def validate(config) -> None:
-  """Cheap checks of `config.imagenet`, `config.sensitivity` and `config.runs` (no I/O but
-  the checkpoint files' existence)."""
-  ic, sc = config.imagenet, config.sensitivity
-  if not config.runs:
-    raise ConfigError("runs", "needs at least one run (a pretrained checkpoint)")
+  """Checks of `config.imagenet`, `config.sensitivity` and `config.runs` before any image
+  is read: the config file's `validate`, then each run's checkpoint file and the patch
+  size against the images."""
+  configs.validate(config)
   pretrained_runs.validate_checkpoint_runs(config.runs, loaders())
-  size = ic.image_size
-  if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-    raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
-  lab_sens.validate_sensitivity_config(sc, (size, size, 3))
-  if sc.noise_scale != "absolute":
-    raise ConfigError("sensitivity.noise_scale", f"the imagenet set-up takes σ in [0, 1] "
-                      f"pixel units ('absolute'; its noise-to-signal ratio is reported); "
-                      f"got {sc.noise_scale!r}")
+  size = config.imagenet.image_size
+  lab_sens.validate_patch_size(config.sensitivity, (size, size, 3))
 
 
 def _open(ic, sc, batch_size: int) -> streaming.Stream:

@@ -29,6 +29,7 @@ import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
+from mlcollections_configs import sensitivity_vision as configs
 from xsens.lab import multirun
 from xsens.lab import sensitivity as lab_sens
 from xsens.measures import sensitivity as sens
@@ -74,6 +75,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   # Bad sensitivity settings are refused before anything trains or compiles.
   ids = multirun.run_ids(config)
   probe = multirun.validate_runs(config)
+  configs.validate(config)
   lab_sens.validate_against_runs(config, probe)
   mesh = sharding.data_mesh()
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)

@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from xsens import choices
 from xsens import models as models_lib
 from xsens import paths
 from xsens.errors import ConfigError
@@ -62,7 +63,7 @@ from xsens.train import evaluators
 
 FIELDS = ("alpha", "temperature", "teacher_workdir", "teacher_logits", "teacher_mode",
           "per_class_alpha", "margin")
-TEACHER_MODES = ("precomputed", "in_step")
+TEACHER_MODES = choices.TEACHER_MODES
 # Data fields that must agree between teacher and student: the same dataset and label ids
 # (logit k must mean the student's class k), and inputs scaled as in the teacher's training.
 _MATCHING_DATA_FIELDS = ("name", "classes", "normalize", "image_size")
