@@ -33,6 +33,7 @@ Variants:
 
 import ml_collections
 
+from mlcollections_configs import common
 from xsens.config_utils import parse_arg
 from xsens.data import knowledge
 from xsens.errors import is_finite_number, is_int, require
@@ -76,9 +77,7 @@ def get_config(arg=None):
   p.background_fraction = 0.25
   p.chunk_steps = 500
   p.target_recall = 0.95   # Reported: whether pre-training reached it.
-  p.optimizer = ml_collections.ConfigDict({
-      "name": "adam", "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 100,
-      "weight_decay": 0.0})
+  p.optimizer = common.optimizer_config("adam", 2e-3, schedule="cosine", warmup_steps=100)
 
   # Optional second phase: `finetune_steps` steps on batches of background sentences and a
   # fraction `fact_fraction` of fact sentences (0: background only).
@@ -96,8 +95,7 @@ def get_config(arg=None):
              "feed_forward")
   e.parts_delta = 1e-2
   e.replay_ratio = 1.0
-  e.optimizer = ml_collections.ConfigDict({
-      "name": "adam", "learning_rate": 1e-3, "schedule": "constant", "weight_decay": 0.0})
+  e.optimizer = common.optimizer_config("adam", 1e-3)
 
   config.eval = ml_collections.ConfigDict({"num_unmodified": 512, "batch_size": 256})
 

@@ -106,6 +106,7 @@ def get_config(arg=None):
     rc.batch_size = 20
     rc.cost_batch_size = 16
     rc.timing_repeats = 2
+  config.num_seeds = 1   # Training seeds per run (xsens.lab.multirun.run_ids).
   config.runs = _runs(vit, heads, layers)
   full = f"reuse_p{max(heads)}_k{max(layers)}"
   rc.similarity_runs = (full,)

@@ -44,6 +44,7 @@ def get_config(arg=None):
     vit = base.runs.vit.model
     resnet = base.runs.resnet18.model
     config.robustness.num_examples = 5000
+  config.num_seeds = 1   # Training seeds per run (xsens.lab.multirun.run_ids).
   config.runs = ml_collections.ConfigDict({
       "vit": {"model": vit},
       "vit_gaussian_aug": {"model": vit, "augment": {"gaussian_std": 0.5}},

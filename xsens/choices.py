@@ -40,3 +40,17 @@ def check_streams(field: str, value) -> None:
   if value is not None and not (is_int(value) and value > 0):
     raise ConfigError(field, "must be None (auto: one per core on a single CPU device, else "
                       f"1) or an int > 0, got {value!r}")
+
+# xsens.train.optim: every field of a `config.optimizer` block beside `name` and
+# `learning_rate`, at its default (`mlcollections_configs.common.optimizer_config`).
+OPTIMIZER_DEFAULTS = {
+    "weight_decay": 0.0,      # coupled L2 (sgd, momentum, adam) or decoupled (adamw)
+    "momentum": 0.9,          # the momentum optimizer's
+    "nesterov": False,
+    "b1": 0.9, "b2": 0.999, "eps": 1e-8,   # adam and adamw
+    "schedule": "constant",   # constant | cosine | step | linear
+    "warmup_steps": 0,        # linear warmup from 0
+    "decay_steps": None,      # cosine / linear decay length after the warmup (None: the rest)
+    "step_every": 1000, "step_gamma": 0.5,  # the step schedule (PyTorch StepLR)
+    "grad_clip_norm": None,   # global-norm clipping (None: off)
+}

@@ -73,7 +73,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     if control not in probe:
       raise ConfigError("reuse.random_labels_run", f"{control!r} is not a run; runs: "
                         f"{', '.join(probe)} (or None: no random-label control)")
-    if not probe[control].config.data.get("random_labels"):
+    if not probe[control].config.data.random_labels:
       raise ConfigError("reuse.random_labels_run", f"run {control!r} trains on true labels; "
                         f"set runs.{control}.data.random_labels=1.0")
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)

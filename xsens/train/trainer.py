@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xsens import choices
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import pipeline, streaming, train_stream
@@ -557,12 +558,13 @@ def make_workdir(path: str, config) -> Workdir:
                  may_change=MAY_CHANGE_ON_RESUME + extendable,
                  hints={f: EXTEND_HINT for f in LENGTH_FIELDS},
                  added_defaults={**model_field_defaults(config.get("model")),
-                                 **SCALING_FIELD_DEFAULTS})
+                                 **SCALING_FIELD_DEFAULTS, **OPTIMIZER_FIELD_DEFAULTS})
 
 
 # Training fields a saved config may lack (`Workdir`'s `added_defaults`), at their defaults.
 SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS,
                           "mixup": MIXUP_DEFAULTS}
+OPTIMIZER_FIELD_DEFAULTS = {f"optimizer.{k}": v for k, v in choices.OPTIMIZER_DEFAULTS.items()}
 
 
 def model_field_defaults(model_config) -> dict[str, Any]:
