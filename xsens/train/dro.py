@@ -114,8 +114,8 @@ def _dro_term(train_prior: np.ndarray, radius: float, step_size: float, ema_rate
     g = class_losses(jax.lax.stop_gradient(per_example), labels, prior, loss_clip)
     pi = pi_step(state["pi"], prior, g, radius=radius, step_size=step_size, alpha=alpha,
                  epsilon=epsilon, project=project)
-    return loss, {"kl": label_shift.kl_divergence(pi, prior),
-                  "state": {"pi": pi, "prior": prior}}
+    return loss, {"kl": label_shift.kl_divergence(pi, prior), "pi_max": pi.max(),
+                  "pi_min": pi.min(), "state": {"pi": pi, "prior": prior}}
 
   def init_state():
     prior = jnp.asarray(train_prior, jnp.float32)

@@ -491,8 +491,9 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
         # Non-finite weights (e.g. from a too-large step) are caught with the loss.
         "param_norm": optax.global_norm(params),
     }
-    if len(terms) > 1:
-      metrics.update(aux)
+    # Each term's value when there are several; a term's own extras (`<term>/<name>`, e.g.
+    # the KL of DRO's π) always.
+    metrics.update({k: v for k, v in aux.items() if len(terms) > 1 or "/" in k})
     return new_state, metrics
 
   return train_step
