@@ -101,7 +101,8 @@ def _torch_vit_class():
   import torch  # pylint: disable=g-import-not-at-top
 
   class OneLayerViT(torch.nn.Module):
-    """Spec §2 in the authors' matrix form: mean_l softmax(Q Kᵀ)_l · X W_V w_O."""
+    """docs/papers/benign_overfitting.md §2 in the authors' matrix form: mean_l softmax(Q Kᵀ)_l · X
+    W_V w_O."""
 
     def __init__(self, wq, wk, wv, wo):
       super().__init__()

@@ -1,8 +1,8 @@
 """Convergence time of the benign-overfitting ViT against η, ε and ‖μ‖ (issue 15, item 1).
 
-Jiang et al. (NeurIPS 2024; rebuttal, spec §3): GD reaches training loss ε at
-t = η⁻¹ · poly(ε⁻¹, ‖μ‖, ‖w_O‖). This runs the `benign_overfitting` study (its normal entry
-point, `xsens.studies.run`, one workdir per (η, ε), ViT only, no dynamics) on a small
+Jiang et al. (NeurIPS 2024; rebuttal, docs/papers/benign_overfitting.md §3): GD reaches training
+loss ε at t = η⁻¹ · poly(ε⁻¹, ‖μ‖, ‖w_O‖). This runs the `benign_overfitting` study (its normal
+entry point, `xsens.studies.run`, one workdir per (η, ε), ViT only, no dynamics) on a small
 N × ‖μ‖ grid for every η × ε, reads the recorded steps to train loss < ε of each run
 (`grid_vit.npz`), and fits over all converged runs
 

@@ -77,10 +77,11 @@ def checkpoint_steps(workdir: str) -> list[int]:
 
 
 def attempt(workdir: str, total_steps: int, rng: random.Random, fire: bool,
-            spread: int, processes: int = 1, timeout_s: float = 30.0) -> dict:
+            spread: int, processes: int = 1, timeout_s: float = 30.0,
+            deadline_s: float | None = None) -> dict:
   """One run of the command as `processes` processes; if `fire`, one signal to one of them
   at a random moment (at most `spread` steps after the step it resumes from). A dict of
-  what happened."""
+  what happened. An attempt longer than `deadline_s` in all is killed (TimeoutError)."""
   env = {"JAX_PLATFORMS": "cpu"}
   if processes == 1:
     commands = [(env, command(workdir, total_steps))]
@@ -102,13 +103,15 @@ def attempt(workdir: str, total_steps: int, rng: random.Random, fire: bool,
       base = max(start, metrics_step(workdir))
       target_step = rng.randint(min(base + 1, total_steps - 1),
                                 min(base + spread, total_steps - 1))
-      while run.procs[target].poll() is None and metrics_step(workdir) < target_step:
+      t_start = time.monotonic()
+      while (run.procs[target].poll() is None and metrics_step(workdir) < target_step
+             and (deadline_s is None or time.monotonic() - t_start < deadline_s)):
         time.sleep(0.005)
     if run.procs[target].poll() is None:
       at_step = metrics_step(workdir)
       run.procs[target].send_signal(sig)
       sent = sig.name
-  codes = run.wait()
+  codes = run.wait(deadline_s=deadline_s)
   lines = [l for l in err.getvalue().splitlines() if l.startswith("[")]
   last = lines[-1].split("] ", 1)[-1] if lines else ""
   return {"signal": sent, "process": target if sent else None,
@@ -149,6 +152,8 @@ def main(argv=None) -> int:
                       help="processes of each attempt (xsens.launch on this machine)")
   parser.add_argument("--timeout_s", type=float, default=30.0,
                       help="XSENS_WAIT_TIMEOUT_S of a multi-process attempt")
+  parser.add_argument("--attempt_deadline_s", type=float, default=900.0,
+                      help="kill an attempt (all its processes) running longer; fail")
   parser.add_argument("--root", default=None, help="where the two workdirs go (default: a "
                       "temporary directory)")
   args = parser.parse_args(argv)
@@ -158,7 +163,8 @@ def main(argv=None) -> int:
   t0 = time.time()
   spread = max(2, 2 * args.total_steps // max(args.kills, 1))  # Kills spread over the run.
   run = lambda workdir, fire: attempt(workdir, args.total_steps, rng, fire, spread,
-                                      args.processes, args.timeout_s)
+                                      args.processes, args.timeout_s,
+                                      args.attempt_deadline_s)
   ref = run(straight, False)
   if any(ref["exits"]):
     print(f"the uninterrupted run failed: {ref}")

@@ -50,8 +50,10 @@ import ml_collections
 
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
+from xsens import choices
 from xsens.config_utils import parse_arg
 from xsens.data import text_config as text
+from xsens.errors import ConfigError, is_finite_number
 
 SETUPS = ("mnist5k", "cifar10", "language", "imagenet")
 
@@ -72,6 +74,47 @@ def eigen_config() -> ml_collections.ConfigDict:
   ec.cost_batch_size = 128
   ec.timing_repeats = 5
   return ec
+
+
+def _positive_int(value, field: str) -> None:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ConfigError(field, f"must be a positive int; got {value!r}")
+
+
+def validate_eigen(ec, num_tokens: int | None = None) -> None:
+  """ConfigError naming `eigen.<field>` for a bad value of `config.eigen`; `num_tokens` T
+  (known once the analysed model is built) bounds m and the overlap rank."""
+  for field in ("num_examples", "batch_size", "overlap_rank", "cost_batch_size",
+                "timing_repeats"):
+    _positive_int(ec[field], f"eigen.{field}")
+  keys, ranks = tuple(ec.key_counts), tuple(ec.ranks)
+  if not keys or not ranks:
+    raise ConfigError("eigen.key_counts" if not keys else "eigen.ranks", "must not be empty")
+  for m in keys:
+    _positive_int(m, "eigen.key_counts")
+    if num_tokens is not None and m > num_tokens:
+      raise ConfigError("eigen.key_counts", f"m={m} exceeds the T={num_tokens} tokens; "
+                        f"use 1 <= m <= {num_tokens}")
+  for k in ranks:
+    _positive_int(k, "eigen.ranks")
+    if k > min(keys):
+      raise ConfigError("eigen.ranks", f"k={k} exceeds the smallest m={min(keys)} of "
+                        "eigen.key_counts (least squares needs k <= m)")
+  for rule in tuple(ec.subset_rules) + (ec.accuracy_rule,):
+    if rule not in choices.SUBSET_RULES:
+      field = "eigen.accuracy_rule" if rule == ec.accuracy_rule and rule not in tuple(
+          ec.subset_rules) else "eigen.subset_rules"
+      raise ConfigError(field, f"unknown subset rule {rule!r}; allowed: "
+                        f"{', '.join(choices.SUBSET_RULES)}")
+  if num_tokens is not None and ec.overlap_rank > num_tokens:
+    raise ConfigError("eigen.overlap_rank", f"{ec.overlap_rank} exceeds T={num_tokens}")
+  levels = ec.levels
+  if (not isinstance(levels, (tuple, list)) or not levels
+      or not all(is_finite_number(v) and 0 < v <= 1 for v in levels)):
+    raise ConfigError("eigen.levels", f"must be a non-empty tuple of numbers in (0, 1]; "
+                      f"got {levels!r}")
+  if ec.matrix_tokens is not None:
+    _positive_int(ec.matrix_tokens, "eigen.matrix_tokens")
 
 
 def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
@@ -184,3 +227,17 @@ def get_config(arg=None):
   if arg.smoke:
     config.num_seeds = 1
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of `config.eigen` (its bounds by the tokens T are checked
+  by the study once the model is built) and, in the ImageNet set-up, of
+  `config.imagenet`; the runs and the checkpoint files are checked by the study."""
+  if config.eigen.analysed_run not in config.runs:
+    raise ConfigError("eigen.analysed_run", f"{config.eigen.analysed_run!r} is not a run; "
+                      f"runs: {', '.join(config.runs)}")
+  if "imagenet" in config:
+    size = config.imagenet.image_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+      raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
+  validate_eigen(config.eigen)

@@ -45,11 +45,14 @@ import math
 
 import ml_collections
 
+from xsens import choices
 from xsens.config_utils import parse_arg
+from xsens.errors import is_finite_number, is_int, require
 
 
 def _dynamics_run(**overrides) -> ml_collections.ConfigDict:
-  # The authors' harmful-regime script (spec §6): M=3, d=2048, N=10, ‖μ‖=1, σ_p=0.05, σ̃_p=1.
+  # The authors' harmful-regime script (docs/papers/benign_overfitting.md §6): M=3, d=2048, N=10,
+  # ‖μ‖=1, σ_p=0.05, σ̃_p=1.
   run = dict(d=2048, num_tokens=3, n=10, num_test=100, mu_norm=1.0, sigma_p=0.05,
              strong_std=1.0, d_h=1024, d_v=512, init_divisor=32.0, learning_rate=0.01,
              steps=500, trials=10)
@@ -150,9 +153,10 @@ def get_config(arg=None):
     config.models = ("cnn",)
     dyn.enabled = False
   if arg.kou:
-    # Kou et al. (ICML 2023) as the spec reads them: Cao's CNN with ReLU (q = 1), x = [ỹμ, ξ]
-    # with ξ ⟂ μ at σ_p (no strong token), labels flipped with probability 0.1; the test
-    # set keeps clean labels. Theory: benign iff n‖μ‖⁴ ≳ d σ_p⁴, i.e. N·SNR⁴ = const.
+    # Kou et al. (ICML 2023) as docs/papers/benign_overfitting.md §8 reads them: Cao's CNN with
+    # ReLU (q = 1), x = [ỹμ, ξ] with ξ ⟂ μ at σ_p (no strong token), labels flipped with
+    # probability 0.1; the test set keeps clean labels. Theory: benign iff n‖μ‖⁴ ≳ d σ_p⁴, i.e.
+    # N·SNR⁴ = const.
     config.models = ("cnn",)
     c.q = 1.0
     d.num_tokens = 2
@@ -198,3 +202,97 @@ def get_config(arg=None):
   if arg.steps:
     t.max_steps = int(arg.steps)
   return config
+
+
+MODELS = ("vit", "cnn")
+DATA_KINDS = ("synthetic", "mnist")
+SOLVERS = ("auto", "direct", "reduced")
+PAD_TO = ("chunk", "grid")  # sweep.pad_to: a chunk's runs padded to its / the grid's max N.
+
+
+def _positive_int(value) -> bool:
+  return is_int(value) and value > 0
+
+
+def _positive(value) -> bool:
+  return is_finite_number(value) and value > 0
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming `config.<field>` for any unusable value (every check of
+  the study: it reads no file and builds no model)."""
+  require(config.models and all(m in MODELS for m in config.models), "models",
+        f"must be a non-empty list of {MODELS}, got {config.models!r}")
+  d = config.data
+  require(d.kind in DATA_KINDS, "data.kind", f"got {d.kind!r}; allowed: {', '.join(DATA_KINDS)}")
+  require(d.layout in choices.SIGNAL_NOISE_LAYOUTS, "data.layout",
+        f"got {d.layout!r}; allowed: {', '.join(choices.SIGNAL_NOISE_LAYOUTS)}")
+  for f in ("d", "num_test"):
+    require(_positive_int(d[f]), f"data.{f}", f"must be a positive int, got {d[f]!r}")
+  require(_positive_int(d.num_tokens) and d.num_tokens >= 2, "data.num_tokens",
+        f"must be an int >= 2 (signal + strong noise), got {d.num_tokens!r}")
+  require(d.d >= 2, "data.d", f"must be >= 2 (μ₊ and μ₋ on e₁, e₂), got {d.d}")
+  require(_positive(d.sigma_p), "data.sigma_p", f"must be > 0, got {d.sigma_p!r}")
+  require(d.strong_noise_factor is None or _positive(d.strong_noise_factor),
+        "data.strong_noise_factor", f"must be None (5√M) or > 0, got {d.strong_noise_factor!r}")
+  require(isinstance(d.project_noise, bool), "data.project_noise",
+        f"must be true or false, got {d.project_noise!r}")
+  require(not (d.project_noise and d.kind == "mnist"), "data.project_noise",
+        "projects off the coordinates of μ₊, μ₋ (e₁, e₂); it has no meaning for data.kind='mnist'")
+  require(isinstance(d.label_flip, (int, float)) and 0 <= d.label_flip < 0.5, "data.label_flip",
+        f"must be in [0, 0.5), got {d.label_flip!r}")
+  if d.kind == "mnist":
+    require(d.d == 784, "data.d", f"must be 784 (28×28 digits) for data.kind='mnist', got {d.d}")
+    require(len(d.mnist_classes) == 2 and all(0 <= c <= 9 for c in d.mnist_classes)
+          and d.mnist_classes[0] != d.mnist_classes[1], "data.mnist_classes",
+          f"must be two distinct digits, got {tuple(d.mnist_classes)!r}")
+  v = config.vit
+  for f in ("d_h", "d_v"):
+    require(_positive_int(v[f]), f"vit.{f}", f"must be a positive int, got {v[f]!r}")
+  require(v.init in choices.ONE_LAYER_VIT_INITS, "vit.init", f"got {v.init!r}; allowed: {choices.ONE_LAYER_VIT_INITS}")
+  require(_positive(v.init_divisor), "vit.init_divisor", f"must be > 0, got {v.init_divisor!r}")
+  require(_positive(v.init_std), "vit.init_std", f"must be > 0, got {v.init_std!r}")
+  c = config.cnn
+  require(_positive_int(c.m), "cnn.m", f"must be a positive int, got {c.m!r}")
+  require(_positive(c.q) and c.q >= 1, "cnn.q", f"must be >= 1, got {c.q!r}")
+  require(_positive(c.sigma_0), "cnn.sigma_0", f"must be > 0, got {c.sigma_0!r}")
+  require(_positive(c.learning_rate), "cnn.learning_rate",
+        f"must be > 0, got {c.learning_rate!r}")
+  t = config.train
+  require(_positive(t.learning_rate), "train.learning_rate",
+        f"must be > 0, got {t.learning_rate!r}")
+  require(_positive_int(t.max_steps), "train.max_steps", f"must be a positive int, got "
+        f"{t.max_steps!r}")
+  require(t.solver in SOLVERS, "train.solver", f"got {t.solver!r}; allowed: {', '.join(SOLVERS)}")
+  require(_positive(t.loss_threshold), "train.loss_threshold",
+        f"must be > 0, got {t.loss_threshold!r}")
+  s = config.sweep
+  ns = list(s.n_values)
+  require(ns and all(_positive_int(n) and n % 2 == 0 for n in ns), "sweep.n_values",
+        f"must be a non-empty list of even positive ints (balanced classes), got {ns!r}")
+  require(s.mu_norms and all(_positive(m) for m in s.mu_norms), "sweep.mu_norms",
+        f"must be a non-empty list of ‖μ‖ > 0, got {list(s.mu_norms)!r}")
+  require(_positive_int(s.trials), "sweep.trials", f"must be a positive int, got {s.trials!r}")
+  require(_positive_int(s.chunk_size), "sweep.chunk_size",
+        f"must be a positive int, got {s.chunk_size!r}")
+  vs = s.vmap_size
+  require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
+        "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
+        f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
+  choices.check_streams("sweep.streams", s.streams)
+  require(s.pad_to in PAD_TO, "sweep.pad_to",
+        f"got {s.pad_to!r}; allowed: {', '.join(PAD_TO)}")
+  require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
+  r = config.report
+  require(_positive(r.cutoff), "report.cutoff", f"must be > 0, got {r.cutoff!r}")
+  require(isinstance(r.bootstrap, int) and r.bootstrap >= 0, "report.bootstrap",
+        f"must be an int >= 0, got {r.bootstrap!r}")
+  for name, run in config.dynamics.runs.items():
+    f = f"dynamics.runs.{name}"
+    for k in ("d", "num_tokens", "n", "num_test", "d_h", "d_v", "steps", "trials"):
+      require(_positive_int(run[k]), f"{f}.{k}", f"must be a positive int, got {run[k]!r}")
+    require(run.num_tokens >= 2 and run.d >= 2, f"{f}.num_tokens",
+          f"need num_tokens >= 2 and d >= 2, got {run.num_tokens}, {run.d}")
+    require(run.n % 2 == 0, f"{f}.n", f"must be even, got {run.n}")
+    for k in ("mu_norm", "sigma_p", "learning_rate", "init_divisor"):
+      require(_positive(run[k]), f"{f}.{k}", f"must be > 0, got {run[k]!r}")

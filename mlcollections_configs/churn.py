@@ -33,8 +33,11 @@ from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
 from xsens.data.long_tail import long_tail_fractions
+from xsens.errors import ConfigError
 
 SETUPS = ("mnist5k", "digits", "mnist5k_lt", "digits_lt", "cifar10", "cifar100")
+# The training seeds `churn.sources` may vary (init, mini-batch order, step key).
+SEED_SOURCES = ("init", "order", "augment")
 
 
 def churn_config() -> ml_collections.ConfigDict:
@@ -51,6 +54,28 @@ def churn_config() -> ml_collections.ConfigDict:
       },
       "confidence_edges": (0.0, 0.5, 0.7, 0.9, 0.99, 1.0),
   })
+
+
+def validate_churn(cc) -> None:
+  """ConfigError naming `churn.<field>` for a bad value of `config.churn`."""
+  sources = list(cc.sources)
+  if not sources or len(set(sources)) != len(sources) or any(s not in SEED_SOURCES for s in sources):
+    raise ConfigError("churn.sources", f"must be distinct names from {', '.join(SEED_SOURCES)}, "
+                      f"got {sources}")
+  if not (isinstance(cc.num_seeds, int) and cc.num_seeds >= 2):
+    raise ConfigError("churn.num_seeds", f"must be an int >= 2 (a pair), got {cc.num_seeds!r}")
+  if not (isinstance(cc.base_seed, int) and cc.base_seed >= 0):
+    raise ConfigError("churn.base_seed", f"must be an int >= 0, got {cc.base_seed!r}")
+  if not cc.methods:
+    raise ConfigError("churn.methods", "must name at least one method")
+  for name in cc.methods:
+    if not name.replace("_", "").isalnum():
+      raise ConfigError("churn.methods", f"method names must be identifiers, got {name!r}")
+  edges = list(cc.confidence_edges)
+  if len(edges) < 2 or edges[0] != 0 or edges[-1] != 1 or any(
+      b <= a for a, b in zip(edges, edges[1:])):
+    raise ConfigError("churn.confidence_edges", f"must increase from 0 to 1 (every "
+                      f"confidence falls in one bin), got {edges}")
 
 
 def get_config(arg=None):
@@ -81,3 +106,9 @@ def get_config(arg=None):
     config.churn.num_seeds = 2
     config.churn.sources = ("init",)
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad `config.churn`; the runs it trains are checked by the study
+  (their models and data, `xsens.lab.multirun.validate_runs`)."""
+  validate_churn(config.churn)

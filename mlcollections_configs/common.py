@@ -2,6 +2,7 @@
 
 import ml_collections
 
+from xsens import choices
 from xsens.data.config import default_data_config
 from xsens.model_defaults import MODEL_DEFAULTS
 
@@ -18,6 +19,24 @@ def model_config(name: str, **overrides) -> ml_collections.ConfigDict:
   fields.update(overrides)
   fields = {k: _overridable(v) for k, v in fields.items()}
   return ml_collections.ConfigDict({"name": name, **fields})
+
+
+def optimizer_config(name: str, learning_rate: float, **overrides) -> ml_collections.ConfigDict:
+  """A `config.optimizer` block (`xsens.train.optim`): `name`, `learning_rate` and every
+  other field at its default (`xsens.choices.OPTIMIZER_DEFAULTS`), then `overrides`."""
+  for key in overrides:
+    if key not in choices.OPTIMIZER_DEFAULTS:
+      raise ValueError(f"unknown optimizer field {key!r}; allowed: "
+                       f"{sorted(choices.OPTIMIZER_DEFAULTS)}")
+  fields = {**choices.OPTIMIZER_DEFAULTS, **overrides}
+  block = {"name": name, "learning_rate": learning_rate}
+  for key, value in fields.items():
+    block[key] = (ml_collections.FieldReference(None, field_type=_OPTIONAL_TYPES[key])
+                  if value is None else value)
+  return ml_collections.ConfigDict(block)
+
+
+_OPTIONAL_TYPES = {"decay_steps": int, "grad_clip_norm": float}
 
 
 def _overridable(value):
@@ -56,13 +75,9 @@ def train_config() -> ml_collections.ConfigDict:
   c.loss = "cross_entropy"
   # Gaussian pixel-noise augmentation (off at std 0).
   c.augment = ml_collections.ConfigDict({"gaussian_std": 0.0, "gaussian_prob": 1.0})
-  c.optimizer = ml_collections.ConfigDict({
-      "name": "adam", "learning_rate": 1e-3, "weight_decay": 0.0, "momentum": 0.9,
-      "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,
-      "grad_clip_norm": ml_collections.FieldReference(None, field_type=float),
-      # Cosine / linear decay length after the warmup (None: the rest of the run). Set, the
-      # schedule does not depend on the run's length, so a finished run can be extended.
-      "decay_steps": ml_collections.FieldReference(None, field_type=int)})
+  # `optimizer.decay_steps` set, the schedule does not depend on the run's length, so a
+  # finished run can be extended.
+  c.optimizer = optimizer_config("adam", 1e-3)
   # Start from public weights: a vit_jax (ViT) or big_transfer (bit_resnet) .npz file.
   c.pretrained = ml_collections.ConfigDict({
       "path": ml_collections.FieldReference(None, field_type=str), "reinit_head": True})

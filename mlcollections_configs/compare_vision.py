@@ -29,6 +29,7 @@ def get_config(arg=None):
   config.train.target_train_accuracy = 0.99
   config.train.eval_every = 100
   config.train.model = ml_collections.ConfigDict()  # Each run names its model.
+  config.num_seeds = 1   # Training seeds per run (xsens.lab.multirun.run_ids).
   config.runs = ml_collections.ConfigDict()
   for name in RUNS:
     config.runs[name] = {"model": common.model_config(**train_configs.MODEL_PRESETS[name])}
@@ -37,3 +38,9 @@ def get_config(arg=None):
     for name in RUNS:
       config.runs[name].model.update(train_configs.SMOKE_PRESETS[name])
   return config
+
+
+def validate(config) -> None:
+  """Nothing beyond the runs: every field is one of `config.train` or `config.runs`, checked
+  with their data and models where the runs are built (`xsens.lab.multirun.validate_runs`)."""
+  del config

@@ -39,8 +39,10 @@ import ml_collections
 
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
+from xsens import choices
 from xsens.config_utils import parse_arg
 from xsens.data.long_tail import long_tail_fractions
+from xsens.errors import ConfigError
 
 SETUPS = ("mnist5k_lt", "mnist5k", "digits_lt", "digits", "cifar10_lt", "cifar100_lt")
 _NUM_CLASSES = {"mnist5k": 10, "digits": 10, "cifar10": 10, "cifar100": 100}
@@ -105,3 +107,42 @@ def get_config(arg=None):
     config.student.model.update(features=(4,), dense_dim=8)
     dc.seeds = (0,)
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad `config.distillation` or a teacher / student without a model;
+  the runs are checked by the study (their models and data, and the teacher's files)."""
+  dc = config.distillation
+  for field in ("teacher", "student"):
+    if field not in config or "model" not in config[field] or "name" not in config[field].model:
+      raise ConfigError(f"{field}.model", "missing; a model block with a name "
+                        "(mlcollections_configs.common.model_config)")
+  if not 0 <= dc.alpha <= 1:
+    raise ConfigError("distillation.alpha", f"must be in [0, 1], got {dc.alpha}")
+  if not dc.temperature > 0:
+    raise ConfigError("distillation.temperature", f"must be > 0, got {dc.temperature}")
+  if dc.teacher_mode not in choices.TEACHER_MODES:
+    raise ConfigError("distillation.teacher_mode", f"got {dc.teacher_mode!r}; allowed: "
+                      f"{', '.join(choices.TEACHER_MODES)}")
+  variants = list(dc.variants)
+  bad = [v for v in variants if v not in VARIANTS]
+  if bad or not variants or len(set(variants)) != len(variants):
+    raise ConfigError("distillation.variants", f"must be distinct names from "
+                      f"{', '.join(VARIANTS)}, got {variants}")
+  if "onehot" not in variants:
+    raise ConfigError("distillation.variants", "must include 'onehot' (the reference "
+                      "for per-class gains)")
+  seeds = list(dc.seeds)
+  if not seeds or len(set(seeds)) != len(seeds) or not all(
+      isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+    raise ConfigError("distillation.seeds", f"must be distinct ints >= 0, got {seeds}")
+  if not dc.margin_scale >= 0:
+    raise ConfigError("distillation.margin_scale", f"must be >= 0, got {dc.margin_scale}")
+  if not 0 < dc.val_fraction < 1:
+    raise ConfigError("distillation.val_fraction", f"must be in (0, 1), got "
+                      f"{dc.val_fraction}")
+  if not (isinstance(dc.worst_k, int) and dc.worst_k >= 1):
+    raise ConfigError("distillation.worst_k", f"must be an int >= 1, got {dc.worst_k!r}")
+  if not 0 < dc.head_fraction < 1:
+    raise ConfigError("distillation.head_fraction", f"must be in (0, 1), got "
+                      f"{dc.head_fraction}")

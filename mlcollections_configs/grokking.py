@@ -44,7 +44,9 @@ over epochs (rolling window 50) with the two events marked.
 
 import ml_collections
 
+from xsens import choices
 from xsens.config_utils import parse_arg
+from xsens.errors import is_finite_number, is_int, require
 
 # The CPU default, chosen from measured timings (docs/results.md, "Grokking").
 CPU_DEFAULTS = dict(modulus=59, width=128, num_heads=4, mlp_dim=512, learning_rate=3e-3,
@@ -122,3 +124,56 @@ def get_config(arg=None):
   if arg.init_npz:
     m.init_npz = arg.init_npz
   return config
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming `config.<field>` for any unusable value (the file of
+  `model.init_npz` is read by the study)."""
+  d = config.data
+  require(is_int(d.modulus) and d.modulus >= 2, "data.modulus",
+        f"must be an int >= 2, got {d.modulus!r}")
+  require(is_finite_number(d.train_fraction) and 0 < d.train_fraction < 1, "data.train_fraction",
+        f"must be in (0, 1), got {d.train_fraction!r}")
+  if is_int(d.modulus):
+    n_train = int(d.train_fraction * d.modulus ** 2)
+    require(1 <= n_train < d.modulus ** 2, "data.train_fraction",
+          f"gives {n_train} training pairs of {d.modulus ** 2}; need at least one of each split")
+  m = config.model
+  for f in ("width", "num_heads", "mlp_dim"):
+    require(is_int(m[f]) and m[f] >= 1, f"model.{f}", f"must be a positive int, got {m[f]!r}")
+  require(m.width % m.num_heads == 0, "model.num_heads",
+        f"must divide model.width={m.width}, got {m.num_heads}")
+  require(m.init_npz is None or (isinstance(m.init_npz, str) and m.init_npz), "model.init_npz",
+          f"must be None or the path of an .npz file, got {m.init_npz!r}")
+  o = config.optimizer
+  require(is_finite_number(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
+        f"must be > 0, got {o.learning_rate!r}")
+  require(is_finite_number(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
+        f"must be >= 0, got {o.weight_decay!r}")
+  for f in ("b1", "b2"):
+    require(is_finite_number(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}",
+            f"must be in [0, 1), got {o[f]!r}")
+  require(is_finite_number(o.eps) and o.eps > 0, "optimizer.eps", f"must be > 0, got {o.eps!r}")
+  t = config.train
+  for f in ("epochs", "chunk_epochs", "test_every", "num_seeds", "keep_checkpoints"):
+    require(is_int(t[f]) and t[f] >= 1, f"train.{f}", f"must be a positive int, got {t[f]!r}")
+  require(is_int(config.seed) and config.seed >= 0, "seed",
+        f"must be an int >= 0, got {config.seed!r}")
+  s = config.sensitivity
+  require(is_finite_number(s.sigma) and s.sigma >= 0, "sensitivity.sigma",
+        f"must be a standard deviation >= 0, got {s.sigma!r}")
+  pos = list(s.positions)
+  require(pos and all(is_int(p) and 0 <= p < choices.GROKKING_SEQ_LEN for p in pos) and len(set(pos)) == len(pos),
+        "sensitivity.positions", f"must be distinct positions in [0, {choices.GROKKING_SEQ_LEN}) "
+        f"(0 = a, 1 = b, 2 = '='), got {pos!r}")
+  r = config.report
+  require(is_int(r.window) and r.window >= 1, "report.window",
+        f"must be a positive int, got {r.window!r}")
+  th = r.grok_thresholds
+  require(isinstance(th, (tuple, list)) and th and len(set(th)) == len(th)
+          and all(is_finite_number(x) and 0 < x <= 1 for x in th), "report.grok_thresholds",
+          f"must be distinct test accuracies in (0, 1] (the first gives grok_epoch), got {th!r}")
+  require(is_finite_number(r.fall_fraction) and 0 < r.fall_fraction < 1, "report.fall_fraction",
+        f"must be in (0, 1), got {r.fall_fraction!r}")
+  require(all(is_int(e) and e >= 0 for e in r.markers), "report.markers",
+        f"must be epochs (ints >= 0), got {list(r.markers)!r}")

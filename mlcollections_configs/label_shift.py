@@ -42,6 +42,7 @@ from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
 from xsens.data.long_tail import long_tail_fractions
+from xsens.errors import ConfigError, is_finite_number, is_int
 
 SETUPS = ("mnist5k", "digits", "cifar100_lt")
 _NUM_CLASSES = {"mnist5k": 10, "digits": 10, "cifar100": 100}
@@ -113,3 +114,45 @@ def get_config(arg=None):
     config.num_seeds = 1
     ls.num_dirichlet = 3
   return config
+
+
+LABEL_SHIFT_FIELDS = ("tilts", "dirichlet_concentrations", "num_dirichlet", "radii", "seed",
+                      "eval_batch_size", "headline_tilt")
+
+
+def _require(ok: bool, field: str, message: str, value) -> None:
+  if not ok:
+    raise ConfigError(f"label_shift.{field}", f"{message}, got {value!r}")
+
+
+def _numbers(values, ok) -> bool:
+  return (isinstance(values, (tuple, list)) and len(values) > 0
+          and all(is_finite_number(v) and ok(v) for v in values))
+
+
+def validate(config) -> None:
+  """Checks `config.label_shift` (ConfigError naming `label_shift.<field>`); the runs are
+  checked by the study (their models and data)."""
+  ls = config.get("label_shift")
+  if ls is None:
+    raise ConfigError("label_shift", "is missing; see mlcollections_configs/label_shift.py")
+  unknown = sorted(set(ls.keys()) - set(LABEL_SHIFT_FIELDS))
+  _require(not unknown, unknown[0] if unknown else "", "unknown field; allowed: "
+           + ", ".join(LABEL_SHIFT_FIELDS), unknown[:1])
+  _require(_numbers(ls.tilts, lambda v: True), "tilts",
+           "must be a non-empty tuple of finite numbers λ (π ∝ p_train^λ)", ls.tilts)
+  _require(_numbers(ls.dirichlet_concentrations, lambda v: v > 0), "dirichlet_concentrations",
+           "must be a non-empty tuple of numbers > 0", ls.dirichlet_concentrations)
+  _require(is_int(ls.num_dirichlet) and ls.num_dirichlet >= 0, "num_dirichlet",
+           "must be an int >= 0", ls.num_dirichlet)
+  _require(_numbers(ls.radii, lambda v: v >= 0), "radii",
+           "must be a non-empty tuple of finite numbers >= 0 (KL radii ρ)", ls.radii)
+  _require(is_int(ls.seed) and ls.seed >= 0, "seed", "must be an int >= 0", ls.seed)
+  _require(is_int(ls.eval_batch_size) and ls.eval_batch_size > 0, "eval_batch_size",
+           "must be an int > 0", ls.eval_batch_size)
+  _require(is_finite_number(ls.headline_tilt), "headline_tilt", "must be a finite number",
+           ls.headline_tilt)
+  oracle = config.get("runs", {}).get("oracle", {}).get("objective", {}).get("task", {})
+  _require(oracle.get("tilt", ls.headline_tilt) == ls.headline_tilt, "headline_tilt",
+           f"must equal runs.oracle.objective.task.tilt ({oracle.get('tilt')!r}, the prior "
+           "the oracle trains for; set both)", ls.headline_tilt)

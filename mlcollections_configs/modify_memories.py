@@ -33,7 +33,10 @@ Variants:
 
 import ml_collections
 
+from mlcollections_configs import common
 from xsens.config_utils import parse_arg
+from xsens.data import knowledge
+from xsens.errors import is_finite_number, is_int, require
 
 SETUPS = ("synthetic", "lama")
 
@@ -74,9 +77,7 @@ def get_config(arg=None):
   p.background_fraction = 0.25
   p.chunk_steps = 500
   p.target_recall = 0.95   # Reported: whether pre-training reached it.
-  p.optimizer = ml_collections.ConfigDict({
-      "name": "adam", "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 100,
-      "weight_decay": 0.0})
+  p.optimizer = common.optimizer_config("adam", 2e-3, schedule="cosine", warmup_steps=100)
 
   # Optional second phase: `finetune_steps` steps on batches of background sentences and a
   # fraction `fact_fraction` of fact sentences (0: background only).
@@ -94,8 +95,7 @@ def get_config(arg=None):
              "feed_forward")
   e.parts_delta = 1e-2
   e.replay_ratio = 1.0
-  e.optimizer = ml_collections.ConfigDict({
-      "name": "adam", "learning_rate": 1e-3, "schedule": "constant", "weight_decay": 0.0})
+  e.optimizer = common.optimizer_config("adam", 1e-3)
 
   config.eval = ml_collections.ConfigDict({"num_unmodified": 512, "batch_size": 256})
 
@@ -131,3 +131,95 @@ def get_config(arg=None):
   if arg.pretrain_steps:
     p.steps = arg.pretrain_steps
   return config
+
+
+METHODS = ("finetune", "replay", "linf", "l2", "parts")
+SOURCES = ("synthetic", "lama_trex")
+
+
+def _positive_int(value, field: str) -> None:
+  require(is_int(value) and value >= 1, field, f"must be a positive int, got {value!r}")
+
+
+def _deltas(values, field: str) -> None:
+  require(isinstance(values, (tuple, list)) and len(values) > 0
+          and all(is_finite_number(d) and d >= 0 for d in values), field,
+          f"must be a non-empty tuple of radii δ >= 0 (finite), got {values!r}")
+
+
+def num_facts_of(config) -> int | None:
+  """The knowledge base's fact count from the config alone (None for LAMA: read later)."""
+  if config.data.source != "synthetic":
+    return None
+  s = config.data.synthetic
+  return int(s.num_subjects) * int(s.num_relations)
+
+
+def validate(config) -> None:
+  """Raises ConfigError naming `config.<field>` for any unusable value. The optimizer
+  blocks and the names of `edit.parts` (parts of the model) are checked by the study."""
+  d = config.data
+  require(d.source in SOURCES, "data.source",
+          f"unknown source {d.source!r}; allowed: {', '.join(SOURCES)}")
+  if d.source == "lama_trex":
+    require(isinstance(d.data_dir, str) and d.data_dir, "data.data_dir",
+            "must be the folder holding LAMA's relations.jsonl and TREx/ for source "
+            "'lama_trex'")
+  s = d.synthetic
+  for f in ("num_subjects", "num_relations", "many_to_one_objects", "objects_per_relation",
+            "num_train_templates", "num_heldout_templates"):
+    _positive_int(s[f], f"data.synthetic.{f}")
+  require(s.num_train_templates + s.num_heldout_templates <= len(knowledge.PATTERNS),
+          "data.synthetic.num_heldout_templates", f"train + held-out templates must be <= "
+          f"{len(knowledge.PATTERNS)}, got {s.num_train_templates} + {s.num_heldout_templates}")
+  require(s.many_to_one_objects >= 2 and s.objects_per_relation >= 2,
+          "data.synthetic.many_to_one_objects", "relations need >= 2 objects (an edit "
+          "changes the object)")
+  require(is_finite_number(s.many_to_one_fraction) and 0 <= s.many_to_one_fraction <= 1,
+          "data.synthetic.many_to_one_fraction",
+          f"must be in [0, 1], got {s.many_to_one_fraction!r}")
+  for f in ("num_train", "num_test", "max_clauses"):
+    _positive_int(d.background[f], f"data.background.{f}")
+  m = config.model
+  for f in ("width", "depth", "num_heads", "mlp_dim"):
+    _positive_int(m[f], f"model.{f}")
+  require(m.width % m.num_heads == 0, "model.num_heads",
+          f"must divide model.width={m.width}, got {m.num_heads}")
+  p = config.pretrain
+  for f in ("steps", "batch_size", "chunk_steps"):
+    _positive_int(p[f], f"pretrain.{f}")
+  require(is_finite_number(p.target_recall) and 0 < p.target_recall <= 1,
+          "pretrain.target_recall", f"must be in (0, 1], got {p.target_recall!r}")
+  require(is_finite_number(p.background_fraction) and 0 <= p.background_fraction < 1,
+          "pretrain.background_fraction", f"must be in [0, 1), got {p.background_fraction!r}")
+  require(is_int(config.phases.finetune_steps) and config.phases.finetune_steps >= 0,
+          "phases.finetune_steps", f"must be an int >= 0 (0: no second phase), got "
+          f"{config.phases.finetune_steps!r}")
+  frac = config.phases.fact_fraction
+  require(is_finite_number(frac) and 0 <= frac < 1, "phases.fact_fraction",
+          f"must be in [0, 1) (the fact sentences' share of phase-2 batches), got {frac!r}")
+  e = config.edit
+  methods = tuple(e.methods)
+  require(methods and all(x in METHODS for x in methods) and len(set(methods)) == len(methods),
+          "edit.methods", f"must be distinct names from {', '.join(METHODS)}, got {methods!r}")
+  sizes = tuple(e.sizes)
+  require(sizes and all(is_int(x) and x >= 1 for x in sizes), "edit.sizes",
+          f"must be positive ints (|S|), got {sizes!r}")
+  total = num_facts_of(config)
+  if total is not None:
+    require(max(sizes) <= total, "edit.sizes", f"|S| = {max(sizes)} exceeds the knowledge "
+            f"base's {total} facts (data.synthetic.num_subjects x num_relations)")
+  for f in ("num_seeds", "steps", "eval_every"):
+    _positive_int(e[f], f"edit.{f}")
+  _deltas(e.linf_deltas, "edit.linf_deltas")
+  _deltas(e.l2_deltas, "edit.l2_deltas")
+  require(is_finite_number(e.parts_delta) and e.parts_delta >= 0, "edit.parts_delta",
+          f"must be a radius δ >= 0 (finite), got {e.parts_delta!r}")
+  parts = tuple(e.parts)
+  require(len(parts) > 0, "edit.parts", "must name at least one part")
+  require(is_finite_number(e.replay_ratio) and e.replay_ratio > 0, "edit.replay_ratio",
+          f"must be > 0 (replayed per modified sentence), got {e.replay_ratio!r}")
+  _positive_int(config.eval.num_unmodified, "eval.num_unmodified")
+  _positive_int(config.eval.batch_size, "eval.batch_size")
+  require(is_int(config.seed) and config.seed >= 0, "seed",
+          f"must be an int >= 0, got {config.seed!r}")

@@ -14,7 +14,7 @@ Set-ups (`setup=`):
   batch 64, AdamW 3e-3) trained from scratch on the pair task "match" of
   `xsens.data.pair_tasks` ("<s> A </s></s> B </s>" with 4 words each, L = 12, B a
   permutation of A: does token 2 of B equal token 2 of A), for six position modes (all
-  of `xsens.models.position.POSITIONS` but "sinusoidal"), 3 training seeds each.
+  of `xsens.choices.POSITION_ENCODINGS` but "sinusoidal"), 3 training seeds each.
   `tasks=match+sentiment` adds the synthetic sentiment language (L = 26).
 - `glue`: MRPC, QQP and RTE from TFDS in `data_dir` (never downloaded; BPE tokenizer
   trained offline), a 4-layer width-256 encoder, max length 128 (GPU/TPU-sized; the
@@ -33,9 +33,10 @@ Toeplitz R_{i−j} per head). The paper's anchors: GLUE average 84.8 (input PE) 
 import ml_collections
 
 from mlcollections_configs import common
-from xsens.config_utils import parse_arg
-from xsens import model_defaults as position
+from xsens import choices
+from xsens.config_utils import parse_arg, run_config
 from xsens.data import text_config as text
+from xsens.errors import ConfigError, is_finite_number, is_int
 
 SETUPS = ("synthetic", "glue")
 SYNTHETIC_TASKS = {"reversed": "text/pair_reversed", "rotation": "text/pair_rotation",
@@ -46,6 +47,8 @@ GLUE_TASKS = {"mrpc": "glue/mrpc", "qqp": "glue/qqp", "rte": "glue/rte"}
 DEFAULT_TASKS = {"synthetic": "match"}
 PAIR_LENGTH = 12
 DEFAULT_MODES = "none+absolute+shaw+t5+diet_abs+diet_rel"
+MEASURE_FIELDS = ("rank_examples", "rank_rtol", "timing_batch", "timing_repeats",
+                  "baseline_mode")
 
 
 def _pick(names: str, allowed: dict | tuple, what: str) -> list[str]:
@@ -110,10 +113,10 @@ def get_config(arg=None):
   c.log_every = max(1, c.total_steps // 4)
   c.eval_batch_size = 512
   tasks = _pick(arg.tasks or DEFAULT_TASKS.get(arg.setup, ""), task_names, "task")
-  modes = _pick(arg.modes or DEFAULT_MODES, position.POSITIONS, "mode")
+  modes = _pick(arg.modes or DEFAULT_MODES, choices.POSITION_ENCODINGS, "mode")
   if arg.smoke:
     tasks = _pick(arg.tasks or "match", task_names, "task")
-    modes = _pick(arg.modes or "absolute+diet_abs+diet_rel", position.POSITIONS, "mode")
+    modes = _pick(arg.modes or "absolute+diet_abs+diet_rel", choices.POSITION_ENCODINGS, "mode")
     config.num_seeds = 1
     c.total_steps, c.eval_every, c.log_every, c.batch_size = 4, 4, 2, 16
     c.data.synthetic.update({"num_train": 64, "num_test": 32})
@@ -125,3 +128,26 @@ def get_config(arg=None):
                          "data": _task_data(task_names[task], arg.setup)}
       for task in tasks for mode in modes})
   return config
+
+
+def validate(config) -> None:
+  """ConfigError naming `position_encoding.<field>`; the runs' models are checked by the
+  study (a RoBERTa on the einsum path)."""
+  pc = config.get("position_encoding")
+  if pc is None:
+    raise ConfigError("position_encoding", "missing; start from "
+                      "mlcollections_configs/position_encoding.py measure_config()")
+  for field in MEASURE_FIELDS:
+    if field not in pc:
+      raise ConfigError(f"position_encoding.{field}", "missing")
+  for field in ("rank_examples", "timing_batch", "timing_repeats"):
+    if not (is_int(pc[field]) and pc[field] >= 1):
+      raise ConfigError(f"position_encoding.{field}", f"must be an int >= 1, got "
+                        f"{pc[field]!r}")
+  if not (is_finite_number(pc.rank_rtol) and 0 < pc.rank_rtol < 1):
+    raise ConfigError("position_encoding.rank_rtol", f"must be a number in (0, 1), got "
+                      f"{pc.rank_rtol!r}")
+  modes = {run_config(config, name).model.position for name in config.runs}
+  if pc.baseline_mode not in modes:
+    raise ConfigError("position_encoding.baseline_mode", f"{pc.baseline_mode!r} is the "
+                      f"mode of no run; allowed: {', '.join(sorted(modes))}")

@@ -30,6 +30,7 @@ import ml_collections
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
+from xsens.errors import ConfigError
 
 SETUPS = ("mnist5k", "cifar10")
 
@@ -105,7 +106,17 @@ def get_config(arg=None):
     rc.batch_size = 20
     rc.cost_batch_size = 16
     rc.timing_repeats = 2
+  config.num_seeds = 1   # Training seeds per run (xsens.lab.multirun.run_ids).
   config.runs = _runs(vit, heads, layers)
   full = f"reuse_p{max(heads)}_k{max(layers)}"
   rc.similarity_runs = (full,)
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad `config.reuse` field; its runs (`reuse.baseline`,
+  `reuse.random_labels_run`) are checked by the study against the runs it builds."""
+  rc = config.reuse
+  for field in ("num_examples", "batch_size", "cost_batch_size", "timing_repeats"):
+    if not (isinstance(rc[field], int) and rc[field] > 0):
+      raise ConfigError(f"reuse.{field}", f"must be a positive int, got {rc[field]!r}")

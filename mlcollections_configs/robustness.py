@@ -51,8 +51,9 @@ import ml_collections
 
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
+from xsens import choices
 from xsens.config_utils import parse_arg
-from xsens import corruption_names as corruptions
+from xsens.errors import ConfigError, is_finite_number, is_int, require
 
 SETUPS = ("mnist5k", "cifar10", "imagenet")
 
@@ -69,7 +70,7 @@ def robustness_config() -> ml_collections.ConfigDict:
       # `<tfds_name>/<corruption>_<severity>` in train.data.data_dir, e.g. CIFAR-10-C) read
       # when all are prepared ("auto") or always ("tfds"), else synthesised ("synthesize");
       # mnist5k has no pre-computed set.
-      "corruptions": {"names": tuple(corruptions.NAMES), "severities": (1, 2, 3, 4, 5),
+      "corruptions": {"names": choices.CORRUPTION_NAMES, "severities": (1, 2, 3, 4, 5),
                       "source": "auto",
                       "tfds_name": ml_collections.FieldReference(None, field_type=str)},
       "adversarial": {"norm": "linf", "epsilons": (0.01, 0.02, 0.05, 0.1),
@@ -80,6 +81,50 @@ def robustness_config() -> ml_collections.ConfigDict:
       "representations": {"num_examples": 500},
       "skip_sections": (),          # optional sections not measured (OPTIONAL_SECTIONS)
   })
+
+
+def validate_robustness(rc) -> None:
+  """ConfigError naming `robustness.<field>` for a bad field of `config.robustness`; its
+  `baseline_run` is checked against the runs measured (`xsens.lab.robustness`)."""
+  unknown = [n for n in rc.corruptions.names if n not in choices.CORRUPTION_NAMES]
+  if unknown:
+    raise ConfigError("robustness.corruptions.names",
+                      f"unknown {unknown}; allowed: {', '.join(choices.CORRUPTION_NAMES)}")
+  if any(s not in choices.CORRUPTION_SEVERITIES for s in rc.corruptions.severities):
+    raise ConfigError("robustness.corruptions.severities",
+                      f"must be within 1..5, got {list(rc.corruptions.severities)}")
+  ac = rc.adversarial
+  if not ac.epsilons or not all(is_finite_number(e) and e > 0 for e in ac.epsilons):
+    raise ConfigError("robustness.adversarial.epsilons",
+                      f"must be a non-empty list of finite ε > 0, got {list(ac.epsilons)}")
+  if ac.main_epsilon not in ac.epsilons:
+    raise ConfigError("robustness.adversarial.main_epsilon",
+                      f"must be one of {list(ac.epsilons)}")
+  if ac.norm not in choices.ADVERSARIAL_NORMS:
+    raise ConfigError("robustness.adversarial.norm",
+                      f"got {ac.norm!r}; allowed: {', '.join(choices.ADVERSARIAL_NORMS)}")
+  require(is_int(ac.pgd_steps) and ac.pgd_steps > 0, "robustness.adversarial.pgd_steps",
+          f"must be an int > 0, got {ac.pgd_steps!r}")
+  for field in ("step_size_fraction", "low_freq_cutoff"):
+    require(is_finite_number(ac[field]) and ac[field] > 0, f"robustness.adversarial.{field}",
+            f"must be a finite number > 0, got {ac[field]!r}")
+  for field in ("num_examples", "batch_size", "patch_size"):
+    require(is_int(rc[field]) and rc[field] > 0, f"robustness.{field}",
+            f"must be an int > 0, got {rc[field]!r}")
+  pc = rc.perturbations  # None in the ImageNet setup.
+  if pc is not None:
+    for field in ("relative_scale", "sharpness_sigma"):
+      require(is_finite_number(pc[field]) and pc[field] >= 0,
+              f"robustness.perturbations.{field}",
+              f"must be a finite number >= 0, got {pc[field]!r}")
+    for field in ("num_draws", "sharpness_examples"):
+      require(is_int(pc[field]) and pc[field] > 0, f"robustness.perturbations.{field}",
+              f"must be an int > 0, got {pc[field]!r}")
+  reps = rc.representations
+  if reps is not None:
+    require(is_int(reps.num_examples) and reps.num_examples > 0,
+            "robustness.representations.num_examples",
+            f"must be an int > 0, got {reps.num_examples!r}")
 
 
 # `:imagenet,scale`: the same architectures pre-trained on ImageNet-1k and on ImageNet-21k
@@ -146,6 +191,48 @@ def imagenet_config(smoke: bool = False, scale: bool = False) -> ml_collections.
     rc.adversarial.main_epsilon = 8 / 255
     rc.adversarial.pgd_steps = 2
   return config
+
+
+CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
+
+
+def _positive_int(value, field: str) -> None:
+  if not (is_int(value) and value >= 1):
+    raise ConfigError(field, f"must be a positive int, got {value!r}")
+
+
+def validate_imagenet(config) -> None:
+  """The fields of the ImageNet set-up: `config.imagenet`, `config.robustness` and
+  `config.runs` (their checkpoint files are checked by the study)."""
+  ic, rc = config.imagenet, config.robustness
+  if not config.runs:
+    raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
+  for name, run in config.runs.items():
+    data = run.pretraining
+    if data is not None and not (isinstance(data, str) and data.strip()):
+      raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "
+                        f"pre-training data (e.g. 'ImageNet-21k'), got {data!r}")
+  if ic.normalize not in choices.PIXEL_SCALE:
+    raise ConfigError("imagenet.normalize", f"got {ic.normalize!r}; allowed: "
+                      f"{', '.join(choices.PIXEL_SCALE)} (vit_jax and big_transfer "
+                      "use 'half', [-1, 1])")
+  if rc.baseline_run not in config.runs:
+    raise ConfigError("robustness.baseline_run", f"{rc.baseline_run!r} is not a run; "
+                      f"allowed: {', '.join(config.runs)}")
+  validate_robustness(rc)
+  if ic.corruption_source not in CORRUPTION_SOURCES:
+    raise ConfigError("imagenet.corruption_source", f"got {ic.corruption_source!r}; allowed: "
+                      f"{', '.join(CORRUPTION_SOURCES)}")
+  _positive_int(ic.image_size, "imagenet.image_size")
+  if ic.limit is not None:
+    _positive_int(ic.limit, "imagenet.limit")
+  if ic.image_size % rc.patch_size:
+    raise ConfigError("robustness.patch_size", f"{rc.patch_size} must divide "
+                      f"imagenet.image_size={ic.image_size} (perturbation energy per patch)")
+  if ic.limit is not None and rc.num_examples > ic.limit:
+    raise ConfigError("robustness.num_examples", f"{rc.num_examples} exceeds imagenet.limit="
+                      f"{ic.limit}; the adversarial / layer-removal subset is the first "
+                      "robustness.num_examples of the evaluated examples")
 
 
 # From-scratch data-scale sweep (`:scale`): share of the mnist5k training split (4000
@@ -240,3 +327,14 @@ def get_config(arg=None):
       rc.corruptions.names, rc.corruptions.severities = ("gaussian_noise", "fog"), (5,)
       rc.adversarial.epsilons = (rc.adversarial.main_epsilon,)
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field: `config.robustness`, and in the ImageNet set-up
+  `config.imagenet` and the runs. The trained runs (their models, data and
+  `data.normalize`, the patch size of the ViTs) and the checkpoint files are checked by the
+  study."""
+  if "imagenet" in config:
+    validate_imagenet(config)
+  else:
+    validate_robustness(config.robustness)

@@ -17,7 +17,7 @@ Set-ups (`setup=`):
   BPE tokenizer trained on the training split; the paper's models (4 layers, width 256,
   8 heads, RoBERTa intermediate 3072), max length 128, batch 32, AdamW lr 1e-4,
   StepLR(γ 0.9 per epoch), 100 epochs, R = 3, σ² = 15, and "RoBERTa (ReLU)" too
-  (GPU/TPU-sized; spec §8).
+  (GPU/TPU-sized; docs/papers/sensitivity.md §8).
 Add `relu` to also train RoBERTa with ReLU attention on the synthetic set-up.
 
 Variants (comma-separated, combinable):
@@ -34,7 +34,7 @@ Variants (comma-separated, combinable):
   sum; GPT-2, without one, is unchanged) instead of after it (the paper's).
 - `official_lstm`: adds the run `lstm_official`, the official code's LSTM as released:
   embedding, LayerNorm and head frozen at initialisation, only the LSTM layers train
-  (spec §8 defect 5; `model.official_frozen`).
+  (docs/papers/sensitivity.md §8 defect 5; `model.official_frozen`).
 - `noise_scale=token_rms`: σ in units of each model's clean-token RMS.
 - `only=lstm+roberta`: keep only these runs (e.g. to train the models of one study in
   parallel processes, one workdir each).
@@ -52,11 +52,15 @@ import math
 import ml_collections
 
 from mlcollections_configs import common
+from xsens import choices
 from xsens.config_utils import parse_arg
 from xsens.data import text_config as text
+from xsens.errors import ConfigError, is_finite_number, is_int
 
 SETUPS = ("synthetic", "mrpc", "qqp")
 _GLUE_TRAIN = {"mrpc": 3668, "qqp": 363846}
+# Where the noise enters (`xsens.studies.sensitivity_language.NOISE_PLACEMENTS`).
+NOISE_PLACEMENTS = ("after_norm", "before_norm")
 
 
 def _runs(vocab_size: int, max_length: int, width: int, depth: int, heads: int,
@@ -94,7 +98,8 @@ def get_config(arg=None):
 
   sc = config.sensitivity = ml_collections.ConfigDict()
   sc.seed = 0
-  # The code's --embedding_noise_variance 15 is a variance (spec §8): σ = √15 ≈ 3.87.
+  # The code's --embedding_noise_variance 15 is a variance (docs/papers/sensitivity.md §8): σ = √15
+  # ≈ 3.87.
   sc.sigma = math.sqrt(15.0)
   sc.num_draws = 2              # Draws per position at each report during training.
   sc.final_num_draws = 3        # The code's replace_size R = 3, for the final models.
@@ -149,7 +154,8 @@ def get_config(arg=None):
     c.eval_every = steps_per_epoch
     c.eval_train_examples = 10000
     c.checkpoint_every = steps_per_epoch
-    sc.num_examples = 408 if arg.setup == "mrpc" else 640     # The code's sets (spec §8).
+    # The code's sets (docs/papers/sensitivity.md §8).
+    sc.num_examples = 408 if arg.setup == "mrpc" else 640
     sc.chunk_size = 32   # (position, draw) pairs per forward: bounds memory at length 128.
     sc.every_steps = max(1, (500 if arg.setup == "mrpc" else 5000) // c.batch_size)
     sc.num_draws = 3
@@ -194,3 +200,33 @@ def get_config(arg=None):
                        f"{', '.join(config.runs)}")
     config.runs = ml_collections.ConfigDict({k: config.runs[k].to_dict() for k in keep})
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of `config.sensitivity`; the runs (text models on a text
+  dataset) and `sensitivity.num_examples` against their training examples are checked by
+  the study."""
+  sc = config.sensitivity
+  for field in ("sigma", "global_sigma"):
+    if not (is_finite_number(sc[field]) and sc[field] >= 0):
+      raise ConfigError(f"sensitivity.{field}", f"must be a standard deviation >= 0, got "
+                        f"{sc[field]!r}")
+  for field in ("num_draws", "final_num_draws", "global_num_draws", "num_examples",
+                "batch_size"):
+    if not isinstance(sc[field], int) or isinstance(sc[field], bool) or sc[field] < 1:
+      raise ConfigError(f"sensitivity.{field}", f"must be an int >= 1, got {sc[field]!r}")
+  if not isinstance(sc.every_steps, int) or sc.every_steps < 0:
+    raise ConfigError("sensitivity.every_steps", f"must be an int >= 0 (0: only before "
+                      f"and after training), got {sc.every_steps!r}")
+  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size >= 1):
+    raise ConfigError("sensitivity.chunk_size", f"must be an int >= 1 or None, got "
+                      f"{sc.chunk_size!r}")
+  if sc.noise_scale not in choices.NOISE_SCALES:
+    raise ConfigError("sensitivity.noise_scale", f"unknown value {sc.noise_scale!r}; "
+                      f"allowed: {', '.join(choices.NOISE_SCALES)}")
+  if not isinstance(sc.include_special_tokens, bool):
+    raise ConfigError("sensitivity.include_special_tokens",
+                      f"must be True or False, got {sc.include_special_tokens!r}")
+  if sc.noise_placement not in NOISE_PLACEMENTS:
+    raise ConfigError("sensitivity.noise_placement", f"unknown value {sc.noise_placement!r}; "
+                      f"allowed: {', '.join(NOISE_PLACEMENTS)}")

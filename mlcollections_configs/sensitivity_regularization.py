@@ -6,9 +6,9 @@ and a ResNet ("Transformers Learn Low Sensitivity Functions", ICLR 2025, §6.1).
   xsens --config=mlcollections_configs/sensitivity_regularization.py:setup=cifar10 \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/sr_c10
 
-The regulariser is the official code's (spec §3): (1−p)·CE + p·MSE(f(x̃), f(x)), x̃ with
-N(0, s²) noise on one random 4×4 window, p = 0.5, s = 1 (the paper's values are not known).
-The augmentation adds N(0, 0.5²) pixel noise to every training image (σ and rate not known).
+The regulariser is the official code's (docs/papers/sensitivity.md §3): (1−p)·CE + p·MSE(f(x̃),
+f(x)), x̃ with N(0, s²) noise on one random 4×4 window, p = 0.5, s = 1 (the paper's values are not
+known). The augmentation adds N(0, 0.5²) pixel noise to every training image (σ and rate not known).
 Shows: clean and corrupted accuracy per category (noise, blur, weather, digital), mCE vs
 the plain ViT, and train-set sensitivity per run. The paper's claim: the regulariser or the
 augmentation lowers sensitivity and improves the ViT's robustness on CIFAR-10-C.
@@ -44,6 +44,7 @@ def get_config(arg=None):
     vit = base.runs.vit.model
     resnet = base.runs.resnet18.model
     config.robustness.num_examples = 5000
+  config.num_seeds = 1   # Training seeds per run (xsens.lab.multirun.run_ids).
   config.runs = ml_collections.ConfigDict({
       "vit": {"model": vit},
       "vit_gaussian_aug": {"model": vit, "augment": {"gaussian_std": 0.5}},
@@ -66,3 +67,11 @@ def get_config(arg=None):
     rc.corruptions.names = ("gaussian_noise", "defocus_blur", "fog", "contrast")
     rc.corruptions.severities = (1, 5)
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of `config.robustness` or `config.sensitivity` (their
+  config files' block checks); the runs, the patch sizes against them and
+  `robustness.baseline_run` are checked by the study."""
+  robustness_configs.validate_robustness(config.robustness)
+  sensitivity_configs.validate_sensitivity(config.sensitivity)

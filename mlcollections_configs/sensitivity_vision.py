@@ -45,7 +45,9 @@ import ml_collections
 
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
+from xsens import choices
 from xsens.config_utils import parse_arg
+from xsens.errors import ConfigError, is_finite_number, is_int
 
 SETUPS = ("mnist5k", "cifar10", "svhn", "fashion_mnist", "mnist_binary", "imagenet")
 
@@ -141,13 +143,14 @@ def get_config(arg=None):
   # "absolute": σ in pixels (the paper's); "token_rms": σ in units of the RMS pixel of the
   # measured examples, i.e. σ is the noise-to-signal ratio (xsens.measures.sensitivity).
   sc.noise_scale = "absolute"
-  # The official code's estimator (spec §2.2): 16 scattered pixels, 5 draws, σ=0.1 on
-  # CIFAR-10 (paper set-ups); on mnist5k σ=0.1 never flips a label, so it uses main σ.
+  # The official code's estimator (docs/papers/sensitivity.md §2.2): 16 scattered pixels, 5 draws,
+  # σ=0.1 on CIFAR-10 (paper set-ups); on mnist5k σ=0.1 never flips a label, so it uses main σ.
   sc.scattered = ml_collections.ConfigDict(
       {"enabled": True, "sigma": 4.0, "num_pixels": 16, "num_draws": 5})
   # Global noise (App. A.2): every patch noised at once, same examples and σ grid.
   sc.global_noise = ml_collections.ConfigDict({"enabled": True, "num_draws": 8})
-  # Sharpness (the official `check_sharpness`, spec §4): N(0, 0.05²) on every parameter.
+  # Sharpness (the official `check_sharpness`, docs/papers/sensitivity.md §4): N(0, 0.05²) on every
+  # parameter.
   sc.sharpness = ml_collections.ConfigDict({"enabled": True, "sigma": 0.05, "num_draws": 5})
 
   if arg.setup == "mnist5k":
@@ -162,7 +165,8 @@ def get_config(arg=None):
         resnet18=dict(name="resnet18", width_multiplier=0.125))
   else:
     # Paper-sized set-ups (GPU/TPU). Adam 1e-3 with the code's StepLR(8 epochs, γ 0.5);
-    # the official lr 0.01 was never applied (its optimizer never stepped, spec §8).
+    # the official lr 0.01 was never applied (its optimizer never stepped,
+    # docs/papers/sensitivity.md §8).
     c.data.name = {"cifar10": "cifar10", "svhn": "svhn_cropped",
                    "fashion_mnist": "fashion_mnist", "mnist_binary": "mnist"}[arg.setup]
     if arg.setup == "mnist_binary":
@@ -203,3 +207,91 @@ def get_config(arg=None):
     sc.global_noise.num_draws = 2
     sc.sharpness.num_draws = 2
   return config
+
+
+def validate_sensitivity(sc) -> None:
+  """ConfigError naming `sensitivity.<field>` for a bad field of `config.sensitivity`; its
+  `patch_size` is checked against the runs' images (`xsens.lab.sensitivity`)."""
+  if not sc.sigmas or not all(is_finite_number(s) and s >= 0 for s in sc.sigmas):
+    raise ConfigError("sensitivity.sigmas", f"must be a non-empty list of finite σ >= 0, got "
+                      f"{list(sc.sigmas)}")
+  if sc.main_sigma not in sc.sigmas:
+    raise ConfigError("sensitivity.main_sigma",
+                      f"{sc.main_sigma} must be one of sensitivity.sigmas {list(sc.sigmas)}")
+  for field in ("num_draws", "num_examples", "batch_size"):
+    if not (is_int(sc[field]) and sc[field] > 0):
+      raise ConfigError(f"sensitivity.{field}", f"must be an int > 0, got {sc[field]!r}")
+  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
+    raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
+                      f"{sc.chunk_size!r}")
+  choices.check_streams("sensitivity.streams", sc.streams)
+  noise_scale = sc.noise_scale
+  if noise_scale not in choices.NOISE_SCALES:
+    raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
+                      f"{', '.join(choices.NOISE_SCALES)}")
+  validate_scattered_config(sc.scattered)
+  validate_global_config(sc.global_noise)
+  validate_sharpness_config(sc.sharpness)
+
+
+def _check_enabled(block, path: str) -> None:
+  if not isinstance(block.enabled, bool):
+    raise ConfigError(f"{path}.enabled", f"must be True or False, got {block.enabled!r}")
+
+
+def validate_global_config(block) -> None:
+  """Checks `config.sensitivity.global_noise` (App. A.2; None: not measured)."""
+  if block is None:
+    return
+  path = "sensitivity.global_noise"
+  _check_enabled(block, path)
+  if not (is_int(block.num_draws) and block.num_draws > 0):
+    raise ConfigError(f"{path}.num_draws", f"must be an int > 0 (noise draws per example "
+                      f"and σ), got {block.num_draws!r}")
+
+
+def validate_sharpness_config(block) -> None:
+  """Checks `config.sensitivity.sharpness` (docs/papers/sensitivity.md §4; None: not measured)."""
+  if block is None:
+    return
+  path = "sensitivity.sharpness"
+  _check_enabled(block, path)
+  if not (is_finite_number(block.sigma) and block.sigma >= 0):
+    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0 (absolute weight noise), "
+                      f"got {block.sigma!r}")
+  if not (is_int(block.num_draws) and block.num_draws > 1):
+    raise ConfigError(f"{path}.num_draws", f"must be an int > 1 (the standard error is "
+                      f"over the draws), got {block.num_draws!r}")
+
+
+def validate_scattered_config(scattered) -> None:
+  """Checks `config.sensitivity.scattered` (the official code's estimator,
+  docs/papers/sensitivity.md §2.2)."""
+  path = "sensitivity.scattered"
+  if not isinstance(scattered.enabled, bool):
+    raise ConfigError(f"{path}.enabled", f"must be True or False, got {scattered.enabled!r}")
+  if not (is_finite_number(scattered.sigma) and scattered.sigma >= 0):
+    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0, got {scattered.sigma!r}")
+  if not (is_int(scattered.num_draws) and scattered.num_draws > 0):
+    raise ConfigError(f"{path}.num_draws", f"must be an int > 0, got {scattered.num_draws!r}")
+  if not (is_int(scattered.num_pixels) and scattered.num_pixels > 0):
+    raise ConfigError(f"{path}.num_pixels", f"must be an int > 0 (positions drawn with "
+                      f"replacement per mask), got {scattered.num_pixels!r}")
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of `config.sensitivity` and, in the ImageNet set-up, of
+  `config.imagenet` and the runs. The patch size against the runs' images, the runs'
+  models and data and the checkpoint files are checked by the study."""
+  sc = config.sensitivity
+  if "imagenet" in config:
+    if not config.runs:
+      raise ConfigError("runs", "needs at least one run (a pretrained checkpoint)")
+    size = config.imagenet.image_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+      raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
+  validate_sensitivity(sc)
+  if "imagenet" in config and sc.noise_scale != "absolute":
+    raise ConfigError("sensitivity.noise_scale", f"the imagenet set-up takes σ in [0, 1] "
+                      f"pixel units ('absolute'; its noise-to-signal ratio is reported); "
+                      f"got {sc.noise_scale!r}")

@@ -88,3 +88,9 @@ def get_config(arg=None):
   if arg.stream:
     stream(config.train)
   return config
+
+
+def validate(config) -> None:
+  """Nothing beyond the trainer's block: every field is one of `config.train`, checked
+  with its data and model where the run is built (`xsens.train.trainer.validate_config`)."""
+  del config

@@ -23,19 +23,22 @@ import ml_collections
 from mlcollections_configs import common
 from mlcollections_configs import train as train_configs
 from xsens.config_utils import parse_arg
+from xsens.errors import is_finite_number, is_int, require
 
 SETUPS = ("mnist5k", "cifar10")
+METHODS = ("ibp", "triangle", "pgd", "fista", "lp")
 
 
 def verification_config() -> ml_collections.ConfigDict:
-  """The `config.verification` block read by `xsens.studies.verification`."""
+  """The `config.verification` block read by `xsens.studies.verification` (the solver's
+  defaults: docs/papers/google_papers.md §H)."""
   return ml_collections.ConfigDict({
       "epsilons": (0.005, 0.01, 0.02, 0.05),
       "methods": ("ibp", "triangle", "pgd", "fista", "lp"),
       "num_examples": 100,           # first test examples
       "bounds_method": "triangle",   # intermediate bounds of the relaxation
       "max_iters": 100,              # nonconvex solver iterations per property
-      "tol": 1e-2,                   # duality-gap stopping rule (spec §H default)
+      "tol": 1e-2,                   # duality-gap stopping rule
       "attack_steps": 20,            # PGD attack for the falsified / open split
       "lp_runs": ("mlp_small", "mlp_small_adv"),
       "lp_num_examples": 10,
@@ -92,3 +95,29 @@ def get_config(arg=None):
     vc.lp_runs, vc.lp_num_examples = ("cnn_adv",), 1
     vc.trace_runs, vc.trace_examples, vc.trace_iters = ("cnn_adv",), 2, 5
   return config
+
+
+def validate(config) -> None:
+  """ConfigError for a bad field of the `verification` block; the ε values
+  (`xsens.verify.bounds.check_epsilon`) and the runs are checked by the study."""
+  vc = config.verification
+  require(len(tuple(vc.epsilons)) > 0, "verification.epsilons", "must list at least one ε")
+  bad = [m for m in vc.methods if m not in METHODS]
+  require(not bad and len(vc.methods) > 0, "verification.methods",
+          f"unknown {bad!r}; allowed: {', '.join(METHODS)}")
+  for field in ("num_examples", "max_iters", "trace_iters", "trace_examples",
+                "lp_num_examples"):
+    require(is_int(vc[field]) and vc[field] >= 1, f"verification.{field}",
+            f"must be an int >= 1, got {vc[field]!r}")
+  require(is_int(vc.attack_steps) and vc.attack_steps >= 0, "verification.attack_steps",
+          f"must be an int >= 0, got {vc.attack_steps!r}")
+  require(is_finite_number(vc.tol) and vc.tol > 0, "verification.tol",
+          f"must be a number > 0, got {vc.tol!r}")
+  require(vc.bounds_method in ("ibp", "triangle"), "verification.bounds_method",
+          f"must be 'ibp' or 'triangle', got {vc.bounds_method!r}")
+  require(is_finite_number(vc.trace_epsilon) and vc.trace_epsilon >= 0,
+          "verification.trace_epsilon", f"must be a number >= 0, got {vc.trace_epsilon!r}")
+  for field in ("lp_runs", "trace_runs"):
+    unknown = [r for r in vc[field] if r not in config.runs]
+    require(not unknown, f"verification.{field}",
+            f"unknown runs {unknown!r}; allowed: {', '.join(config.runs)}")

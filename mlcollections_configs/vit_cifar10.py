@@ -64,3 +64,9 @@ def get_config(arg=None):
     c.update(batch_size=8, total_steps=4, eval_every=2, log_every=2, checkpoint_every=2,
              eval_batch_size=8, eval_train_examples=8, progress=False)
   return config
+
+
+def validate(config) -> None:
+  """Nothing beyond the trainer's block: every field is one of `config.train`, checked
+  with its data and model where the run is built (`xsens.train.trainer.validate_config`)."""
+  del config

@@ -11,7 +11,6 @@ import pytest
 from mlcollections_configs import attention_eigen as ae_configs
 from xsens import measures
 from xsens.errors import ConfigError
-from xsens.lab import eigen_analysis
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit, get_model
 
@@ -223,6 +222,6 @@ def test_study_refuses_bad_eigen_config(field, value, path, part):
   ec = ae_configs.get_config().eigen
   ec[field] = value
   with pytest.raises(ConfigError) as e:
-    eigen_analysis.validate_eigen_config(ec, num_tokens=50)
+    ae_configs.validate_eigen(ec, num_tokens=50)
   assert e.value.field == path and part in str(e.value)
   assert "\n" not in str(e.value)

@@ -1,4 +1,5 @@
-"""Tests for xsens/measures/attention_similarity.py (Reuse Transformers, spec §A.1)."""
+"""Tests for xsens/measures/attention_similarity.py (Reuse Transformers,
+docs/papers/google_papers.md §A.1)."""
 
 import functools
 

@@ -159,3 +159,41 @@ def test_md_files_cited_by_help_and_config_docstrings_exist():
     ok = (os.path.isfile(os.path.join(REPO, name))
           or ("/" not in name and name in study_record.RESULTS_FILES))
     assert ok, f"{where} cites {name}, which is not in the repository"
+
+
+def _source_texts() -> dict[str, str]:
+  out = {}
+  for top in ("xsens", "mlcollections_configs", "experiments", "tests"):
+    for root, _, names in os.walk(os.path.join(REPO, top)):
+      for name in names:
+        if name.endswith(".py"):
+          path = os.path.join(root, name)
+          with open(path, encoding="utf-8") as f:
+            out[os.path.relpath(path, REPO)] = f.read()
+  return out
+
+
+def _paper_sections(rel: str) -> set[str]:
+  """Section labels of a docs/papers page: "2", "2.1", "A", "A.1" from its headings and
+  bold item labels (`**A.1 ...**`)."""
+  text = _read(rel)
+  labels = set(re.findall(r"^## ([A-Z0-9]+)\.", text, re.M))
+  labels |= set(re.findall(r"^\*\*([A-Z0-9]+\.\d+)\b", text, re.M))
+  labels |= set(re.findall(r"^### ([0-9]+\.\d+)\b", text, re.M))
+  return labels
+
+
+def test_code_cites_paper_notes_in_the_repository():
+  """Docstrings and comments cite what is known of a paper as `docs/papers/<page>.md §N`,
+  a page and section that exist; never a bare "spec §N" or a page outside the repository."""
+  cites = []
+  for rel, text in _source_texts().items():
+    if rel == "tests/docs_test.py":
+      continue
+    assert not re.search(r"\bspec:? §|(?<!docs/papers/)google_papers\.md", text), rel
+    cites += [(rel, page, sec) for page, sec in
+              re.findall(r"docs/papers/(\w+\.md)\s+§([A-Z0-9]+(?:\.\d+)?)", text)]
+  assert len(cites) > 50  # The pattern finds the citations.
+  for rel, page, sec in cites:
+    sections = _paper_sections(f"docs/papers/{page}")
+    assert sec in sections or sec.split(".")[0] in sections, f"{rel} cites {page} §{sec}"

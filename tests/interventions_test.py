@@ -1,4 +1,5 @@
-"""Gaussian augmentation and the sensitivity regulariser (spec §3) in the one trainer."""
+"""Gaussian augmentation and the sensitivity regulariser (docs/papers/sensitivity.md §3) in the one
+trainer."""
 
 import jax
 import jax.numpy as jnp

@@ -259,3 +259,34 @@ def test_the_ball_is_in_kl_pi_to_p_not_the_reverse_direction():
   new = dro.pi_step(pi, p, jnp.asarray([0.0, 0.0, 2.0]), radius=0.3, step_size=1.0)
   assert float(label_shift.kl_divergence(new, p)) == pytest.approx(0.3, abs=1e-4)
   assert abs(float(label_shift.kl_divergence(p, new)) - 0.3) > 1e-2   # Not the reverse ball.
+
+
+def test_iterated_pi_step_reaches_the_closed_form_fixed_point_of_the_smoothing():
+  """Two classes, constant class losses g = (c, 0), inside the ball (α = 0): the mirror step
+  moves π by e^{ηc} and the ε-smoothing pulls it back toward uniform; the iteration's fixed
+  point x = π_0 solves (1+2ε)(a−1)x² + ((1+2ε) − ε(a−1) − a)x − ε = 0 with a = e^{ηc}."""
+  eta, c, eps = 0.01, 1.5, 1e-3
+  a = np.exp(eta * c)
+  coeffs = [(1 + 2 * eps) * (a - 1), (1 + 2 * eps) - eps * (a - 1) - a, -eps]
+  x = max(r.real for r in np.roots(coeffs) if 0 < r.real < 1)
+  step = jax.jit(lambda pi: dro.pi_step(pi, jnp.asarray([0.5, 0.5]), jnp.asarray([c, 0.0]),
+                                        radius=1e3, step_size=eta, epsilon=eps))
+  pi = jnp.asarray([0.5, 0.5])
+  for _ in range(3000):
+    pi = step(pi)
+  np.testing.assert_allclose(np.asarray(pi), [x, 1 - x], atol=1e-4)
+  assert x > 0.9  # A constant loss gap drives π far from uniform despite the smoothing.
+
+
+def test_without_a_loss_gap_the_smoothing_returns_pi_to_uniform():
+  """Class losses equal (all clipped, or all ≈ 0 once the training set is fitted): π decays
+  to uniform by the factor 1/(1+Kε) per step, whatever it was."""
+  k, eps = 10, 1e-3
+  pi0 = jnp.asarray(np.r_[0.55, np.full(k - 1, 0.05)], jnp.float32)
+  step = jax.jit(lambda pi, g: dro.pi_step(pi, jnp.full((k,), 0.1), g, radius=1e3,
+                                           step_size=0.01, epsilon=eps))
+  pi = pi0
+  for _ in range(300):
+    pi = step(pi, jnp.full((k,), 2.0))
+  want = 0.1 + (np.asarray(pi0) - 0.1) / (1 + k * eps) ** 300
+  np.testing.assert_allclose(np.asarray(pi), want, atol=1e-5)

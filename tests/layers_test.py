@@ -9,6 +9,8 @@ stands (inside a function too): `import xsens.studies.x`, `from xsens.studies im
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -59,6 +61,23 @@ def test_lab_never_imports_studies(path):
       f"{path.relative_to(REPO)} imports a study: " + "; ".join(study_imports(path)))
 
 
+def _plotting_imports(path: pathlib.Path) -> list[str]:
+  tree = ast.parse(path.read_text(), filename=str(path))
+  names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+  names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+  return [n for n in names if n.split(".")[0] == "matplotlib"]
+
+
+@pytest.mark.parametrize("path", _modules(LAB), ids=lambda p: p.name)
+def test_lab_leaves_plotting_to_report(path):
+  """Figures are drawn in xsens/report; the lab computes what they show."""
+  assert not _plotting_imports(path), f"{path.relative_to(REPO)} imports matplotlib"
+
+
+def test_the_plotting_check_sees_matplotlib():
+  assert _plotting_imports(ROOT / "xsens" / "report" / "plots.py")
+
+
 def test_the_check_sees_every_spelling(tmp_path):
   """Each spelling of a study import, at module level or inside a function, is caught."""
   source = "\n".join([
@@ -86,8 +105,8 @@ def test_the_check_sees_every_spelling(tmp_path):
 # Each part of the package with its layer: a module may import its own part, the base
 # (layer 0) and any part of a lower layer. main and launch are the entry points above all.
 LAYERS = {
-    "errors": 0, "paths": 0, "config_utils": 0, "boolean_cube": 0,
-    "model_defaults": 0, "corruption_names": 0,
+    "errors": 0, "paths": 0, "config_utils": 0, "boolean_cube": 0, "choices": 0,
+    "model_defaults": 0,
     "data": 1, "models": 1,
     "verify": 2,
     "measures": 3,
@@ -166,3 +185,55 @@ def test_the_layer_check_sees_upward_imports():
       "2", "3", "4", "7"]
   # A study may import every part below it (a study importing a study is the rule above).
   assert layer_violations("studies", source, "xsens.studies") == []
+
+
+# The config files (mlcollections_configs/) hold each study's defaults and field checks; they
+# load without JAX, so they import only these xsens modules (each checked below to import
+# no JAX). xsens.studies and xsens.lab (and the CLI) may import the config files.
+JAX_FREE = ("xsens.errors", "xsens.config_utils", "xsens.choices", "xsens.model_defaults",
+            "xsens.paths", "xsens.data", "xsens.data.config", "xsens.data.long_tail",
+            "xsens.data.text", "xsens.data.text_config", "xsens.data.knowledge")
+CONFIGS = ROOT / "mlcollections_configs"
+
+
+def config_xsens_imports(path: pathlib.Path) -> list[str]:
+  """The xsens modules `path` imports (`from xsens.data import text` names
+  `xsens.data.text`; `from xsens.errors import require` names `xsens.errors`)."""
+  out = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      out += [a.name for a in node.names if a.name.split(".")[0] == "xsens"]
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "xsens":
+      for a in node.names:  # A submodule (`from xsens.data import text`) or a name.
+        sub = ROOT / node.module.replace(".", "/") / a.name
+        is_module = sub.with_suffix(".py").exists() or (sub / "__init__.py").exists()
+        out.append(f"{node.module}.{a.name}" if is_module else node.module)
+  return out
+
+
+@pytest.mark.parametrize("path", _modules(CONFIGS), ids=lambda p: p.name)
+def test_configs_import_only_jax_free_modules(path):
+  wrong = [m for m in config_xsens_imports(path) if m not in JAX_FREE]
+  assert not wrong, f"{path.relative_to(REPO)} imports {wrong}; allowed: {JAX_FREE}"
+
+
+def test_the_jax_free_modules_import_no_jax():
+  code = ("import sys\n" + "".join(f"import {m}\n" for m in JAX_FREE)
+          + "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax')))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                       text=True, check=True, env={"PYTHONPATH": REPO, "PATH": ""})
+  assert out.stdout.strip() == "[]"
+
+
+def test_only_studies_lab_and_the_cli_import_config_files():
+  wrong = []
+  for path in sorted((ROOT / "xsens").rglob("*.py")):
+    part = path.relative_to(ROOT / "xsens").parts[0]
+    if part in ("studies", "lab", "main.py", "launch.py", "__main__.py"):
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+               else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+      wrong += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names
+                if n.split(".")[0] == "mlcollections_configs"]
+  assert not wrong, wrong

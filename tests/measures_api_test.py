@@ -151,5 +151,6 @@ def test_docstring_examples_run_as_written(module):
     runner.run(test)
   assert runner.failures == 0, f"{runner.failures} failing example(s) in {module}"
   if module in ("xsens.measures", "xsens.measures.sensitivity",
-                "xsens.measures.text_sensitivity"):
+                "xsens.measures.text_sensitivity", "xsens.measures.boolean",
+                "xsens.measures.convention"):
     assert runner.tries > 0, module  # The usage examples are doctests.

@@ -316,3 +316,99 @@ def test_four_processes_stop_together_even_during_a_checkpoint_write(tmp_path):
   run = _start(wd, 4)
   assert run.wait(deadline_s=DEADLINE_S) == [0] * 4, run.err.getvalue()[-3000:]
   assert chaos_resume.checkpoint_steps(str(wd))[-1] == 300
+
+
+def _children(pid: int) -> list[int]:
+  """The process ids of `pid`'s children (Linux /proc)."""
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+      return [int(c) for c in f.read().split()]
+  except FileNotFoundError:
+    return []
+
+
+def _launcher(workdir, log, *options, total_steps=300):
+  """`python -m xsens.launch --local_processes=2 OPTIONS -- ARGS` (the command of
+  docs/launch.md), its stderr into the file `log`."""
+  return subprocess.Popen(
+      [sys.executable, "-m", "xsens.launch", "--local_processes=2", f"--timeout_s={WAIT_S}",
+       *options, "--", *chaos_resume.arguments(str(workdir), total_steps)],
+      cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, text=True)
+
+
+def _end_launcher(proc, deadline_s=DEADLINE_S) -> int:
+  """Its exit code; past `deadline_s`, kills it and its processes and fails."""
+  try:
+    return proc.wait(timeout=deadline_s)
+  except subprocess.TimeoutExpired:
+    for child in _children(proc.pid):
+      os.kill(child, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+    pytest.fail(f"the launcher ran longer than {deadline_s} s")
+
+
+@pytest.mark.slow
+def test_launcher_forwards_sigint_and_reruns_after_a_lost_process(tmp_path):
+  """`python -m xsens.launch --local_processes=2`, as a user runs it: SIGINT (Ctrl-C) to the
+  launcher reaches both processes, which stop at one step with one checkpoint, exit 130,
+  and the launcher exits 130 after its summary line. With `--max_restarts=1`, SIGKILL of one
+  process ends the attempt (the other within the wait timeout), the launcher reruns it, and
+  the rerun resumes and finishes: exit 0."""
+  wd, log_path = tmp_path / "run", tmp_path / "launch.log"
+  with open(log_path, "w") as log:
+    proc = _launcher(wd, log)
+    t0 = time.monotonic()
+    while chaos_resume.metrics_step(str(wd)) < 20:
+      assert proc.poll() is None, log_path.read_text()[-3000:]
+      if time.monotonic() - t0 > DEADLINE_S:
+        _end_launcher(proc, 0.1)
+      time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    assert _end_launcher(proc) == 130, log_path.read_text()[-3000:]
+  lines = log_path.read_text().splitlines()
+  assert lines[-1] == "xsens.launch: exit codes [130, 130]; exit 130", lines[-10:]
+  stops = [l for l in lines if " xsens: preempted (SIGINT) at step " in l]
+  assert sorted(l[:4] for l in stops) == ["[0] ", "[1] "], lines[-10:]
+  steps = {int(l.split(" at step ")[1].split(";")[0]) for l in stops}
+  assert len(steps) == 1, stops
+  step = steps.pop()
+  assert 20 <= step < 300 and chaos_resume.checkpoint_steps(str(wd))[-1] == step
+  assert max(r["step"] for r in read_metrics(str(wd))) == step
+  assert not (wd / "lock.json").exists()
+
+  with open(log_path, "w") as log:
+    proc = _launcher(wd, log, "--max_restarts=1")
+    t0 = time.monotonic()
+    while chaos_resume.metrics_step(str(wd)) < step + 20 or len(_children(proc.pid)) < 2:
+      assert proc.poll() is None, log_path.read_text()[-3000:]
+      if time.monotonic() - t0 > DEADLINE_S:
+        _end_launcher(proc, 0.1)
+      time.sleep(0.005)
+    os.kill(_children(proc.pid)[1], signal.SIGKILL)
+    assert _end_launcher(proc, 2 * DEADLINE_S) == 0, log_path.read_text()[-3000:]
+  text = log_path.read_text()
+  summaries = [l for l in text.splitlines()
+               if l.startswith(("xsens.launch: exit codes ", "xsens.launch: rerun "))]
+  assert len(summaries) == 3, text[-3000:]
+  first, rerun, last = summaries
+  codes = sorted(int(c) for c in first.split("exit codes [")[1].split("]")[0].split(", "))
+  assert codes[1] == 137 and codes[0] in LOST, summaries
+  assert rerun == "xsens.launch: rerun 1 of 1"
+  assert last == "xsens.launch: exit codes [0, 0]; exit 0"
+  assert chaos_resume.checkpoint_steps(str(wd))[-1] == 300
+  assert not (wd / "lock.json").exists()
+
+
+@pytest.mark.slow
+def test_chaos_two_processes_random_signals_end_bit_identical(tmp_path, capsys):
+  """`experiments/chaos_resume.py --processes 2` with two random signals (SIGKILL or SIGTERM
+  to a random process), each attempt bounded: the final state equals an uninterrupted
+  2-process run's bit for bit (the 4-process, 20-signal run: docs/benchmarks.md)."""
+  code = chaos_resume.main(["--processes", "2", "--kills", "2", "--seed", "1",
+                            "--total_steps", "300", "--timeout_s", str(WAIT_S),
+                            "--attempt_deadline_s", str(DEADLINE_S), "--root", str(tmp_path)])
+  out = capsys.readouterr().out
+  assert code == 0, out
+  assert "bit-identical to the uninterrupted run: True" in out
+  assert out.count("attempt ") >= 3

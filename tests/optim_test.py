@@ -5,7 +5,9 @@ parameters are worked out in the comments (or, for Adam's square roots, by the t
 recurrence written out in NumPy float64).
 """
 
+import json
 import math
+import os
 
 import jax.numpy as jnp
 import ml_collections
@@ -13,19 +15,19 @@ import numpy as np
 import optax
 import pytest
 
+from mlcollections_configs import common
 from xsens.errors import ConfigError
-from xsens.train import optim
+from tests.train_test import smoke_train
+from xsens.train import optim, trainer
+from xsens.train import workdir as workdir_lib
 
 P0 = np.array([1.0, -2.0])
 G = [np.array([0.5, -1.0]), np.array([0.25, 0.5]), np.array([-1.0, 0.0])]
 
 
 def opt_config(**overrides) -> ml_collections.ConfigDict:
-  """The default `config.optimizer` of mlcollections_configs/common.py, then `overrides`."""
-  cfg = ml_collections.ConfigDict({
-      "name": "sgd", "learning_rate": 0.1, "weight_decay": 0.0, "momentum": 0.9,
-      "schedule": "constant", "warmup_steps": 0, "step_every": 1000, "step_gamma": 0.5,
-      "grad_clip_norm": ml_collections.FieldReference(None, field_type=float)})
+  """An sgd `config.optimizer` block (`common.optimizer_config`), then `overrides`."""
+  cfg = common.optimizer_config("sgd", 0.1)
   for key, value in overrides.items():
     cfg[key] = value
   return cfg
@@ -194,10 +196,6 @@ def test_step_schedule_is_pytorch_steplr():
   # gamma from the config; the decay clock starts after the warm-up.
   assert schedule_values([1, 2, 4, 5], schedule="step", step_every=3, step_gamma=0.1,
                          warmup_steps=2) == pytest.approx([0.05, 0.1, 0.1, 0.01])
-  # step_gamma absent: 0.5.
-  cfg = opt_config(schedule="step", step_every=3)
-  del cfg["step_gamma"]
-  assert float(optim.make_schedule(cfg, 10)(3)) == pytest.approx(0.05)
 
 
 def test_warmup_spanning_every_step():
@@ -214,8 +212,58 @@ def test_warmup_spanning_every_step():
     ({"warmup_steps": 11}, "optimizer.warmup_steps"),
     ({"schedule": "step", "step_every": 0}, "optimizer.step_every"),
     ({"grad_clip_norm": 0.0}, "optimizer.grad_clip_norm"),
+    ({"b1": 1.0}, "optimizer.b1"),
+    ({"b2": -0.1}, "optimizer.b2"),
+    ({"eps": 0.0}, "optimizer.eps"),
+    ({"momentum": -0.5}, "optimizer.momentum"),
 ])
 def test_bad_fields_name_the_field(overrides, field):
   with pytest.raises(ConfigError) as e:
     optim.make_optimizer(opt_config(**overrides), 10)
   assert e.value.field == field
+
+
+def test_a_block_missing_a_field_names_it_and_the_constructor():
+  cfg = opt_config()
+  del cfg["eps"]
+  with pytest.raises(ConfigError, match="optimizer_config") as e:
+    optim.make_optimizer(cfg, 10)
+  assert e.value.field == "optimizer.eps"
+
+
+def test_the_block_constructor_lists_every_field_and_refuses_unknown_ones():
+  cfg = common.optimizer_config("adamw", 3e-4, b2=0.95)
+  assert (cfg.name, cfg.learning_rate, cfg.b2, cfg.eps, cfg.decay_steps) == (
+      "adamw", 3e-4, 0.95, 1e-8, None)
+  cfg.decay_steps = 100   # Optional fields take their type.
+  with pytest.raises(ValueError, match="unknown optimizer field 'beta1'"):
+    common.optimizer_config("adam", 1e-3, beta1=0.9)
+
+
+def test_adam_hyperparameters_reach_optax():
+  """b1, b2 and eps of the block give optax.adam's updates exactly."""
+  cfg = opt_config(name="adam", learning_rate=0.1, b1=0.5, b2=0.9, eps=1e-3)
+  grads = [np.array([0.3, -1.0]), np.array([0.2, 0.5])]
+  tx = optax.adam(0.1, b1=0.5, b2=0.9, eps=1e-3)
+  p, state, want = jnp.asarray(P0), tx.init(jnp.asarray(P0)), []
+  for g in grads:
+    u, state = tx.update(jnp.asarray(g), state, p)
+    p = optax.apply_updates(p, u)
+    want.append(np.asarray(p))
+  np.testing.assert_allclose(run(cfg, grads), want, rtol=1e-6)
+
+
+def test_a_run_saved_without_the_adam_fields_resumes_at_their_defaults(tmp_path):
+  """A run whose config.json predates b1/b2/eps/nesterov in the block resumes under a
+  config holding their defaults; another b1 is refused."""
+  config = smoke_train("mlp")
+  old = workdir_lib.config_fingerprint(config)
+  for field in ("b1", "b2", "eps", "nesterov"):
+    del old["optimizer"][field]
+  os.makedirs(tmp_path / workdir_lib.CHECKPOINT_DIR / "4")
+  with open(tmp_path / workdir_lib.CONFIG_FILE, "w") as f:
+    json.dump(old, f)
+  trainer.make_workdir(str(tmp_path), config).check(config)  # No error.
+  config.optimizer.b1 = 0.5
+  with pytest.raises(ConfigError, match="optimizer.b1"):
+    trainer.make_workdir(str(tmp_path), config).check(config)

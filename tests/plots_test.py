@@ -15,8 +15,6 @@ import pytest
 from matplotlib import colors as mcolors
 from matplotlib.patches import Rectangle
 
-from xsens.lab import boolean_spectrum
-from xsens.lab import sensitivity as lab_sens
 from xsens.measures import corruption_eval
 from xsens.report import plots, tables
 from xsens.studies import benign_overfitting  # pylint: disable=unused-import
@@ -185,7 +183,7 @@ def test_churn_reuse_sensitivity_figures(tmp_path, figures):
   measured = {n: {"sigmas": {s: (0.1, 0.01) for s in sigmas},
                   "global": {s: (0.1, 0.01) for s in sigmas},
                   "sharpness": {"sharpness_l1": (1.0, 0.1)}} for n in ("vit", "resnet")}
-  lab_sens.sigma_plot(str(tmp_path / "sensitivity_vs_sigma.png"), measured,
+  plots.sigma_plot(str(tmp_path / "sensitivity_vs_sigma.png"), measured,
                       {s: 2 * s for s in sigmas})
   _check_style(figures["sensitivity_vs_sigma.png"])
   sensitivity_vision._sharpness_plot(str(tmp_path / "sensitivity_vs_sharpness.png"),
@@ -228,7 +226,7 @@ def test_language_grokking_synthetic_benign_figures(tmp_path, figures):
   assert "sensitivity (seed 43)" in axes[2]["labels"]
   assert axes[1]["chance"] == [pytest.approx(1 / 7)]
   steps = np.arange(0, 50, 10)
-  boolean_spectrum.figure(str(tmp_path / "boolean_spectrum.png"), {
+  plots.boolean_spectrum_figure(str(tmp_path / "boolean_spectrum.png"), {
       "coef": {"attn": np.ones((5, 2))}, "steps": steps,
       "components": [{"degree": 1, "coords": [0], "coef": 1.0},
                      {"degree": 2, "coords": [1, 2], "coef": 1.0}],

@@ -102,6 +102,23 @@ def test_paths_helpers_on_the_server(gcs, emulator):
   assert list(emulator.objects(gcs, "x/")) == ["x/c.txt"]
 
 
+def test_lock_plots_and_results_on_the_server(gcs, emulator):
+  """The workdir lock, a plot and the results tables (with their TensorBoard summaries) as
+  objects in the bucket, read back through the server."""
+  from xsens.report import plots, tables  # pylint: disable=g-import-not-at-top
+  with workdir_lib.locked(f"gs://{gcs}/run"):
+    assert "run/lock.json" in emulator.objects(gcs, "run/")
+  assert "run/lock.json" not in emulator.objects(gcs, "run/")
+  name = plots.bar_plot(f"gs://{gcs}/run/bar.png", ["a", "b"], [1.0, 2.0])
+  tables.write_results(f"gs://{gcs}/run", "t", [{"a": 1}], plots=[name])
+  names = emulator.objects(gcs, "run/")
+  assert {"run/bar.png", "run/results.md", "run/results.json"} <= set(names), sorted(names)
+  assert any(n.startswith("run/tb/") for n in names), sorted(names)
+  assert emulator.read(gcs, "run/bar.png")[:4] == b"\x89PNG"
+  assert json.loads(emulator.read(gcs, "run/results.json"))["rows"] == [{"a": 1}]
+  assert "bar.png" in emulator.read(gcs, "run/results.md").decode()
+
+
 def test_checkpoints_restore_and_a_damaged_one_falls_back_in_the_bucket(gcs, emulator):
   from tests.loop_test import _counter_program  # pylint: disable=g-import-not-at-top
   schedule = loop.Schedule(total_steps=8, log_every=2, eval_every=2, checkpoint_every=2,

@@ -147,7 +147,7 @@ def test_bad_global_and_sharpness_settings(field, value, message):
   block, name = field.split(".")
   sc[block][name] = value
   with pytest.raises(ConfigError) as e:
-    lab_sens.validate_sensitivity_config(sc, (28, 28, 1))
+    sv_cfg.validate_sensitivity(sc)
   assert str(e.value) == f"config.sensitivity.{field}: {message}"
 
 
@@ -155,7 +155,7 @@ def test_configs_without_the_optional_blocks_validate():
   sc = sv_cfg.get_config("smoke").sensitivity
   del sc["global_noise"], sc["sharpness"]
   sc.global_noise = sc.sharpness = None  # Not measured.
-  lab_sens.validate_sensitivity_config(sc, (28, 28, 1))
+  sv_cfg.validate_sensitivity(sc)
   assert not lab_sens.enabled(sc, "global_noise") and not lab_sens.enabled(sc, "sharpness")
 
 
@@ -254,7 +254,7 @@ def test_streams_measure_the_same_numbers():
   assert got[0]["per_patch_map"].shape == (2, 2) and 0 < want[0]["sigmas"][3.0][0] < 1
   sc.streams = 0
   with pytest.raises(ConfigError, match="config.sensitivity.streams: must be None"):
-    lab_sens.validate_sensitivity_config(sc, (4, 4, 1))
+    sv_cfg.validate_sensitivity(sc)
 
 
 def test_bad_run_model_names_the_run(tmp_path):
@@ -353,7 +353,7 @@ def test_token_rms_noise_scale_measures_sigma_times_the_rms_pixel():
   assert scaled["sigmas"][3.0] == absolute["sigmas"][3.0 * rms_pixel]
   sc.noise_scale = "relative"
   with pytest.raises(ConfigError, match="config.sensitivity.noise_scale: unknown value"):
-    lab_sens.validate_sensitivity_config(sc, (4, 4, 1))
+    sv_cfg.validate_sensitivity(sc)
 
 
 @pytest.mark.slow

@@ -9,10 +9,6 @@ defaults of `xsens.models.REGISTRY`, entry for entry.
 
 from typing import Any
 
-# Where position information enters a text model (`roberta`'s `position` field;
-# `xsens.models.position`).
-POSITIONS = ("none", "absolute", "sinusoidal", "shaw", "t5", "diet_abs", "diet_rel")
-
 _VIT = {"patch_size": 4, "width": 64, "depth": 2, "num_heads": 4, "mlp_dim": 128,
         "pooling": "cls", "posemb": "learned", "dropout_rate": 0.0,
         "representation_size": None, "skip": (), "tokenizer": "patch",

@@ -285,8 +285,8 @@ def background_cloze(num_examples: int, seed: int, *, stream: int, length: int,
 def choose_modified(data: ClozeData, known: np.ndarray, num_modified: int, seed: int
                     ) -> tuple[np.ndarray, np.ndarray]:
   """(fact indices S [num_modified], their new objects [num_modified]) as the paper's
-  benchmark code (spec §G): shuffle the facts the model knows (`known` [F] bool), take
-  the first `num_modified`; each new object is drawn from the other objects of the same
+  benchmark code (docs/papers/google_papers.md §G): shuffle the facts the model knows (`known` [F]
+  bool), take the first `num_modified`; each new object is drawn from the other objects of the same
   relation with probability ∝ their frequency among the facts (the old object excluded).
   Facts of a relation with a single object cannot change and are never chosen."""
   rng = np.random.default_rng([seed, 29, num_modified])

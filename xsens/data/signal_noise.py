@@ -25,11 +25,14 @@ import math
 import jax
 import jax.numpy as jnp
 
-LAYOUTS = ("two_vectors", "plus_minus")
+from xsens import choices
+
+LAYOUTS = choices.SIGNAL_NOISE_LAYOUTS
 
 
 def snr(mu_norm, sigma_p, d):
-  """SNR = ‖μ‖ / (σ_p √d) (spec §1; uses σ_p, not the strong-noise std).
+  """SNR = ‖μ‖ / (σ_p √d) (docs/papers/benign_overfitting.md §1; uses σ_p, not the strong-noise
+  std).
 
   >>> snr(1.0, 0.2, 1024)  # = 0.15625, the first heat-map tick "0.16".
   """
@@ -37,7 +40,7 @@ def snr(mu_norm, sigma_p, d):
 
 
 def default_strong_noise_factor(num_tokens: int) -> float:
-  """C_p = 5√M (Condition 4.1 item (10), spec §1)."""
+  """C_p = 5√M (Condition 4.1 item (10), docs/papers/benign_overfitting.md §1)."""
   return 5.0 * math.sqrt(num_tokens)
 
 
@@ -115,5 +118,6 @@ def sample_train_test(key, n_train: int, n_test: int, **kwargs):
 
 
 def grid_n(row: int) -> int:
-  """The authors' heat-map row → N map: N = 2⌊(r + 10)/10⌋ (spec §5); 2 at r=0, 20 at r=99."""
+  """The authors' heat-map row → N map: N = 2⌊(r + 10)/10⌋ (docs/papers/benign_overfitting.md §5);
+  2 at r=0, 20 at r=99."""
   return 2 * ((row + 10) // 10)

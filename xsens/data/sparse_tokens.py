@@ -1,5 +1,5 @@
-"""Synthetic token tasks for the sensitivity study (spec §6): ours, and the paper's set-up as
-far as it is known.
+"""Synthetic token tasks for the sensitivity study (docs/papers/sensitivity.md §6): ours, and the
+paper's set-up as far as it is known.
 
 Of the sensitivity paper's synthetic data model (ICLR 2025 §3.1) only the outline is known
 (spec, "Facts from the full paper text", item 1): a synthetic vocabulary with frequent and
@@ -41,9 +41,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens import boolean_cube
 
-RULES = ("majority", "parity")
+RULES = choices.SPARSE_RULES
 
 
 def relevant_positions(n: int, k: int, seed: int) -> np.ndarray:
@@ -101,7 +102,7 @@ def boolean_target(n: int, components) -> tuple[np.ndarray, list[dict]]:
 # sparse tokens are made uninformative so the model must use the frequent ones. Every
 # detail below is our choice.
 
-SPARSE_CUES = ("uninformative", "informative")
+SPARSE_CUES = choices.SPARSE_CUES
 
 
 def vocabulary(*, num_frequent: int, num_sparse: int, dim: int, seed: int) -> dict:

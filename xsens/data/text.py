@@ -14,7 +14,7 @@ dataset (it dispatches here for names starting with "text/" or "glue/"):
   * "text/pair_reversed", "text/pair_rotation", "text/pair_match" (offline): the
     sentence-pair order tasks of `xsens.data.pair_tasks` (DIET study).
   * "glue/mrpc", "glue/qqp" (and "glue/rte", DIET's GLUE subset): the paper's datasets
-    (spec §7), read through TFDS from
+    (docs/papers/sensitivity.md §7), read through TFDS from
     `data_dir` (prepared elsewhere; xsens never downloads, a missing dataset is a
     ConfigError saying how to prepare it). Sentence pairs become
     "<s> A </s></s> B </s>" (RoBERTa's pair template) with a byte-level BPE tokenizer

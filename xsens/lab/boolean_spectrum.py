@@ -13,7 +13,6 @@ import numpy as np
 
 from xsens import paths
 from xsens.measures import boolean
-from xsens.report import plots
 from xsens.train import full_batch, loop
 from xsens.train.workdir import Workdir
 
@@ -83,37 +82,6 @@ def learned_step(coef_curve: np.ndarray, target: float, fraction: float, logged_
   """The first logged step at which coef / target >= fraction (None if never)."""
   hits = np.nonzero(np.asarray(coef_curve) / target >= fraction)[0]
   return int(logged_steps[hits[0]]) if len(hits) else None
-
-
-def figure(path: str, res: dict) -> str:
-  """boolean_spectrum.png: per model, the learned / target coefficient of each component
-  and the degree spectrum W^k over training (`res` of the study's Boolean part)."""
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  models = list(res["coef"])
-  steps = np.asarray(res["steps"])
-  fig, axes = plt.subplots(2, len(models), figsize=(6.2 * len(models), 6.6), squeeze=False)
-  every = max(1, len(steps) // 10)
-  comps = res["components"]
-  for j, name in enumerate(models):
-    ax = axes[0, j]
-    for comp, c, style in zip(comps, range(len(comps)), plots.line_styles(len(comps))):
-      ax.plot(steps, res["coef"][name][:, c] / comp["coef"], markevery=every,
-              label=f"deg {comp['degree']}: " + "x" + "·x".join(map(str, comp["coords"])),
-              **style)
-    ax.axhline(1.0, color="gray", lw=0.6, ls="--")
-    plots.styled_axes(ax, f"{name}: learned / target coefficient", "training step",
-                      "learned / target coefficient", integer_x=True, title_size=9)
-    plots.legend_outside(ax, in_layout=True)  # Other models' panels to the right.
-    ax = axes[1, j]
-    spec = res["spectrum"][name]
-    ks = [k for k in range(spec.shape[1]) if k <= 4 or spec[:, k].max() > 0.05]
-    for k, style in zip(ks, plots.line_styles(len(ks))):
-      ax.plot(steps, spec[:, k], label=f"W^{k}", markevery=every, **style)
-    plots.styled_axes(ax, f"{name}: degree spectrum W^k of the learned f", "training step",
-                      "W^k (share of ‖f‖²)", integer_x=True, title_size=9)
-    plots.legend_outside(ax, in_layout=True)  # Other models' panels to the right.
-  fig.suptitle("Boolean task: coefficients and degree spectrum over training")
-  return plots._save(fig, path)  # pylint: disable=protected-access
 
 
 def train_mask(n: int, train_fraction: float, seed: int) -> np.ndarray:

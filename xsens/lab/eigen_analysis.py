@@ -1,9 +1,9 @@
 """Eigen-analysis of the attention of finished runs, and its report.
 
 Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), "Eigen Analysis of
-Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823 (spec:
-google_papers.md §C; definitions in `xsens.measures.attention_eigen`). For a list of runs
-(the training seeds of one trained model, or pretrained models) and the first run's
+Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823
+(docs/papers/google_papers.md §C; definitions in `xsens.measures.attention_eigen`). For a list of
+runs (the training seeds of one trained model, or pretrained models) and the first run's
 architecture at random init, `analyse_runs`:
 
 1. streams the covariance of score rows (per layer and head) and of vectorised score
@@ -27,59 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens import paths
-from xsens.errors import ConfigError, is_finite_number
 from xsens.lab import robustness
 from xsens.measures import attention_eigen as ae
 from xsens.models import eigen_vit
-from xsens.report import plots, seed_stats, tables
+from xsens.report import eigen_report, seed_stats, tables
 from xsens.train import evaluators
-
-
-def _positive_int(value, field: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ConfigError(field, f"must be a positive int; got {value!r}")
-
-
-def validate_eigen_config(ec, num_tokens: int | None = None) -> None:
-  """ConfigError naming `eigen.<field>` for a bad value; `num_tokens` T bounds m."""
-  for field in ("num_examples", "batch_size", "overlap_rank", "cost_batch_size",
-                "timing_repeats"):
-    _positive_int(ec[field], f"eigen.{field}")
-  keys, ranks = tuple(ec.key_counts), tuple(ec.ranks)
-  if not keys or not ranks:
-    raise ConfigError("eigen.key_counts" if not keys else "eigen.ranks", "must not be empty")
-  for m in keys:
-    _positive_int(m, "eigen.key_counts")
-    if num_tokens is not None and m > num_tokens:
-      raise ConfigError("eigen.key_counts", f"m={m} exceeds the T={num_tokens} tokens; "
-                        f"use 1 <= m <= {num_tokens}")
-  for k in ranks:
-    _positive_int(k, "eigen.ranks")
-    if k > min(keys):
-      raise ConfigError("eigen.ranks", f"k={k} exceeds the smallest m={min(keys)} of "
-                        "eigen.key_counts (least squares needs k <= m)")
-  for rule in tuple(ec.subset_rules) + (ec.accuracy_rule,):
-    if rule not in ae.SUBSET_RULES:
-      field = "eigen.accuracy_rule" if rule == ec.accuracy_rule and rule not in tuple(
-          ec.subset_rules) else "eigen.subset_rules"
-      raise ConfigError(field, f"unknown subset rule {rule!r}; allowed: "
-                        f"{', '.join(ae.SUBSET_RULES)}")
-  if num_tokens is not None and ec.overlap_rank > num_tokens:
-    raise ConfigError("eigen.overlap_rank", f"{ec.overlap_rank} exceeds T={num_tokens}")
-  levels = ec.levels
-  if (not isinstance(levels, (tuple, list)) or not levels
-      or not all(is_finite_number(v) and 0 < v <= 1 for v in levels)):
-    raise ConfigError("eigen.levels", f"must be a non-empty tuple of numbers in (0, 1]; "
-                      f"got {levels!r}")
-  if ec.matrix_tokens is not None:
-    _positive_int(ec.matrix_tokens, "eigen.matrix_tokens")
 
 
 @functools.lru_cache(maxsize=None)
@@ -267,10 +224,10 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
                          "full_accuracy": seed_stats.mean_and_stderr(full)[0]})
 
   cost_rows = cost_rows() if is_vit and cost_rows is not None else []
-  summary = _summary_rows(analyses, probs, random_init, over, ec)
-  plot_files = _plots(workdir, analyses[0], random_init, probs, over, recon_rows, acc_rows,
-                      cost_rows, ec, num_tokens)
-  notes = _notes(data, over, num_tokens, len(runs), unit, ec)
+  summary = eigen_report.summary_rows(analyses, probs, random_init, over, ec)
+  plot_files = eigen_report.write_plots(workdir, analyses[0], random_init, probs, over,
+                                          recon_rows, acc_rows, ec, num_tokens)
+  notes = eigen_report.notes(data, over, num_tokens, len(runs), unit, ec)
   md = tables.write_results(
       workdir, title, summary,
       notes=notes, plots=plot_files,
@@ -288,7 +245,7 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
              "explained_variance_rows": analyses[0]["ev_rows"].tolist(),
              "explained_variance_matrices": analyses[0]["ev_matrices"].tolist(),
              "num_tokens": num_tokens, "device": jax.devices()[0].device_kind})
-  md = _append_tables(workdir, md, recon_rows, acc_rows, cost_rows)
+  md = eigen_report.append_tables(workdir, md, recon_rows, acc_rows, cost_rows)
   return {"rows": summary, "markdown": md, "reconstruction": recon_rows,
           "frozen_accuracy": acc_rows, "trained": cost_rows, "overlap": over,
           "num_tokens": num_tokens,
@@ -296,106 +253,3 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
                                  "matrices": analyses[0]["ev_matrices"],
                                  "rows_probs": probs["ev_rows"],
                                  "rows_random_init": random_init["ev_rows"]}}
-
-
-def _summary_rows(analyses, probs, random_init, over, ec) -> list[dict]:
-  """One row per layer: dimensions (mean ± s.e. over seeds) and overlaps."""
-  rows = []
-  num_layers = len(analyses[0]["ev_rows"])
-  lv = max(ec.levels)
-  for layer in range(num_layers):
-    dims = [float(a["dim_rows"][lv][layer]) for a in analyses]
-    mats = [float(a["dim_matrices"][lv][layer]) for a in analyses]
-    row = {"layer": layer}
-    row["row_dim"], row["row_dim s.e."] = seed_stats.mean_and_stderr(dims)
-    row["matrix_dim"], row["matrix_dim s.e."] = seed_stats.mean_and_stderr(mats)
-    row["row_dim_probs"] = float(probs["dim_rows"][lv][layer])
-    row["row_dim_random_init"] = float(random_init["dim_rows"][lv][layer])
-    row["ev_rows_at_k"] = float(analyses[0]["ev_rows"][layer, ec.overlap_rank - 1])
-    row["overlap_next_layer"] = (float(over["layers"][layer, layer + 1])
-                                 if layer + 1 < num_layers else float("nan"))
-    row["overlap_heads"] = float(over["head_mean"][layer])
-    if over["seeds"] is not None:
-      row["overlap_seeds"], row["overlap_seeds s.e."] = seed_stats.mean_and_stderr(
-          over["seeds"][:, layer])
-    row["overlap_random_init"] = float(over["random_init"][:, layer].mean())
-    row["overlap_random_subspace"] = float(over["random_subspace"][layer])
-    rows.append(row)
-  return rows
-
-
-def _plots(workdir, first, random_init, probs, over, recon_rows, acc_rows, cost_rows, ec,
-           num_tokens) -> list[str]:
-  ks = list(range(1, num_tokens + 1))
-  series = {f"layer {l}": first["ev_rows"][l] for l in range(len(first["ev_rows"]))}
-  series.update({f"layer {l} (probs)": probs["ev_rows"][l]
-                 for l in range(len(probs["ev_rows"]))})
-  series["random init (mean over layers)"] = random_init["ev_rows"].mean(0)
-  files = [plots.line_plot(os.path.join(workdir, "explained_variance.png"), ks, series,
-                           xlabel="k (principal directions of score rows)",
-                           ylabel="explained variance (fraction)", logx=False,
-                           title="Score rows: explained variance vs k")]
-  maps = {"layers, seed 0 (row) vs seed 0": over["layers"]}
-  if over["seed_layers"] is not None:
-    maps["seed 0 (row) vs seed 1 (column)"] = over["seed_layers"]
-  maps["seed 0 (row) vs random init"] = over["init_layers"]
-  maps["heads of layer 0"] = over["heads"][0]
-  files.append(plots.heatmap_grid(
-      os.path.join(workdir, "overlap.png"), maps, cbar_label="overlap ‖UᵀV‖²/k",
-      title=f"Subspace overlap, k={ec.overlap_rank} (random: {over['random_expected']:.2f})",
-      xlabel="layer (head in the last panel)", ylabel="layer (head in the last panel)"))
-  files.append(plots.line_plot(
-      os.path.join(workdir, "reconstruction.png"), list(ec.key_counts),
-      {f"{r} k={k}": [max(next(x["tv"] for x in recon_rows
-                               if x["rule"] == r and x["k"] == k and x["m"] == m), 1e-8)
-                      for m in ec.key_counts]
-       for r in ec.subset_rules for k in ec.ranks},
-      xlabel="m (keys with exact scores)", ylabel="attention TV distance (mean; 0 shown as 1e-8)",
-      title="Reconstruction error vs (m, k)", logy=True))
-  if acc_rows:
-    series = {f"frozen, k={k}": [next(x["accuracy"] for x in acc_rows
-                                      if x["k"] == k and x["m"] == m) for m in ec.key_counts]
-              for k in ec.ranks}
-    errors = {f"frozen, k={k}": [next(x["accuracy s.e."] for x in acc_rows
-                                      if x["k"] == k and x["m"] == m) for m in ec.key_counts]
-              for k in ec.ranks}
-    series["full attention"] = [acc_rows[0]["full_accuracy"]] * len(ec.key_counts)
-    files.append(plots.line_plot(
-        os.path.join(workdir, "accuracy_vs_keys.png"), list(ec.key_counts), series,
-        errors=errors, xlabel="m (keys with exact scores)", ylabel="test accuracy",
-        title=f"Frozen ViT with reconstructed attention ({ec.accuracy_rule})"))
-  return files
-
-
-def _append_tables(workdir, md, recon_rows, acc_rows, cost_rows) -> str:
-  """Adds the reconstruction, frozen-accuracy and trained-run tables to results.md."""
-  parts = [md, "\n## Reconstruction from partial computation (test examples)\n",
-           tables.markdown_table(recon_rows, ["rule", "k", "m", "score_mse", "tv"])]
-  if acc_rows:
-    parts += ["\n## Frozen model with reconstructed attention (layers >= 1)\n",
-              tables.markdown_table(acc_rows, ["k", "m", "accuracy", "accuracy s.e.",
-                                               "full_accuracy"])]
-  if cost_rows:
-    parts += ["\n## Trained with the approximation (eigen_vit) vs the ViT\n",
-              tables.markdown_table(cost_rows, [
-                  "run", "keys_kept", "basis_rank", "seeds", "test_accuracy",
-                  "test_accuracy s.e.", "fwd_gflops", "attn_gflops", "flops_vs_base",
-                  "attn_flops_vs_base", "peak_temp_mb", "mem_vs_base", "step_ms",
-                  "step_time_vs_base"])]
-  text = "\n".join(parts) + "\n"
-  if paths.is_writer():
-    paths.write_text(os.path.join(workdir, "results.md"), text)
-  return text
-
-
-def _notes(data, over, num_tokens, num_runs, unit, ec) -> str:
-  lv = max(ec.levels)
-  return (f"Analysed run `{ec.analysed_run}` ({num_runs} {unit}(s)) on "
-          f"{data}, T = "
-          f"{num_tokens} tokens. Per layer: `row_dim` / `matrix_dim` = smallest k whose top-k "
-          f"PCA directions explain {lv:.0%} of the variance of the logit rows (pooled over "
-          f"heads) / vectorised logit matrices, mean ± s.e. over seeds; `row_dim_probs` the "
-          f"same for softmax rows; `row_dim_random_init` for the untrained model. Overlaps "
-          f"‖UᵀV‖²/k at k = {ec.overlap_rank}: with the next layer, mean over head pairs, "
-          f"same layer across seeds, vs the random-init model, and vs uniformly random "
-          f"subspaces (expected k/T = {over['random_expected']:.3f}).")

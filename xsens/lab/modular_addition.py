@@ -69,7 +69,7 @@ def embedding_sensitivity(apply_fn, variables, inputs, *, labels, key, sigma, to
   with `method=`). E = sigma * normal(fold_in(key, 0), [B, T, d]) on the positions where
   token_mask [T] is True, zero elsewhere (`global_sensitivity` with num_draws = 1, one
   forward call): the official code's noise on the embeddings of a and b together, "="
-  untouched (spec §5).
+  untouched (docs/papers/sensitivity.md §5).
   """
   out = sens_lib.global_sensitivity(apply_fn, variables, inputs, labels=labels, key=key,
                                     sigma=sigma, num_draws=1, token_mask=token_mask,

@@ -35,8 +35,8 @@ TRAINING_SEED_FIELDS = ("init_seed", "order_seed", "augment_seed")
 
 
 def num_seeds(config) -> int:
-  """`config.num_seeds` (absent: 1), refused unless an int >= 1 (ConfigError)."""
-  n = config.get("num_seeds", 1)
+  """`config.num_seeds`, refused unless an int >= 1 (ConfigError)."""
+  n = config.num_seeds
   if not (is_int(n) and n >= 1):
     raise ConfigError("num_seeds", f"must be an int >= 1 (training seeds per run), got {n!r}")
   return int(n)

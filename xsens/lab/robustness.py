@@ -21,65 +21,27 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens import measures
-from xsens.errors import ConfigError, is_finite_number, is_int, require
-from xsens.measures import adversarial as adv
-from xsens.measures import corruptions
+from xsens.errors import ConfigError
 from xsens.measures import perturbations as pert
 from xsens.train import evaluators
 
 # Pixel-range scale of each `data.normalize`: ε is given in [0, 1] pixel units.
-PIXEL_SCALE = {"zero_one": 1.0, "half": 2.0}
+PIXEL_SCALE = choices.PIXEL_SCALE
 PIXEL_RANGE = {"zero_one": (0.0, 1.0), "half": (-1.0, 1.0)}
 
 
 def validate_robustness_config(rc, run_names, normalize) -> None:
-  """Checks `config.robustness` (no compile, nothing written)."""
+  """Checks `config.robustness` against the runs (`run_names`: the run ids measured) and
+  their `data.normalize`; its fields are checked by the config file
+  (`mlcollections_configs.robustness.validate_robustness`)."""
   if rc.baseline_run not in run_names:
     raise ConfigError("robustness.baseline_run",
                       f"{rc.baseline_run!r} is not a run; allowed: {', '.join(run_names)}")
-  unknown = [n for n in rc.corruptions.names if n not in corruptions.CORRUPTIONS]
-  if unknown:
-    raise ConfigError("robustness.corruptions.names",
-                      f"unknown {unknown}; allowed: {', '.join(corruptions.NAMES)}")
-  if any(s not in corruptions.SEVERITIES for s in rc.corruptions.severities):
-    raise ConfigError("robustness.corruptions.severities",
-                      f"must be within 1..5, got {list(rc.corruptions.severities)}")
   if normalize not in PIXEL_SCALE:
     raise ConfigError("train.data.normalize", f"the robustness study needs pixel-range "
                       f"inputs; allowed: {', '.join(PIXEL_SCALE)}, got {normalize!r}")
-  ac = rc.adversarial
-  if not ac.epsilons or not all(is_finite_number(e) and e > 0 for e in ac.epsilons):
-    raise ConfigError("robustness.adversarial.epsilons",
-                      f"must be a non-empty list of finite ε > 0, got {list(ac.epsilons)}")
-  if ac.main_epsilon not in ac.epsilons:
-    raise ConfigError("robustness.adversarial.main_epsilon",
-                      f"must be one of {list(ac.epsilons)}")
-  if ac.norm not in adv.NORMS:
-    raise ConfigError("robustness.adversarial.norm",
-                      f"got {ac.norm!r}; allowed: {', '.join(adv.NORMS)}")
-  require(is_int(ac.pgd_steps) and ac.pgd_steps > 0, "robustness.adversarial.pgd_steps",
-          f"must be an int > 0, got {ac.pgd_steps!r}")
-  for field in ("step_size_fraction", "low_freq_cutoff"):
-    require(is_finite_number(ac[field]) and ac[field] > 0, f"robustness.adversarial.{field}",
-            f"must be a finite number > 0, got {ac[field]!r}")
-  for field in ("num_examples", "batch_size", "patch_size"):
-    require(is_int(rc[field]) and rc[field] > 0, f"robustness.{field}",
-            f"must be an int > 0, got {rc[field]!r}")
-  pc = rc.perturbations  # None in the ImageNet setup.
-  if pc is not None:
-    for field in ("relative_scale", "sharpness_sigma"):
-      require(is_finite_number(pc[field]) and pc[field] >= 0,
-              f"robustness.perturbations.{field}",
-              f"must be a finite number >= 0, got {pc[field]!r}")
-    for field in ("num_draws", "sharpness_examples"):
-      require(is_int(pc[field]) and pc[field] > 0, f"robustness.perturbations.{field}",
-              f"must be an int > 0, got {pc[field]!r}")
-  reps = rc.representations
-  if reps is not None:
-    require(is_int(reps.num_examples) and reps.num_examples > 0,
-            "robustness.representations.num_examples",
-            f"must be an int > 0, got {reps.num_examples!r}")
 
 
 @contextlib.contextmanager

@@ -2,12 +2,12 @@
 
 "Transformers Learn Low Sensitivity Functions" (ICLR 2025, arXiv 2403.06925): the
 token-wise Gaussian sensitivity S_σ(f) of a model on its training examples, for every σ of
-`sensitivity.sigmas` (spec §2.1), the official code's scattered-pixel estimate (spec §2.2),
-the global variant with noise on every patch at once (App. A.2), and the sharpness of the
-weights (the official code's `check_sharpness`, spec §4), by the estimators of
-`xsens.measures.sensitivity` over padded batches of the examples
-(`xsens.train.evaluators.over_split`). Keys: a run's key folded with the σ index, then the
-batch number (global: first with len(σ) + 1; sharpness: len(σ) + 2, then the draw).
+`sensitivity.sigmas` (docs/papers/sensitivity.md §2.1), the official code's scattered-pixel
+estimate (docs/papers/sensitivity.md §2.2), the global variant with noise on every patch at once
+(App. A.2), and the sharpness of the weights (the official code's `check_sharpness`,
+docs/papers/sensitivity.md §4), by the estimators of `xsens.measures.sensitivity` over padded
+batches of the examples (`xsens.train.evaluators.over_split`). Keys: a run's key folded with the σ
+index, then the batch number (global: first with len(σ) + 1; sharpness: len(σ) + 2, then the draw).
 """
 
 from __future__ import annotations
@@ -17,98 +17,33 @@ import math
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 
 from xsens import measures
-from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.errors import ConfigError, is_int
 from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
-from xsens.report import plots
 from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
-from xsens.train import streams as streams_lib
 
 
-def validate_sensitivity_config(sc, image_shape) -> None:
-  """Checks `config.sensitivity` against the data's image shape (before any compile)."""
+def validate_patch_size(sc, image_shape) -> None:
+  """Checks `sensitivity.patch_size` against the data's image shape [H, W, C] (before any
+  compile); the other fields of `config.sensitivity` are checked by the config file
+  (`mlcollections_configs.sensitivity_vision.validate_sensitivity`)."""
   h, w, _ = image_shape
   p = sc.patch_size
   if not (is_int(p) and p > 0 and h % p == 0 and w % p == 0):
     allowed = [d for d in range(1, min(h, w) + 1) if h % d == 0 and w % d == 0]
     raise ConfigError("sensitivity.patch_size",
                       f"{p} must divide the image size {h}x{w}; allowed: {allowed}")
-  if not sc.sigmas or not all(is_finite_number(s) and s >= 0 for s in sc.sigmas):
-    raise ConfigError("sensitivity.sigmas", f"must be a non-empty list of finite σ >= 0, got "
-                      f"{list(sc.sigmas)}")
-  if sc.main_sigma not in sc.sigmas:
-    raise ConfigError("sensitivity.main_sigma",
-                      f"{sc.main_sigma} must be one of sensitivity.sigmas {list(sc.sigmas)}")
-  for field in ("num_draws", "num_examples", "batch_size"):
-    if not (is_int(sc[field]) and sc[field] > 0):
-      raise ConfigError(f"sensitivity.{field}", f"must be an int > 0, got {sc[field]!r}")
-  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size > 0):
-    raise ConfigError("sensitivity.chunk_size", f"must be an int > 0 or None, got "
-                      f"{sc.chunk_size!r}")
-  streams_lib.check_field("sensitivity.streams", sc.streams)
-  noise_scale = sc.noise_scale
-  if noise_scale not in sens.NOISE_SCALES:
-    raise ConfigError("sensitivity.noise_scale", f"unknown value {noise_scale!r}; allowed: "
-                      f"{', '.join(sens.NOISE_SCALES)}")
-  validate_scattered_config(sc.scattered)
-  validate_global_config(sc.global_noise)
-  validate_sharpness_config(sc.sharpness)
-
-
-def _check_enabled(block, path: str) -> None:
-  if not isinstance(block.enabled, bool):
-    raise ConfigError(f"{path}.enabled", f"must be True or False, got {block.enabled!r}")
-
-
-def validate_global_config(block) -> None:
-  """Checks `config.sensitivity.global_noise` (App. A.2; None: not measured)."""
-  if block is None:
-    return
-  path = "sensitivity.global_noise"
-  _check_enabled(block, path)
-  if not (is_int(block.num_draws) and block.num_draws > 0):
-    raise ConfigError(f"{path}.num_draws", f"must be an int > 0 (noise draws per example "
-                      f"and σ), got {block.num_draws!r}")
-
-
-def validate_sharpness_config(block) -> None:
-  """Checks `config.sensitivity.sharpness` (spec §4; None: not measured)."""
-  if block is None:
-    return
-  path = "sensitivity.sharpness"
-  _check_enabled(block, path)
-  if not (is_finite_number(block.sigma) and block.sigma >= 0):
-    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0 (absolute weight noise), "
-                      f"got {block.sigma!r}")
-  if not (is_int(block.num_draws) and block.num_draws > 1):
-    raise ConfigError(f"{path}.num_draws", f"must be an int > 1 (the standard error is "
-                      f"over the draws), got {block.num_draws!r}")
-
-
-def validate_scattered_config(scattered) -> None:
-  """Checks `config.sensitivity.scattered` (the official code's estimator, spec §2.2)."""
-  path = "sensitivity.scattered"
-  if not isinstance(scattered.enabled, bool):
-    raise ConfigError(f"{path}.enabled", f"must be True or False, got {scattered.enabled!r}")
-  if not (is_finite_number(scattered.sigma) and scattered.sigma >= 0):
-    raise ConfigError(f"{path}.sigma", f"must be a finite σ >= 0, got {scattered.sigma!r}")
-  if not (is_int(scattered.num_draws) and scattered.num_draws > 0):
-    raise ConfigError(f"{path}.num_draws", f"must be an int > 0, got {scattered.num_draws!r}")
-  if not (is_int(scattered.num_pixels) and scattered.num_pixels > 0):
-    raise ConfigError(f"{path}.num_pixels", f"must be an int > 0 (positions drawn with "
-                      f"replacement per mask), got {scattered.num_pixels!r}")
 
 
 def validate_against_runs(config, experiments) -> None:
   """`config.sensitivity` against the runs: the image shape, and the ViT's patch size (the
   tokens measured are the ViT's tokens)."""
   sc = config.sensitivity
-  validate_sensitivity_config(sc, next(iter(experiments.values())).train.image_shape)
+  validate_patch_size(sc, next(iter(experiments.values())).train.image_shape)
   multirun.require_vit_patch_size(config, experiments, "sensitivity.patch_size", sc.patch_size)
 
 
@@ -132,7 +67,8 @@ def config_summary(sc) -> dict:
 @functools.partial(jax.jit, static_argnames=("model", "patch_size", "num_draws", "chunk_size"))
 def patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_draws,
                 chunk_size):
-  """Per-example and per-patch flip rates of one padded batch (paper mode, spec §2.1)."""
+  """Per-example and per-patch flip rates of one padded batch (paper mode,
+  docs/papers/sensitivity.md §2.1)."""
   out = sens.token_sensitivity(
       functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
       patch_size=patch_size, sigma=sigma, num_draws=num_draws, chunk_size=chunk_size,
@@ -142,7 +78,8 @@ def patch_batch(variables, images, mask, key, sigma, *, model, patch_size, num_d
 
 @functools.partial(jax.jit, static_argnames=("model", "num_draws", "num_pixels"))
 def _scattered_batch(variables, images, mask, key, sigma, *, model, num_draws, num_pixels):
-  """Per-example flip rates of one padded batch (the official code's mode, spec §2.2)."""
+  """Per-example flip rates of one padded batch (the official code's mode,
+  docs/papers/sensitivity.md §2.2)."""
   out = sens.scattered_pixel_sensitivity(
       functools.partial(model.apply, train=False), variables, images, key=key, mask=mask,
       sigma=sigma, num_draws=num_draws, num_pixels=num_pixels, chunk_size=None,
@@ -163,9 +100,9 @@ def global_batch(variables, images, mask, key, sigma, *, model, patch_size, num_
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def _sharpness_batch(variables, images, mask, key, sigma, *, model):
-  """Masked means over one padded batch of one weight-noise draw (spec §4): {"l1": the L1
-  logit change, "flip": the label flips, "count": the real examples}, scalars. The draw
-  depends on `key` only, not on the batch."""
+  """Masked means over one padded batch of one weight-noise draw (docs/papers/sensitivity.md §4):
+  {"l1": the L1 logit change, "flip": the label flips, "count": the real examples}, scalars. The
+  draw depends on `key` only, not on the batch."""
   out = measures.sharpness(functools.partial(model.apply, train=False), variables, images,
                            key=key, sigma=sigma, num_draws=1, mask=mask)
   return {"l1": out["sharpness_l1"], "flip": out["sharpness_flip"], "count": jnp.sum(mask)}
@@ -257,7 +194,8 @@ def measure_global(result, sc, key, mesh, scale: float = 1.0) -> dict:
 
 
 def measure_sharpness(result, sc, key, mesh) -> dict:
-  """Sharpness of one trained model on the evaluated training examples (spec §4).
+  """Sharpness of one trained model on the evaluated training examples (docs/papers/sensitivity.md
+  §4).
 
   Draw r adds N(0, σ²) to every parameter (`xsens.measures.sharpness` with the key
   fold_in(fold_in(key, len(σ) + 2), r), the same noisy weights for every batch); its value
@@ -293,38 +231,3 @@ def noise_to_signal(sigma: float, patch_size: int, channels: int, rms: float) ->
   """σ relative to the tokens' scale: the RMS norm of a patch's noise, σ·√(p·p·C), over
   the RMS norm of a clean patch (`token_rms`)."""
   return sigma * math.sqrt(patch_size * patch_size * channels) / rms
-
-
-def sigma_plot(path: str, measured, nsr) -> str:
-  """Sensitivity vs σ per model: token-wise solid, global dashed (same colour), ± s.e.
-  bands; the top axis gives σ as noise-to-signal."""
-  sigmas = list(nsr)
-  fig, ax = plt.subplots(figsize=(6.6, 3.8))
-  for (name, m), style in zip(measured.items(), plots.line_styles(len(measured))):
-    parts = [("token-wise", "-", m["sigmas"])]
-    if "global" in m:
-      parts.append(("global", "--", m["global"]))
-    for i, (label, linestyle, values) in enumerate(parts):
-      y = np.array([values[s][0] for s in sigmas])
-      e = np.array([values[s][1] for s in sigmas])
-      ax.plot(sigmas, y, **{**style, "linestyle": linestyle if len(parts) > 1
-                             else style["linestyle"]},
-              label=name if i == 0 else None)
-      ax.fill_between(sigmas, y - e, y + e, alpha=0.15, color=style["color"])
-  if any("global" in m for m in measured.values()):
-    ax.plot([], [], "k-", label="token-wise (one patch)")
-    ax.plot([], [], "k--", label="global (all patches)")
-  ax.set_xscale("log")
-  ax.set_xticks(sigmas, [f"{s:g}" for s in sigmas])
-  ax.minorticks_off()
-  ratio = nsr[sigmas[0]] / sigmas[0] if sigmas[0] > 0 else None
-  if ratio:
-    top = ax.secondary_xaxis("top", functions=(lambda s: s * ratio, lambda r: r / ratio))
-    top.set_xticks([nsr[s] for s in sigmas], [f"{nsr[s]:.2g}" for s in sigmas])
-    top.minorticks_off()
-    top.set_xlabel("noise-to-signal σ√D / RMS‖x_i‖", fontsize=8)
-  plots.styled_axes(ax, "Sensitivity vs noise scale", "σ (pixel units, log scale)",
-                    "train-set sensitivity (flip probability)")
-  plots.legend_outside(ax)
-  fig.tight_layout()
-  return plots.save_figure(fig, path)

@@ -55,10 +55,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xsens import choices
+
 Array = jax.Array
 ApplyFn = Callable[[Any, Array], Array]
 
-NORMS = ("linf", "l2")
+NORMS = choices.ADVERSARIAL_NORMS
 
 
 # ----------------------------------------------------------------------------

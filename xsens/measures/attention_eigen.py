@@ -1,11 +1,11 @@
 """Eigen-analysis of attention scores and their reconstruction from partial computation.
 
 Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), "Eigen Analysis of
-Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823 (spec:
-google_papers.md §C). The abstract's claims: most variation of the attention scores, of
-whole matrices and of single rows, lies in a low-dimensional eigenspace; these eigenspaces
-overlap across layers and models; scores on a subset of token pairs suffice to estimate
-the rest. The definitions below are our reconstruction (not confirmed from the paper):
+Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823
+(docs/papers/google_papers.md §C). The abstract's claims: most variation of the attention scores,
+of whole matrices and of single rows, lies in a low-dimensional eigenspace; these eigenspaces
+overlap across layers and models; scores on a subset of token pairs suffice to estimate the rest.
+The definitions below are our reconstruction (not confirmed from the paper):
 
 - score row: a ∈ R^T, the logits q_i·k_j/√d_h of one query i over the T keys (or the
   softmax probabilities); one sample per (example, head, query) of a layer;
@@ -41,9 +41,10 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
+from xsens import choices
 from xsens.models import eigen_vit
 
-SUBSET_RULES = ("strided", "random", "pivoted_qr")
+SUBSET_RULES = choices.SUBSET_RULES
 SCORE_KINDS = ("logits", "probs")
 _QK = ("query", "key")
 

@@ -1,7 +1,7 @@
 """How similar are the attention maps of different heads and layers?
 
 Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
-Transformers", arXiv 2110.06821, §A.1 of the spec: attention scores are
+Transformers", arXiv 2110.06821, docs/papers/google_papers.md §A.1: attention scores are
 "considerably redundant, especially adjacent layers showing high similarity".
 The paper's metric is "based on total variation distance"; its exact
 normalisation is not known, so we use, for row-stochastic T x T head maps A, B,

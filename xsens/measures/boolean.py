@@ -14,11 +14,19 @@ indexed by the integer with the same bit layout, so chi_S(x_idx) = (-1)^popcount
 and the coefficient vector is the Sylvester–Hadamard transform of the value vector divided
 by 2^n.
 
-  coeffs = fourier_coefficients(values)        # values [..., 2^n] in input order
-  w = degree_spectrum(coeffs)                  # W^k = sum_{|S|=k} fhat(S)^2, [..., n + 1]
-  fourier_average_sensitivity(coeffs)          # sum_S |S| fhat(S)^2
-  fourier_spectrum(apply_fn, variables, n)     # coeffs of a model, one call on all_inputs(n)
-  boolean_sensitivity(apply_fn, variables, x)  # s(f, x) counted at the points x [B, n]
+>>> import jax.numpy as jnp
+>>> from xsens.measures import boolean
+>>> majority = lambda variables, x: jnp.sign(x.sum(-1))   # {±1}^3 -> {±1}
+>>> values = majority(None, boolean.all_inputs(3))        # [2^n] in input order
+>>> coeffs = boolean.fourier_coefficients(values)
+>>> boolean.degree_spectrum(coeffs).tolist()             # W^k = sum_{|S|=k} fhat(S)^2
+[0.0, 0.75, 0.0, 0.25]
+>>> float(boolean.fourier_average_sensitivity(coeffs))   # sum_S |S| fhat(S)^2
+1.5
+>>> bool((boolean.fourier_spectrum(majority, None, 3) == coeffs).all())  # One call.
+True
+>>> float(boolean.boolean_sensitivity(majority, None, boolean.all_inputs(3))["mean"])
+1.5
 
 Every function is pure; n is static (read from the last axis), sizes up to
 `MAX_BITS` = 20 (2^20 values).

@@ -1,7 +1,7 @@
 """Prediction churn between two models, overall and by confidence.
 
 "On the reproducibility of neural network predictions" (Bhojanapalli, Wilber, Veit, Rawat,
-Kim, Menon, Kumar; arXiv 2102.03349; spec google_papers.md §F) defines, for two models
+Kim, Menon, Kumar; arXiv 2102.03349; docs/papers/google_papers.md §F) defines, for two models
 trained independently by the same algorithm,
 
   Churn(f1, f2) = E_x 1[argmax f1(x) ≠ argmax f2(x)]

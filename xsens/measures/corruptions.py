@@ -56,11 +56,11 @@ import math
 import numpy as np
 from scipy import ndimage
 
-from xsens.corruption_names import CATEGORIES, NAMES
+from xsens import choices
 from xsens.measures import image_ops
 from xsens.measures import jpeg
 
-SEVERITIES = (1, 2, 3, 4, 5)
+SEVERITIES = choices.CORRUPTION_SEVERITIES
 
 
 # ------------------------------------------------------------------------------------------------
@@ -376,7 +376,13 @@ def jpeg_compression(x: np.ndarray, severity: int, rng: np.random.Generator) -> 
 
 Corruption = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
 
-# In the order of NAMES (xsens.corruption_names, jax-free, re-exported here; tested).
+CATEGORIES: dict[str, list[str]] = {
+    "noise": ["gaussian_noise", "shot_noise", "impulse_noise"],
+    "blur": ["defocus_blur", "glass_blur", "motion_blur", "zoom_blur"],
+    "weather": ["snow", "frost", "fog"],
+    "digital": ["brightness", "contrast", "elastic_transform", "pixelate", "jpeg_compression"],
+}
+
 CORRUPTIONS: dict[str, Corruption] = {
     "gaussian_noise": gaussian_noise,
     "shot_noise": shot_noise,
@@ -394,6 +400,9 @@ CORRUPTIONS: dict[str, Corruption] = {
     "pixelate": pixelate,
     "jpeg_compression": jpeg_compression,
 }
+
+NAMES: tuple[str, ...] = tuple(CORRUPTIONS)
+assert NAMES == choices.CORRUPTION_NAMES, NAMES
 
 
 def category_of(name: str) -> str:

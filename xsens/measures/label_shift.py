@@ -1,7 +1,7 @@
 """Label shift: priors over classes, KL balls around the training prior, re-weighted risk.
 
 "Coping with label shift via distributionally robust optimisation" (Zhang, Menon, Veit,
-Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I). Under a
+Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; docs/papers/google_papers.md §I). Under a
 label shift the class-conditionals p(x | y) stay and the prior moves from the training
 prior p to a test prior π, so every class-averaged quantity is re-weighted:
 

@@ -2,14 +2,14 @@
 
 References:
   Bhojanapalli et al. 2021, "Understanding Robustness of Transformers for Image
-    Classification", ICCV 2021, arXiv 2103.14586 (spec: google_papers.md §E,
+    Classification", ICCV 2021, arXiv 2103.14586 (docs/papers/google_papers.md §E,
     "Model perturbations"): remove one block, or only its attention / MLP
     sub-layer, at a time (identity on the residual stream, no retraining);
     optional Gaussian weight noise scaled to each layer's norm.
   Vasudeva et al., ICLR 2025, arXiv 2403.06925, official code `check_sharpness`
-    (spec: sensitivity.md §4): R copies theta' = theta + delta with absolute
+    (docs/papers/sensitivity.md §4): R copies theta' = theta + delta with absolute
     delta ~ N(0, 0.05^2) on every parameter; mean L1 logit change and mean
-    argmax disagreement. Unlike the official code (spec §8 defect 3) both the
+    argmax disagreement. Unlike the official code (docs/papers/sensitivity.md §8 defect 3) both the
     clean and the perturbed model run in eval mode (`train=False`): dropout is
     off and BatchNorm uses, and never updates, its running statistics.
 

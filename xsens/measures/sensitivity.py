@@ -105,6 +105,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from xsens import choices
 from xsens.measures import perturbed
 from xsens.measures import planning
 from xsens.measures import sensitivity_stats
@@ -119,7 +120,7 @@ ApplyFn = Callable[[Any, Array], Array]
 # patches, or text embeddings), i.e. as a noise-to-signal ratio, so one sigma means the
 # same relative noise for every model and dataset (GPT-2's un-normalised embeddings are far
 # smaller than LayerNorm outputs, so one absolute sigma is a much stronger noise for it).
-NOISE_SCALES = ("absolute", "token_rms")
+NOISE_SCALES = choices.NOISE_SCALES
 
 
 def noise_multiplier(noise_scale: str, token_rms: float) -> float:

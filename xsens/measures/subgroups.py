@@ -1,7 +1,7 @@
 """Per-class (subgroup) accuracy and teacher reliability, for the distillation-bias study.
 
 "Teacher's pet: understanding and mitigating biases in distillation" (Lukasik, Bhojanapalli,
-Menon, Kumar; TMLR 2022, arXiv 2106.10494; spec google_papers.md §B) reports that
+Menon, Kumar; TMLR 2022, arXiv 2106.10494; docs/papers/google_papers.md §B) reports that
 distillation raises overall accuracy but can harm subgroups such as "classes with few
 associated samples". The paper's exact metrics are not known (spec); ours are the spec's
 reasonable defaults, with the subgroups being the classes:

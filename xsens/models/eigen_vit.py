@@ -1,11 +1,11 @@
 """Attention from partial computation: exact scores on m keys, the rest from a basis.
 
 Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), "Eigen Analysis of
-Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823 (spec:
-google_papers.md §C; the method details are our reconstruction, not confirmed from the
-paper). Per head, a score row a ∈ R^T (the logits q·k_j/√d_h of one query over the T keys)
-is estimated from its exact entries on a key subset S (|S| = m) with a rank-k basis
-U ∈ R^{T×k} and mean μ ∈ R^T:
+Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823
+(docs/papers/google_papers.md §C; the method details are our reconstruction, not confirmed from the
+paper). Per head, a score row a ∈ R^T (the logits q·k_j/√d_h of one query over the T keys) is
+estimated from its exact entries on a key subset S (|S| = m) with a rank-k basis U ∈ R^{T×k} and
+mean μ ∈ R^T:
 
   c = argmin_c ‖U_S c − (a_S − μ_S)‖²  (least squares, c = pinv(U_S)(a_S − μ_S))
   â = μ + U c,   â_S = a_S (the computed entries are kept exact),   then softmax(â).

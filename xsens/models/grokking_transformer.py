@@ -2,7 +2,7 @@
 
 Vasudeva et al., ICLR 2025 (arXiv 2403.06925), official code
 estija/sensitivity language/sens_addition.py and sens_modular_addition.ipynb
-(`SimpleTransformer`, spec §5):
+(`SimpleTransformer`, docs/papers/sensitivity.md §5):
 
   ids "a b =" [B, 3] -> token embedding (vocab p + 1) + learned positional embedding
   (initialised to 0), width d -> multi-head self-attention (H heads, no mask)
@@ -67,11 +67,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens.errors import ConfigError
 from xsens.models import _checks
 from xsens.models import precision
 
-SEQ_LEN = 3
+SEQ_LEN = choices.GROKKING_SEQ_LEN
 
 
 def _uniform(bound: float):

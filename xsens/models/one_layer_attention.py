@@ -2,16 +2,17 @@
 
 Vasudeva et al., ICLR 2025 (arXiv 2403.06925) §3.1 (OpenReview numbering): "a standard
 attention layer with key, query, and value weights W_K, W_Q, W_V, composed with a linear
-decoder U" (authors' rebuttal). The exact form is not known; ours (spec §6, not
-confirmed from the paper):
+decoder U" (authors' rebuttal). The exact form is not known; ours (docs/papers/sensitivity.md §6,
+not confirmed from the paper):
 
   f(X) = U · mean_rows( softmax(X W_Q (X W_K)^T / sqrt(d_k)) X W_V ),   X [n, d]
 
-with the softmax over keys (each row of the n x n map sums to one). The spec's formula has
-no 1/sqrt(d_k); we keep the standard scaling (a reparametrisation of W_Q that changes only
-the initial attention temperature and the training dynamics, not the function class).
-No biases, no positional encoding (put position into the tokens if the task needs it; the
-layer is permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU MLP.
+with the softmax over keys (each row of the n x n map sums to one). The formula of
+docs/papers/sensitivity.md §6 has no 1/sqrt(d_k); we keep the standard scaling (a reparametrisation
+of W_Q that changes only the initial attention temperature and the training dynamics, not the
+function class). No biases, no positional encoding (put position into the tokens if the task needs
+it; the layer is permutation invariant). `TokenMLP` flattens the n x d tokens and applies a ReLU
+MLP.
 
 Both take tokens [B, n, d] directly, so the token measures (xsens.measures.tokens) take
 the model's apply as apply_fn and the tokens as inputs. `dtype` ("float32" | "bfloat16") is

@@ -3,12 +3,12 @@
   f(X; θ) = (1/M) Σ_{l=1..M} softmax(x_lᵀ W_Q W_Kᵀ Xᵀ) · X W_V w_O
           = Σ_j a_j(X) · x_jᵀ W_V w_O,   a_j = (1/M) Σ_l softmax_l(j)
 
-(spec §2): every token is a query, the M attention rows are averaged, no CLS token,
-positional embedding, residual, LayerNorm, 1/√d_h scaling or bias. The trained parameters
-are the pytree {"wq": [d, d_h], "wk": [d, d_h], "wv": [d, d_v]}; the read-out w_O [d_v] is
-frozen and kept *outside* that pytree, so GD on the pytree can never move it.
+(docs/papers/benign_overfitting.md §2): every token is a query, the M attention rows are averaged,
+no CLS token, positional embedding, residual, LayerNorm, 1/√d_h scaling or bias. The trained
+parameters are the pytree {"wq": [d, d_h], "wk": [d, d_h], "wv": [d, d_v]}; the read-out w_O [d_v]
+is frozen and kept *outside* that pytree, so GD on the pytree can never move it.
 
-Initialisations (spec §2):
+Initialisations (docs/papers/benign_overfitting.md §2):
   * "torch_scaled": PyTorch's Linear default U(±1/√fan_in) (fan_in = d) divided by
     `init_divisor` (16 in the authors' heat-map script, 32 in the dynamics script); w_O keeps
     U(±1/√d_v).
@@ -27,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from xsens import choices
 from xsens.models import _checks
 from xsens.models import precision
 from xsens.models import token_split as split_lib
 
-INITS = ("torch_scaled", "gaussian")
+INITS = choices.ONE_LAYER_VIT_INITS
 
 
 def init(key, d: int, d_h: int, d_v: int, *, init: str = "torch_scaled",
@@ -222,6 +223,7 @@ class OneLayerViT(nn.Module):
 
 
 def frozen_readout(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """`tx` on W_Q, W_K, W_V and a zero update on w_O (spec §2: w_O is never trained)."""
+  """`tx` on W_Q, W_K, W_V and a zero update on w_O (docs/papers/benign_overfitting.md §2: w_O is
+  never trained)."""
   labels = lambda params: {k: "frozen" if k == "w_o" else "trained" for k in params}
   return optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)

@@ -36,9 +36,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 
+from xsens import choices
 from xsens.errors import ConfigError
-from xsens.model_defaults import POSITIONS
 
+POSITIONS = choices.POSITION_ENCODINGS
 INPUT_POSITIONS = ("absolute", "sinusoidal")     # Added to the token embeddings.
 SEGMENT_POSITIONS = ("diet_abs", "diet_rel")     # Carry the segment scalar E_S.
 SEP_ID = 2                                       # "</s>" (xsens.data.text.EOS_ID).

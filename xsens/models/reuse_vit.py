@@ -2,7 +2,7 @@
 
 Bhojanapalli, Chakrabarti, Veit, Lukasik, Jain, Liu, Chang, Kumar (2021),
 "Leveraging redundancy in attention with Reuse Transformers", arXiv 2110.06821
-(spec: docs google_papers.md §A.2; official code: tensorflow/models
+(docs/papers/google_papers.md §A.2; official code: tensorflow/models
 `official/nlp/modeling/layers/reuse_attention.py`).
 
 A reusing layer takes the previous layer's post-softmax attention S_prev
@@ -65,7 +65,8 @@ class ReuseAttention(nn.Module):
   mutable); prev_scores needs H' >= P heads and is ignored when P = 0.
   Parameter names: `query`, `key`, `value`, `out` for the fresh heads (as in
   flax's MultiHeadDotProductAttention), `value_reuse`, `out_reuse` for the reused
-  ones. Under partial reuse `out` has no bias (spec §A.2); `out_reuse` always has.
+  ones. Under partial reuse `out` has no bias (docs/papers/google_papers.md §A.2); `out_reuse`
+  always has.
   """
   num_heads: int
   reuse_heads: int = 0

@@ -13,15 +13,16 @@ mask is `ids != PAD_ID` (`padding_mask`). Every model exposes the token interfac
   logits = model.apply(v, tokens, mask, method=model.encode)       # [B, K]
   model.apply(v, ids) == encode(embed(ids), padding_mask(ids))
 
-`embed` ends exactly where the paper puts the noise (spec §2.3):
+`embed` ends exactly where the paper puts the noise (docs/papers/sensitivity.md §2.3):
 - `roberta`: token + learned position embeddings -> embedding LayerNorm | noise | encoder.
-- `gpt2`: wte + wpe (wpe added once; the official code adds it twice, spec §8 defect 7)
+- `gpt2`: wte + wpe (wpe added once; the official code adds it twice, docs/papers/sensitivity.md §8
+defect 7)
   | noise | blocks. GPT-2 has no embedding LayerNorm, so the noise enters on the raw
   embedding sum, before the first block's ln_1.
 - `lstm`: embedding -> LayerNorm | noise | LSTM layers.
 
-A second placement, before the embedding LayerNorm (our variant; spec §2.3 says the
-paper's is after it), is exposed the same way by `embed_pre_norm` / `encode_pre_norm`
+A second placement, before the embedding LayerNorm (our variant; docs/papers/sensitivity.md §2.3
+says the paper's is after it), is exposed the same way by `embed_pre_norm` / `encode_pre_norm`
 (`encode_pre_norm(embed_pre_norm(ids), mask) == __call__(ids)`): RoBERTa's word +
 position embedding sum, the LSTM's raw embedding; GPT-2 has no embedding LayerNorm, so its
 two placements coincide (`embed_pre_norm` is `embed`).
@@ -31,7 +32,7 @@ Our design choices where the paper is silent (not confirmed from the paper):
   relabels rows of the position table) and RoBERTa's single token-type embedding (a
   constant vector added to every token) is left out;
 - ReLU attention (`attention="relu"`, the paper's "RoBERTa (ReLU)", official
-  modeling_roberta_relu.py per spec §8) is relu(q.k / sqrt(d_head)) with no
+  modeling_roberta_relu.py per docs/papers/sensitivity.md §8) is relu(q.k / sqrt(d_head)) with no
   normalisation; padded keys get weight 0 (HF adds a large negative mask before the
   activation, which relu maps to 0);
 - initialisation follows HF (normal(0.02) for Dense/Embed, GPT-2's residual projections
@@ -462,14 +463,14 @@ class LSTMLayer(nn.Module):
 class LSTM(nn.Module):
   """LSTM classifier: Embedding -> LayerNorm -> [noise] -> `depth` LSTM layers -> Dense.
 
-  The official model (language/, spec §8): Embedding(V, 256) -> LayerNorm(256) -> 4-layer
-  LSTM(256) -> Linear, dropout 0.1 (applied here between LSTM layers, as PyTorch's
-  nn.LSTM(dropout=) does). The head reads the hidden state after the last valid token.
+  The official model (language/, docs/papers/sensitivity.md §8): Embedding(V, 256) ->
+  LayerNorm(256) -> 4-layer LSTM(256) -> Linear, dropout 0.1 (applied here between LSTM layers, as
+  PyTorch's nn.LSTM(dropout=) does). The head reads the hidden state after the last valid token.
 
   Parameters: V*D + 2D + sum_l 4H*(in_l + H + 2) + H*K + K, in_0 = D, in_l = H.
 
-  `official_frozen=True` is the official code as released (spec §8 defect 5: its
-  optimiser gets only the LSTM parameters): the embedding, the LayerNorm and the head stay
+  `official_frozen=True` is the official code as released (docs/papers/sensitivity.md §8 defect 5:
+  its optimiser gets only the LSTM parameters): the embedding, the LayerNorm and the head stay
   at their initial values, only the LSTM layers train. Here the LayerNorm has no scale
   and bias (its initial values, 1 and 0) and the embedding table and the head get no
   gradient (`jax.lax.stop_gradient`); decoupled AdamW weight decay still multiplies those

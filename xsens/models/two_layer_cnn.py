@@ -3,9 +3,9 @@
   f(W, X) = F_{+1}(W_{+1}, X) − F_{−1}(W_{−1}, X),
   F_j(W_j, X) = (1/m) Σ_{r=1..m} Σ_{p=1..M} σ(⟨w_{j,r}, x_p⟩),   σ(z) = max(0, z)^q
 
-(spec §8; q > 2 in the paper, q = 1 is Kou et al.'s ReLU case). The second layer is fixed
-at ±1/m, so the trained pytree is just {"w": [2, m, d]} (row 0 = class +1 filters); the
-frozen part is None. w_{j,r}^(0) ~ N(0, σ_0² I).
+(docs/papers/benign_overfitting.md §8; q > 2 in the paper, q = 1 is Kou et al.'s ReLU case). The
+second layer is fixed at ±1/m, so the trained pytree is just {"w": [2, m, d]} (row 0 = class +1
+filters); the frozen part is None. w_{j,r}^(0) ~ N(0, σ_0² I).
 
 `TwoLayerCNN` is the same model as a flax.linen module (params {"w": [2, m, d]}), the
 registry's "two_layer_cnn"; the sweeps use the pure functions, which vmap without ceremony.

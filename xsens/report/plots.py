@@ -294,6 +294,71 @@ def panels_plot(path: str, panels: Mapping[str, Mapping[str, tuple]], *, xlabel:
   return _save(fig, path)
 
 
+def sigma_plot(path: str, measured, nsr) -> str:
+  """Sensitivity vs σ per model: token-wise solid, global dashed (same colour), ± s.e.
+  bands; the top axis gives σ as noise-to-signal."""
+  sigmas = list(nsr)
+  fig, ax = plt.subplots(figsize=(6.6, 3.8))
+  for (name, m), style in zip(measured.items(), line_styles(len(measured))):
+    parts = [("token-wise", "-", m["sigmas"])]
+    if "global" in m:
+      parts.append(("global", "--", m["global"]))
+    for i, (label, linestyle, values) in enumerate(parts):
+      y = np.array([values[s][0] for s in sigmas])
+      e = np.array([values[s][1] for s in sigmas])
+      ax.plot(sigmas, y, **{**style, "linestyle": linestyle if len(parts) > 1
+                             else style["linestyle"]},
+              label=name if i == 0 else None)
+      ax.fill_between(sigmas, y - e, y + e, alpha=0.15, color=style["color"])
+  if any("global" in m for m in measured.values()):
+    ax.plot([], [], "k-", label="token-wise (one patch)")
+    ax.plot([], [], "k--", label="global (all patches)")
+  ax.set_xscale("log")
+  ax.set_xticks(sigmas, [f"{s:g}" for s in sigmas])
+  ax.minorticks_off()
+  ratio = nsr[sigmas[0]] / sigmas[0] if sigmas[0] > 0 else None
+  if ratio:
+    top = ax.secondary_xaxis("top", functions=(lambda s: s * ratio, lambda r: r / ratio))
+    top.set_xticks([nsr[s] for s in sigmas], [f"{nsr[s]:.2g}" for s in sigmas])
+    top.minorticks_off()
+    top.set_xlabel("noise-to-signal σ√D / RMS‖x_i‖", fontsize=8)
+  styled_axes(ax, "Sensitivity vs noise scale", "σ (pixel units, log scale)",
+                    "train-set sensitivity (flip probability)")
+  legend_outside(ax)
+  fig.tight_layout()
+  return save_figure(fig, path)
+
+
+def boolean_spectrum_figure(path: str, res: dict) -> str:
+  """boolean_spectrum.png: per model, the learned / target coefficient of each component
+  and the degree spectrum W^k over training (`res` of the study's Boolean part)."""
+  models = list(res["coef"])
+  steps = np.asarray(res["steps"])
+  fig, axes = plt.subplots(2, len(models), figsize=(6.2 * len(models), 6.6), squeeze=False)
+  every = max(1, len(steps) // 10)
+  comps = res["components"]
+  for j, name in enumerate(models):
+    ax = axes[0, j]
+    for comp, c, style in zip(comps, range(len(comps)), line_styles(len(comps))):
+      ax.plot(steps, res["coef"][name][:, c] / comp["coef"], markevery=every,
+              label=f"deg {comp['degree']}: " + "x" + "·x".join(map(str, comp["coords"])),
+              **style)
+    ax.axhline(1.0, color="gray", lw=0.6, ls="--")
+    styled_axes(ax, f"{name}: learned / target coefficient", "training step",
+                      "learned / target coefficient", integer_x=True, title_size=9)
+    legend_outside(ax, in_layout=True)  # Other models' panels to the right.
+    ax = axes[1, j]
+    spec = res["spectrum"][name]
+    ks = [k for k in range(spec.shape[1]) if k <= 4 or spec[:, k].max() > 0.05]
+    for k, style in zip(ks, line_styles(len(ks))):
+      ax.plot(steps, spec[:, k], label=f"W^{k}", markevery=every, **style)
+    styled_axes(ax, f"{name}: degree spectrum W^k of the learned f", "training step",
+                      "W^k (share of ‖f‖²)", integer_x=True, title_size=9)
+    legend_outside(ax, in_layout=True)  # Other models' panels to the right.
+  fig.suptitle("Boolean task: coefficients and degree spectrum over training")
+  return _save(fig, path)
+
+
 # Series of `training_curves`: label -> the metrics.jsonl key of its loss and accuracy.
 TRAINING_SERIES = {
     "training batches (mean over each log window)": ("train/loss", "train/accuracy"),

@@ -1,15 +1,15 @@
 """Study `attention_eigen`: is attention low-dimensional, and can it be computed in part?
 
 Bhojanapalli, Chakrabarti, Jain, Kumar, Lukasik, Veit (2021), "Eigen Analysis of
-Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823 (spec:
-google_papers.md §C). Trains the runs of `config.runs` with the one trainer
+Self-Attention and its Reconstruction from Partial Computation", arXiv 2106.08823
+(docs/papers/google_papers.md §C). Trains the runs of `config.runs` with the one trainer
 (`xsens.lab.multirun`, `config.num_seeds` seeds each), then analyses the `eigen.analysed_run`
 transformer (every seed) and the same architecture at random init with
-`xsens.lab.eigen_analysis.analyse_runs` (eigen statistics of the score rows and matrices,
-overlaps, partial-reconstruction errors, the frozen model's accuracy vs (m, k)), and adds
-the runs that train an `eigen_vit` (layers >= 1 attend from m keys with a learned basis)
-against the analysed ViT: test accuracy ± s.e., forward and attention FLOPs (XLA cost
-analysis), peak temp memory and time of one training step (`xsens.lab.model_cost`).
+`xsens.lab.eigen_analysis.analyse_runs` (eigen statistics of the score rows and matrices, overlaps,
+partial-reconstruction errors, the frozen model's accuracy vs (m, k)), and adds the runs that train
+an `eigen_vit` (layers >= 1 attend from m keys with a learned basis) against the analysed ViT: test
+accuracy ± s.e., forward and attention FLOPs (XLA cost analysis), peak temp memory and time of one
+training step (`xsens.lab.model_cost`).
 
 Writes results.md/json, explained_variance.png, overlap.png, reconstruction.png and
 accuracy_vs_keys.png.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from xsens.errors import ConfigError
+from mlcollections_configs import attention_eigen as configs
 from xsens.lab import eigen_analysis, model_cost, multirun
 from xsens.models import eigen_vit
 from xsens.report import seed_stats
@@ -40,11 +40,9 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   ec = config.eigen
   probe = multirun.validate_runs(config)
   ids = multirun.run_ids(config)
-  if ec.analysed_run not in config.runs:
-    raise ConfigError("eigen.analysed_run", f"{ec.analysed_run!r} is not a run; runs: "
-                      f"{', '.join(config.runs)}")
+  configs.validate(config)
   num_tokens = _tokens_of(probe[ec.analysed_run])
-  eigen_analysis.validate_eigen_config(ec, num_tokens)
+  configs.validate_eigen(ec, num_tokens)
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
   seeds = [rid for rid, (name, _) in ids.items() if name == ec.analysed_run]
   return eigen_analysis.analyse_runs(

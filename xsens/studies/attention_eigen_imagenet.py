@@ -1,6 +1,6 @@
 """Set-up `imagenet` of study `attention_eigen`: pretrained ViT-B/16, no training.
 
-Bhojanapalli et al. (2021), arXiv 2106.08823 (spec: google_papers.md §C). The analysis of
+Bhojanapalli et al. (2021), arXiv 2106.08823 (docs/papers/google_papers.md §C). The analysis of
 `xsens.lab.eigen_analysis.analyse_runs` (eigen statistics of the score rows and
 matrices, overlaps across layers / heads, partial-reconstruction errors and the frozen
 model's accuracy vs (m, k)) on public checkpoints instead of trained runs:
@@ -24,6 +24,7 @@ import types
 
 import numpy as np
 
+from mlcollections_configs import attention_eigen as configs
 from xsens.data import streaming
 from xsens.errors import ConfigError
 from xsens.lab import eigen_analysis, pretrained_runs
@@ -50,16 +51,10 @@ def used_runs(config) -> dict:
 
 
 def validate(config) -> None:
-  """Cheap checks (no I/O but the checkpoint files' existence): `runs`, `imagenet`,
-  `eigen` (m bounded once T is known from the checkpoint)."""
-  if config.eigen.analysed_run not in config.runs:
-    raise ConfigError("eigen.analysed_run", f"{config.eigen.analysed_run!r} is not a run; "
-                      f"runs: {', '.join(config.runs)}")
+  """Checks before any image is read: the config file's `validate` (`runs`, `imagenet`,
+  `eigen`; m is bounded once T is known from the checkpoint), then the checkpoint files."""
+  configs.validate(config)
   pretrained_runs.validate_checkpoint_runs(used_runs(config), formats())
-  size = config.imagenet.image_size
-  if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-    raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
-  eigen_analysis.validate_eigen_config(config.eigen)
 
 
 def read_images(ic, count: int, batch_size: int):
@@ -109,7 +104,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
         name=name, model=loaded.model, variables=loaded.variables, apply_fn=loaded.apply_fn,
         train=fit, test=test, summary={"test_accuracy": top1}))
   num_tokens = eigen_vit.num_tokens(runs[0].model, shape)
-  eigen_analysis.validate_eigen_config(ec, num_tokens)
+  configs.validate_eigen(ec, num_tokens)
   for r in runs[1:]:
     if eigen_vit.num_tokens(r.model, shape) != num_tokens:
       raise ConfigError(f"runs.{r.name}.pretrained.path", "has a different number of "

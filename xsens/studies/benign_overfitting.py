@@ -23,7 +23,8 @@ What it does:
      fit of 1[test loss < cutoff] on (log N, log SNR) over all runs, whose decision line
      gives k (`xsens.lab.phase_boundary`); the plots also draw the paper's N·SNR² = 1000.
   3. Dynamics: for one harmful and one benign setting, every GD step logs the losses,
-     pooled attention, V projections, QK logits and the stable rank of W_V (spec §6).
+     pooled attention, V projections, QK logits and the stable rank of W_V
+     (docs/papers/benign_overfitting.md §6).
   4. Convergence time: a power-law fit of the recorded steps to train loss < ε over N and
      ‖μ‖ (`phase_boundary.convergence_fit`) and steps_<model>.png; the η and ε dependence
      is measured by experiments/benign_convergence_time.py.
@@ -44,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import time
 
@@ -52,115 +52,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import benign_overfitting as configs
 from xsens import paths
 from xsens.data import signal_noise as sn
-from xsens.errors import require
 from xsens.models import one_layer_vit as vit_lib
 from xsens.models import two_layer_cnn as cnn_lib
 from xsens.lab import gd_sweep, phase_boundary
 from xsens.report import phase_diagram, plots, tables
 from xsens.train import full_batch_gd as gd
 from xsens.train import reduced_vit_gd
-from xsens.train import streams as streams_lib
 from xsens.train.workdir import Workdir
 
-MODELS = ("vit", "cnn")
-DATA_KINDS = ("synthetic", "mnist")
-SOLVERS = ("auto", "direct", "reduced")
-PAD_TO = ("chunk", "grid")  # sweep.pad_to: a chunk's runs padded to its / the grid's max N.
 RESULT_FIELDS = ("test_loss", "test_accuracy", "train_loss", "train_accuracy", "steps",
                  "converged")
 
-# ------------------------------------------------------------------------------------------
-# Validation (before anything compiles or touches the workdir).
-
-
-def _positive_int(value) -> bool:
-  return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value > 0
-
-
-def _positive(value) -> bool:
-  return (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
-          and math.isfinite(value) and value > 0)
-
 
 def validate(config) -> None:
-  """Raises ConfigError naming `config.<field>` for any unusable value."""
-  require(config.models and all(m in MODELS for m in config.models), "models",
-        f"must be a non-empty list of {MODELS}, got {config.models!r}")
-  d = config.data
-  require(d.kind in DATA_KINDS, "data.kind", f"got {d.kind!r}; allowed: {', '.join(DATA_KINDS)}")
-  require(d.layout in sn.LAYOUTS, "data.layout",
-        f"got {d.layout!r}; allowed: {', '.join(sn.LAYOUTS)}")
-  for f in ("d", "num_test"):
-    require(_positive_int(d[f]), f"data.{f}", f"must be a positive int, got {d[f]!r}")
-  require(_positive_int(d.num_tokens) and d.num_tokens >= 2, "data.num_tokens",
-        f"must be an int >= 2 (signal + strong noise), got {d.num_tokens!r}")
-  require(d.d >= 2, "data.d", f"must be >= 2 (μ₊ and μ₋ on e₁, e₂), got {d.d}")
-  require(_positive(d.sigma_p), "data.sigma_p", f"must be > 0, got {d.sigma_p!r}")
-  require(d.strong_noise_factor is None or _positive(d.strong_noise_factor),
-        "data.strong_noise_factor", f"must be None (5√M) or > 0, got {d.strong_noise_factor!r}")
-  require(isinstance(d.project_noise, bool), "data.project_noise",
-        f"must be true or false, got {d.project_noise!r}")
-  require(not (d.project_noise and d.kind == "mnist"), "data.project_noise",
-        "projects off the coordinates of μ₊, μ₋ (e₁, e₂); it has no meaning for data.kind='mnist'")
-  require(isinstance(d.label_flip, (int, float)) and 0 <= d.label_flip < 0.5, "data.label_flip",
-        f"must be in [0, 0.5), got {d.label_flip!r}")
-  if d.kind == "mnist":
-    require(d.d == 784, "data.d", f"must be 784 (28×28 digits) for data.kind='mnist', got {d.d}")
-    require(len(d.mnist_classes) == 2 and all(0 <= c <= 9 for c in d.mnist_classes)
-          and d.mnist_classes[0] != d.mnist_classes[1], "data.mnist_classes",
-          f"must be two distinct digits, got {tuple(d.mnist_classes)!r}")
-  v = config.vit
-  for f in ("d_h", "d_v"):
-    require(_positive_int(v[f]), f"vit.{f}", f"must be a positive int, got {v[f]!r}")
-  require(v.init in vit_lib.INITS, "vit.init", f"got {v.init!r}; allowed: {vit_lib.INITS}")
-  require(_positive(v.init_divisor), "vit.init_divisor", f"must be > 0, got {v.init_divisor!r}")
-  require(_positive(v.init_std), "vit.init_std", f"must be > 0, got {v.init_std!r}")
-  c = config.cnn
-  require(_positive_int(c.m), "cnn.m", f"must be a positive int, got {c.m!r}")
-  require(_positive(c.q) and c.q >= 1, "cnn.q", f"must be >= 1, got {c.q!r}")
-  require(_positive(c.sigma_0), "cnn.sigma_0", f"must be > 0, got {c.sigma_0!r}")
-  require(_positive(c.learning_rate), "cnn.learning_rate",
-        f"must be > 0, got {c.learning_rate!r}")
-  t = config.train
-  require(_positive(t.learning_rate), "train.learning_rate",
-        f"must be > 0, got {t.learning_rate!r}")
-  require(_positive_int(t.max_steps), "train.max_steps", f"must be a positive int, got "
-        f"{t.max_steps!r}")
-  require(t.solver in SOLVERS, "train.solver", f"got {t.solver!r}; allowed: {', '.join(SOLVERS)}")
-  require(_positive(t.loss_threshold), "train.loss_threshold",
-        f"must be > 0, got {t.loss_threshold!r}")
-  s = config.sweep
-  ns = list(s.n_values)
-  require(ns and all(_positive_int(n) and n % 2 == 0 for n in ns), "sweep.n_values",
-        f"must be a non-empty list of even positive ints (balanced classes), got {ns!r}")
-  require(s.mu_norms and all(_positive(m) for m in s.mu_norms), "sweep.mu_norms",
-        f"must be a non-empty list of ‖μ‖ > 0, got {list(s.mu_norms)!r}")
-  require(_positive_int(s.trials), "sweep.trials", f"must be a positive int, got {s.trials!r}")
-  require(_positive_int(s.chunk_size), "sweep.chunk_size",
-        f"must be a positive int, got {s.chunk_size!r}")
-  vs = s.vmap_size
-  require(vs is None or (isinstance(vs, int) and not isinstance(vs, bool) and vs >= 0),
-        "sweep.vmap_size", f"must be None (auto: 1 on CPU, the whole chunk on an "
-        f"accelerator), 0 (the whole chunk) or a positive int, got {vs!r}")
-  streams_lib.check_field("sweep.streams", s.streams)
-  require(s.pad_to in PAD_TO, "sweep.pad_to",
-        f"got {s.pad_to!r}; allowed: {', '.join(PAD_TO)}")
-  require(d.num_test % 2 == 0, "data.num_test", f"must be even (balanced), got {d.num_test}")
-  r = config.report
-  require(_positive(r.cutoff), "report.cutoff", f"must be > 0, got {r.cutoff!r}")
-  require(isinstance(r.bootstrap, int) and r.bootstrap >= 0, "report.bootstrap",
-        f"must be an int >= 0, got {r.bootstrap!r}")
-  for name, run in config.dynamics.runs.items():
-    f = f"dynamics.runs.{name}"
-    for k in ("d", "num_tokens", "n", "num_test", "d_h", "d_v", "steps", "trials"):
-      require(_positive_int(run[k]), f"{f}.{k}", f"must be a positive int, got {run[k]!r}")
-    require(run.num_tokens >= 2 and run.d >= 2, f"{f}.num_tokens",
-          f"need num_tokens >= 2 and d >= 2, got {run.num_tokens}, {run.d}")
-    require(run.n % 2 == 0, f"{f}.n", f"must be even, got {run.n}")
-    for k in ("mu_norm", "sigma_p", "learning_rate", "init_divisor"):
-      require(_positive(run[k]), f"{f}.{k}", f"must be > 0, got {run[k]!r}")
+  """ConfigError naming `config.<field>` for any unusable value, before anything compiles
+  or touches the workdir: every check is a field check of the config file
+  (`mlcollections_configs.benign_overfitting.validate`)."""
+  configs.validate(config)
 
 
 # ------------------------------------------------------------------------------------------
@@ -223,8 +134,8 @@ def cnn_lr_scale(config):
   """‖μ‖ -> the CNN's GD step size.
 
   With `cnn.normalize_lr`, η = cnn.learning_rate / max(‖μ‖², σ̃_p² d), the scale of Cao et
-  al.'s condition η ≤ Õ(min{‖μ‖⁻², σ_p⁻² d⁻¹}) (spec §8) with the strongest noise token;
-  a fixed η = 0.1 makes σ(z) = z^q explode on this data (‖ξ₂‖ ≈ 5√M σ_p √d).
+  al.'s condition η ≤ Õ(min{‖μ‖⁻², σ_p⁻² d⁻¹}) (docs/papers/benign_overfitting.md §8) with the
+  strongest noise token; a fixed η = 0.1 makes σ(z) = z^q explode on this data (‖ξ₂‖ ≈ 5√M σ_p √d).
   """
   c, dc = config.cnn, config.data
   lr = float(c.learning_rate)
@@ -237,7 +148,8 @@ def cnn_lr_scale(config):
 
 
 def theory_exponent(config, model: str) -> float:
-  """The k of the theoretical boundary N·SNR^k = const at fixed d (spec §4, §8).
+  """The k of the theoretical boundary N·SNR^k = const at fixed d
+  (docs/papers/benign_overfitting.md §4, §8).
 
   ViT: 2 (Jiang et al. Thm 4.1–4.2). CNN σ(z) = max(0, z)^q: q (Cao et al., stated for
   q > 2); ReLU, q = 1: 4 (Kou et al.'s n‖μ‖⁴ ≥ C d σ_p⁴, i.e. N·SNR⁴ ≥ C/d).
@@ -401,12 +313,13 @@ def load_sweep(config, path: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------
-# Training dynamics (spec §6).
+# Training dynamics (docs/papers/benign_overfitting.md §6).
 
 
 
 def dynamics_metrics_fn(params_frozen_data):
-  """Builds metrics(params) -> {name: scalar} for the ViT (spec §6 items 1–4, 6)."""
+  """Builds metrics(params) -> {name: scalar} for the ViT (docs/papers/benign_overfitting.md §6
+  items 1–4, 6)."""
   w_o, x, y, mask, xt, yt, mus = params_frozen_data
   m_tokens = x.shape[1]
 
@@ -425,7 +338,8 @@ def dynamics_metrics_fn(params_frozen_data):
     out["attn_other_mean"] = mean(jnp.sum(a[:, 2:], axis=-1))
     v = vit_lib.value_readout(params, w_o)  # [d]
     out["gamma_plus"], out["gamma_minus"] = mus[0] @ v, mus[1] @ v
-    # Margin decomposition y·f = a_1·y x_1ᵀW_Vw_O + Σ_{j≥2} a_j·y x_jᵀW_Vw_O (spec §6 item 5).
+    # Margin decomposition y·f = a_1·y x_1ᵀW_Vw_O + Σ_{j≥2} a_j·y x_jᵀW_Vw_O
+    # (docs/papers/benign_overfitting.md §6 item 5).
     parts = a * (x @ v) * y[:, None]  # [N, M]
     out["margin_signal_mean"] = mean(parts[:, 0])
     out["margin_noise_mean"] = mean(jnp.sum(parts[:, 1:], axis=-1))

@@ -1,7 +1,7 @@
 """Study `churn`: how much do retrained models disagree, and what lowers it?
 
 "On the reproducibility of neural network predictions" (Bhojanapalli et al., arXiv
-2102.03349; spec google_papers.md §F). Claims (abstract): two models trained by the same
+2102.03349; docs/papers/google_papers.md §F). Claims (abstract): two models trained by the same
 algorithm disagree on a notable share of predictions (churn) even at equal accuracy; the
 sources are initialisation, mini-batch order and augmentation; churn is related to
 prediction confidence; a minimum-entropy regulariser and a co-distillation variant reduce
@@ -25,7 +25,7 @@ import os
 import ml_collections
 import numpy as np
 
-from xsens.errors import ConfigError
+from mlcollections_configs import churn as configs
 from xsens.lab import multirun
 from xsens.measures import churn as churn_lib
 from xsens.report import plots, tables, training
@@ -34,27 +34,6 @@ from xsens.train import distill as distill_lib
 from xsens.train import trainer
 
 SOURCES = {"init": "init_seed", "order": "order_seed", "augment": "augment_seed"}
-
-
-def validate_churn_config(cc) -> None:
-  sources = list(cc.sources)
-  if not sources or len(set(sources)) != len(sources) or any(s not in SOURCES for s in sources):
-    raise ConfigError("churn.sources", f"must be distinct names from {', '.join(SOURCES)}, "
-                      f"got {sources}")
-  if not (isinstance(cc.num_seeds, int) and cc.num_seeds >= 2):
-    raise ConfigError("churn.num_seeds", f"must be an int >= 2 (a pair), got {cc.num_seeds!r}")
-  if not (isinstance(cc.base_seed, int) and cc.base_seed >= 0):
-    raise ConfigError("churn.base_seed", f"must be an int >= 0, got {cc.base_seed!r}")
-  if not cc.methods:
-    raise ConfigError("churn.methods", "must name at least one method")
-  for name in cc.methods:
-    if not name.replace("_", "").isalnum():
-      raise ConfigError("churn.methods", f"method names must be identifiers, got {name!r}")
-  edges = list(cc.confidence_edges)
-  if len(edges) < 2 or edges[0] != 0 or edges[-1] != 1 or any(
-      b <= a for a, b in zip(edges, edges[1:])):
-    raise ConfigError("churn.confidence_edges", f"must increase from 0 to 1 (every "
-                      f"confidence falls in one bin), got {edges}")
 
 
 def run_plan(cc) -> dict[str, dict[str, list[str]]]:
@@ -103,8 +82,8 @@ def _is_codistill(exp) -> bool:
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run of the plan, measures churn, writes the report."""
+  configs.validate(config)
   cc = config.churn
-  validate_churn_config(cc)
   plan = run_plan(cc)
   derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
                                        "runs": _runs(config, plan)})

@@ -1,7 +1,7 @@
 """Study `distillation`: distillation bias per class, and two mitigations.
 
 "Teacher's pet: understanding and mitigating biases in distillation" (Lukasik, Bhojanapalli,
-Menon, Kumar; TMLR 2022, arXiv 2106.10494; spec google_papers.md §B). The paper's claims:
+Menon, Kumar; TMLR 2022, arXiv 2106.10494; docs/papers/google_papers.md §B). The paper's claims:
 distillation raises overall accuracy but can harm subgroups, e.g. "classes with few
 associated samples"; teacher errors are "transferred to and amplified by the student";
 softening the teacher where it is less reliable mitigates this. Its datasets, formulas,
@@ -32,16 +32,15 @@ import os
 import ml_collections
 import numpy as np
 
+from mlcollections_configs import distillation as configs
 from xsens import paths as path_lib  # (`paths` names config paths here)
 from xsens.config_utils import run_config
-from xsens.errors import ConfigError
 from xsens.lab import multirun
 from xsens.measures import subgroups
 from xsens.report import plots, tables
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
 
-VARIANTS = ("onehot", "kd", "kd_class_alpha", "kd_margin")
 TEACHER = "teacher"
 SUMMARY_KEYS = ("accuracy", "balanced_accuracy", "worst_class", "worst_k_mean",
                 "head_accuracy", "tail_accuracy")
@@ -51,7 +50,8 @@ SUMMARY_KEYS = ("accuracy", "balanced_accuracy", "worst_class", "worst_k_mean",
 
 
 def class_alpha(alpha: float, per_class_acc, overall_acc: float) -> np.ndarray:
-  """α_c = α·clip(acc_T(c)/acc_T, 0, 1) (spec §B candidate; our design). [K] -> [K].
+  """α_c = α·clip(acc_T(c)/acc_T, 0, 1) (docs/papers/google_papers.md §B candidate; our design).
+  [K] -> [K].
 
   A class without held-out examples (NaN) keeps α.
   """
@@ -82,43 +82,6 @@ def split_val_eval(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, 
 
 
 # ----------------------------------------------------------------------------- configs
-
-
-def validate_distillation_config(config) -> None:
-  dc = config.distillation
-  for field in ("teacher", "student"):
-    if field not in config or "model" not in config[field] or "name" not in config[field].model:
-      raise ConfigError(f"{field}.model", "missing; a model block with a name "
-                        "(mlcollections_configs.common.model_config)")
-  if not 0 <= dc.alpha <= 1:
-    raise ConfigError("distillation.alpha", f"must be in [0, 1], got {dc.alpha}")
-  if not dc.temperature > 0:
-    raise ConfigError("distillation.temperature", f"must be > 0, got {dc.temperature}")
-  if dc.teacher_mode not in distill_lib.TEACHER_MODES:
-    raise ConfigError("distillation.teacher_mode", f"got {dc.teacher_mode!r}; allowed: "
-                      f"{', '.join(distill_lib.TEACHER_MODES)}")
-  variants = list(dc.variants)
-  bad = [v for v in variants if v not in VARIANTS]
-  if bad or not variants or len(set(variants)) != len(variants):
-    raise ConfigError("distillation.variants", f"must be distinct names from "
-                      f"{', '.join(VARIANTS)}, got {variants}")
-  if "onehot" not in variants:
-    raise ConfigError("distillation.variants", "must include 'onehot' (the reference "
-                      "for per-class gains)")
-  seeds = list(dc.seeds)
-  if not seeds or len(set(seeds)) != len(seeds) or not all(
-      isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
-    raise ConfigError("distillation.seeds", f"must be distinct ints >= 0, got {seeds}")
-  if not dc.margin_scale >= 0:
-    raise ConfigError("distillation.margin_scale", f"must be >= 0, got {dc.margin_scale}")
-  if not 0 < dc.val_fraction < 1:
-    raise ConfigError("distillation.val_fraction", f"must be in (0, 1), got "
-                      f"{dc.val_fraction}")
-  if not (isinstance(dc.worst_k, int) and dc.worst_k >= 1):
-    raise ConfigError("distillation.worst_k", f"must be an int >= 1, got {dc.worst_k!r}")
-  if not 0 < dc.head_fraction < 1:
-    raise ConfigError("distillation.head_fraction", f"must be in (0, 1), got "
-                      f"{dc.head_fraction}")
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -188,7 +151,7 @@ def _logits(res: trainer.TrainResult, images: np.ndarray) -> np.ndarray:
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains the teacher, derives the mitigations, trains the students, writes the report."""
-  validate_distillation_config(config)
+  configs.validate(config)
   dc = config.distillation
   variants, seeds = list(dc.variants), [int(s) for s in dc.seeds]
   teacher_cfg = _with_runs(config, {TEACHER: config.teacher.to_dict()})

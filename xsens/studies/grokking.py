@@ -2,8 +2,8 @@
 
 Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
 2403.06925); official code estija/sensitivity language/sens_addition.py and
-language/sens_modular_addition.ipynb (spec §5). The paper's claim (secondary source):
-sensitivity falls during the loss plateau, before test accuracy jumps; the authors call
+language/sens_modular_addition.ipynb (docs/papers/sensitivity.md §5). The paper's claim (secondary
+source): sensitivity falls during the loss plateau, before test accuracy jumps; the authors call
 sensitivity "a progress measure for grokking" (rebuttal).
 
 Setup (as the official code):
@@ -83,7 +83,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from xsens.errors import is_finite_number, is_int, require
+from mlcollections_configs import grokking as configs
+from xsens.errors import require
 from xsens.models import grokking_transformer as gt
 from xsens.report import plots, tables
 from xsens.data import modular_addition
@@ -99,56 +100,11 @@ STEP_FIELDS = ("train_loss", "train_accuracy", "sensitivity", "weight_norm", "te
 
 
 def validate(config) -> None:
-  """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
-  d = config.data
-  require(is_int(d.modulus) and d.modulus >= 2, "data.modulus",
-        f"must be an int >= 2, got {d.modulus!r}")
-  require(is_finite_number(d.train_fraction) and 0 < d.train_fraction < 1, "data.train_fraction",
-        f"must be in (0, 1), got {d.train_fraction!r}")
-  if is_int(d.modulus):
-    n_train = int(d.train_fraction * d.modulus ** 2)
-    require(1 <= n_train < d.modulus ** 2, "data.train_fraction",
-          f"gives {n_train} training pairs of {d.modulus ** 2}; need at least one of each split")
-  m = config.model
-  for f in ("width", "num_heads", "mlp_dim"):
-    require(is_int(m[f]) and m[f] >= 1, f"model.{f}", f"must be a positive int, got {m[f]!r}")
-  require(m.width % m.num_heads == 0, "model.num_heads",
-        f"must divide model.width={m.width}, got {m.num_heads}")
-  require(m.init_npz is None or (isinstance(m.init_npz, str) and m.init_npz), "model.init_npz",
-          f"must be None or the path of an .npz file, got {m.init_npz!r}")
-  o = config.optimizer
-  require(is_finite_number(o.learning_rate) and o.learning_rate > 0, "optimizer.learning_rate",
-        f"must be > 0, got {o.learning_rate!r}")
-  require(is_finite_number(o.weight_decay) and o.weight_decay >= 0, "optimizer.weight_decay",
-        f"must be >= 0, got {o.weight_decay!r}")
-  for f in ("b1", "b2"):
-    require(is_finite_number(o[f]) and 0 <= o[f] < 1, f"optimizer.{f}",
-            f"must be in [0, 1), got {o[f]!r}")
-  require(is_finite_number(o.eps) and o.eps > 0, "optimizer.eps", f"must be > 0, got {o.eps!r}")
-  t = config.train
-  for f in ("epochs", "chunk_epochs", "test_every", "num_seeds", "keep_checkpoints"):
-    require(is_int(t[f]) and t[f] >= 1, f"train.{f}", f"must be a positive int, got {t[f]!r}")
-  require(is_int(config.seed) and config.seed >= 0, "seed",
-        f"must be an int >= 0, got {config.seed!r}")
-  s = config.sensitivity
-  require(is_finite_number(s.sigma) and s.sigma >= 0, "sensitivity.sigma",
-        f"must be a standard deviation >= 0, got {s.sigma!r}")
-  pos = list(s.positions)
-  require(pos and all(is_int(p) and 0 <= p < gt.SEQ_LEN for p in pos) and len(set(pos)) == len(pos),
-        "sensitivity.positions", f"must be distinct positions in [0, {gt.SEQ_LEN}) "
-        f"(0 = a, 1 = b, 2 = '='), got {pos!r}")
-  r = config.report
-  require(is_int(r.window) and r.window >= 1, "report.window",
-        f"must be a positive int, got {r.window!r}")
-  th = r.grok_thresholds
-  require(isinstance(th, (tuple, list)) and th and len(set(th)) == len(th)
-          and all(is_finite_number(x) and 0 < x <= 1 for x in th), "report.grok_thresholds",
-          f"must be distinct test accuracies in (0, 1] (the first gives grok_epoch), got {th!r}")
-  require(is_finite_number(r.fall_fraction) and 0 < r.fall_fraction < 1, "report.fall_fraction",
-        f"must be in (0, 1), got {r.fall_fraction!r}")
-  require(all(is_int(e) and e >= 0 for e in r.markers), "report.markers",
-        f"must be epochs (ints >= 0), got {list(r.markers)!r}")
-  if m.init_npz is not None:
+  """ConfigError naming `config.<field>` for any unusable value (nothing compiled): the
+  field checks of the config file (`mlcollections_configs.grokking.validate`), then the
+  initial weights of `model.init_npz` (a file) against the model."""
+  configs.validate(config)
+  if config.model.init_npz is not None:
     addition_model.load_init_npz(config)  # Refuses a missing file, wrong keys, shapes, values.
 
 

@@ -1,10 +1,10 @@
 """Study `modify_memories`: editing facts in a masked LM under a norm constraint.
 
 Zhu, Rawat, Zaheer, Bhojanapalli, Li, Yu, Kumar, "Modifying Memories in Transformer
-Models" (arXiv 2012.00363; spec §G; benchmark code github.com/zhuchen03/modifying-memory).
-The paper's claims: plain fine-tuning on the modified facts S forgets the unmodified facts
-F\\S; constraining ‖θ − θ₀‖ ≤ δ keeps them; tuning selected blocks (the first and last)
-works best; the pre-training and fine-tuning phases matter for memorisation.
+Models" (arXiv 2012.00363; docs/papers/google_papers.md §G; benchmark code
+github.com/zhuchen03/modifying-memory). The paper's claims: plain fine-tuning on the modified facts
+S forgets the unmodified facts F\\S; constraining ‖θ − θ₀‖ ≤ δ keeps them; tuning selected blocks
+(the first and last) works best; the pre-training and fine-tuning phases matter for memorisation.
 
 Pipeline (all training through the one loop, `xsens.train.loop.run`, resumable):
   1. knowledge: `xsens.data.knowledge` (synthetic from the seed, or LAMA / T-REx from
@@ -48,9 +48,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import modify_memories as configs
 from xsens import paths
 from xsens.data import cloze_batches, knowledge
-from xsens.errors import ConfigError, is_finite_number, is_int, prefixed, require
+from xsens.errors import ConfigError, prefixed, require
 from xsens.models import mlm
 from xsens.report import plots, tables
 from xsens.lab import cloze
@@ -58,8 +59,6 @@ from xsens.report import seed_stats
 from xsens.train import constraints, full_batch, loop, optim
 from xsens.train.workdir import Workdir
 
-METHODS = ("finetune", "replay", "linf", "l2", "parts")
-SOURCES = ("synthetic", "lama_trex")
 METRICS = ("A_M", "A_M_para", "A_FS", "A_FS_para", "background")
 EDIT_LOG_FIELDS = ("loss",) + METRICS
 SUBRUNS = ("pretrain", "finetune_phase", "edits")   # Loop runs under the study's workdir.
@@ -68,99 +67,21 @@ SUBRUNS = ("pretrain", "finetune_phase", "edits")   # Loop runs under the study'
 # Validation.
 
 
-def _positive_int(value, field: str) -> None:
-  require(is_int(value) and value >= 1, field, f"must be a positive int, got {value!r}")
-
-
-def _deltas(values, field: str) -> None:
-  require(isinstance(values, (tuple, list)) and len(values) > 0
-          and all(is_finite_number(d) and d >= 0 for d in values), field,
-          f"must be a non-empty tuple of radii δ >= 0 (finite), got {values!r}")
-
-
-def num_facts_of(config) -> int | None:
-  """The knowledge base's fact count from the config alone (None for LAMA: read later)."""
-  if config.data.source != "synthetic":
-    return None
-  s = config.data.synthetic
-  return int(s.num_subjects) * int(s.num_relations)
-
-
 def validate(config) -> None:
-  """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
-  d = config.data
-  require(d.source in SOURCES, "data.source",
-          f"unknown source {d.source!r}; allowed: {', '.join(SOURCES)}")
-  if d.source == "lama_trex":
-    require(isinstance(d.data_dir, str) and d.data_dir, "data.data_dir",
-            "must be the folder holding LAMA's relations.jsonl and TREx/ for source "
-            "'lama_trex'")
-  s = d.synthetic
-  for f in ("num_subjects", "num_relations", "many_to_one_objects", "objects_per_relation",
-            "num_train_templates", "num_heldout_templates"):
-    _positive_int(s[f], f"data.synthetic.{f}")
-  require(s.num_train_templates + s.num_heldout_templates <= len(knowledge.PATTERNS),
-          "data.synthetic.num_heldout_templates", f"train + held-out templates must be <= "
-          f"{len(knowledge.PATTERNS)}, got {s.num_train_templates} + {s.num_heldout_templates}")
-  require(s.many_to_one_objects >= 2 and s.objects_per_relation >= 2,
-          "data.synthetic.many_to_one_objects", "relations need >= 2 objects (an edit "
-          "changes the object)")
-  require(is_finite_number(s.many_to_one_fraction) and 0 <= s.many_to_one_fraction <= 1,
-          "data.synthetic.many_to_one_fraction",
-          f"must be in [0, 1], got {s.many_to_one_fraction!r}")
-  for f in ("num_train", "num_test", "max_clauses"):
-    _positive_int(d.background[f], f"data.background.{f}")
-  m = config.model
-  for f in ("width", "depth", "num_heads", "mlp_dim"):
-    _positive_int(m[f], f"model.{f}")
-  require(m.width % m.num_heads == 0, "model.num_heads",
-          f"must divide model.width={m.width}, got {m.num_heads}")
-  p = config.pretrain
-  for f in ("steps", "batch_size", "chunk_steps"):
-    _positive_int(p[f], f"pretrain.{f}")
-  require(is_finite_number(p.target_recall) and 0 < p.target_recall <= 1,
-          "pretrain.target_recall", f"must be in (0, 1], got {p.target_recall!r}")
-  require(is_finite_number(p.background_fraction) and 0 <= p.background_fraction < 1,
-          "pretrain.background_fraction", f"must be in [0, 1), got {p.background_fraction!r}")
+  """ConfigError naming `config.<field>` for any unusable value (nothing compiled): the
+  field checks of the config file (`mlcollections_configs.modify_memories.validate`), then
+  the optimizer blocks (`xsens.train.optim`) and the parts of the model `edit.parts` names
+  (`xsens.models.mlm`)."""
+  configs.validate(config)
   with prefixed("pretrain"):
-    optim.validate_optimizer_config(p.optimizer, int(p.steps))
-  require(is_int(config.phases.finetune_steps) and config.phases.finetune_steps >= 0,
-          "phases.finetune_steps", f"must be an int >= 0 (0: no second phase), got "
-          f"{config.phases.finetune_steps!r}")
-  frac = config.phases.fact_fraction
-  require(is_finite_number(frac) and 0 <= frac < 1, "phases.fact_fraction",
-          f"must be in [0, 1) (the fact sentences' share of phase-2 batches), got {frac!r}")
+    optim.validate_optimizer_config(config.pretrain.optimizer, int(config.pretrain.steps))
   e = config.edit
-  methods = tuple(e.methods)
-  require(methods and all(x in METHODS for x in methods) and len(set(methods)) == len(methods),
-          "edit.methods", f"must be distinct names from {', '.join(METHODS)}, got {methods!r}")
-  sizes = tuple(e.sizes)
-  require(sizes and all(is_int(x) and x >= 1 for x in sizes), "edit.sizes",
-          f"must be positive ints (|S|), got {sizes!r}")
-  total = num_facts_of(config)
-  if total is not None:
-    require(max(sizes) <= total, "edit.sizes", f"|S| = {max(sizes)} exceeds the knowledge "
-            f"base's {total} facts (data.synthetic.num_subjects x num_relations)")
-  for f in ("num_seeds", "steps", "eval_every"):
-    _positive_int(e[f], f"edit.{f}")
-  _deltas(e.linf_deltas, "edit.linf_deltas")
-  _deltas(e.l2_deltas, "edit.l2_deltas")
-  require(is_finite_number(e.parts_delta) and e.parts_delta >= 0, "edit.parts_delta",
-          f"must be a radius δ >= 0 (finite), got {e.parts_delta!r}")
-  parts = tuple(e.parts)
-  require(len(parts) > 0, "edit.parts", "must name at least one part")
-  for part in parts:
-    mlm.check_part(part, int(m.depth), "edit.parts")
-  require(is_finite_number(e.replay_ratio) and e.replay_ratio > 0, "edit.replay_ratio",
-          f"must be > 0 (replayed per modified sentence), got {e.replay_ratio!r}")
+  for part in e.parts:
+    mlm.check_part(part, int(config.model.depth), "edit.parts")
   with prefixed("edit"):
     optim.validate_optimizer_config(e.optimizer, int(e.steps))
   require(e.optimizer.weight_decay == 0, "edit.optimizer.weight_decay",
           "must be 0: decay would move the frozen parts and θ₀ is the reference")
-  _positive_int(config.eval.num_unmodified, "eval.num_unmodified")
-  _positive_int(config.eval.batch_size, "eval.batch_size")
-  require(is_int(config.seed) and config.seed >= 0, "seed",
-          f"must be an int >= 0, got {config.seed!r}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -475,8 +396,8 @@ def figures(workdir: str, config, rows: list, raw: list) -> list:
   sel = [r for r in rows if r["base"] == base and r["|S|"] == size]
   files = []
   fig, ax = plt.subplots(figsize=(5.6, 3.6))
-  styles = plots.line_styles(len(METHODS))
-  for method, style in zip(METHODS, styles):
+  styles = plots.line_styles(len(configs.METHODS))
+  for method, style in zip(configs.METHODS, styles):
     pts = [r for r in sel if r["method"] == method]
     if not pts:
       continue

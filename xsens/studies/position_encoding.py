@@ -21,16 +21,14 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import position_encoding as configs
 from xsens.config_utils import run_config
-from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.errors import ConfigError
 from xsens.lab import model_cost, multirun
 from xsens.measures import logit_rank as logit_rank_lib
 from xsens.models import position
 from xsens.models.text import RoBERTa, padding_mask
 from xsens.report import plots, seed_stats, tables
-
-MEASURE_FIELDS = ("rank_examples", "rank_rtol", "timing_batch", "timing_repeats",
-                  "baseline_mode")
 
 
 def run_mode(config, run_name: str) -> str:
@@ -44,21 +42,9 @@ def run_task(config, run_name: str) -> str:
 
 
 def validate(config, experiments) -> None:
-  """ConfigError naming `position_encoding.<field>` or the run that is not a RoBERTa."""
-  pc = config.get("position_encoding")
-  if pc is None:
-    raise ConfigError("position_encoding", "missing; start from "
-                      "mlcollections_configs/position_encoding.py measure_config()")
-  for field in MEASURE_FIELDS:
-    if field not in pc:
-      raise ConfigError(f"position_encoding.{field}", "missing")
-  for field in ("rank_examples", "timing_batch", "timing_repeats"):
-    if not (is_int(pc[field]) and pc[field] >= 1):
-      raise ConfigError(f"position_encoding.{field}", f"must be an int >= 1, got "
-                        f"{pc[field]!r}")
-  if not (is_finite_number(pc.rank_rtol) and 0 < pc.rank_rtol < 1):
-    raise ConfigError("position_encoding.rank_rtol", f"must be a number in (0, 1), got "
-                      f"{pc.rank_rtol!r}")
+  """ConfigError naming `position_encoding.<field>` (the config file's `validate`) or the
+  run that is not a RoBERTa on the einsum path."""
+  configs.validate(config)
   for run_id, exp in experiments.items():
     if not isinstance(exp.model, RoBERTa):
       raise ConfigError(multirun.run_field(config, run_id, "model.name"), "the position "
@@ -67,10 +53,6 @@ def validate(config, experiments) -> None:
       raise ConfigError(multirun.run_field(config, run_id, "model.attention_impl"),
                         "the logit-rank check reads the logits of the 'einsum' path; "
                         "use 'einsum'")
-  modes = {run_mode(config, name) for name in config.runs}
-  if pc.baseline_mode not in modes:
-    raise ConfigError("position_encoding.baseline_mode", f"{pc.baseline_mode!r} is the "
-                      f"mode of no run; allowed: {', '.join(sorted(modes))}")
 
 
 def mode_costs(results, config) -> dict[str, dict]:

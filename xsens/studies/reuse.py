@@ -1,8 +1,8 @@
 """Study `reuse`: does reusing attention keep accuracy at lower compute and memory?
 
 Bhojanapalli et al. 2021, "Leveraging redundancy in attention with Reuse
-Transformers", arXiv 2110.06821 (spec §A). Trains a baseline ViT and ReuseViT
-variants (P reused heads in layers 1..K) with the one trainer
+Transformers", arXiv 2110.06821 (docs/papers/google_papers.md §A). Trains a baseline ViT and
+ReuseViT variants (P reused heads in layers 1..K) with the one trainer
 (`multirun.train_runs`) and reports per run:
 
 - params, train/test accuracy;
@@ -15,9 +15,9 @@ variants (P reused heads in layers 1..K) with the one trainer
   the test examples by `xsens.lab.head_similarity`) of the trained baseline vs two
   controls: the same architecture at random init, and the same architecture trained on
   randomly labelled data (`reuse.random_labels_run`, a run with `data.random_labels`;
-  the spec's "trained on random data" control, which tells redundancy learnt from the
-  data's structure from redundancy of any trained network): the layer x layer heat map
-  and each head's k-th best match in the previous layer.
+  docs/papers/google_papers.md §A.1's "trained on random data" control, which tells redundancy
+  learnt from the data's structure from redundancy of any trained network): the layer x layer heat
+  map and each head's k-th best match in the previous layer.
 
 Writes results.md/json, accuracy_vs_flops.png, similarity_layers.png and
 similarity_kth_best.png.
@@ -32,16 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import reuse as configs
 from xsens.errors import ConfigError
 from xsens.lab import head_similarity, model_cost, multirun
 from xsens.measures import attention_similarity as asim
 from xsens.report import plots, tables, training
-
-
-def validate_reuse_config(rc) -> None:
-  for field in ("num_examples", "batch_size", "cost_batch_size", "timing_repeats"):
-    if not (isinstance(rc[field], int) and rc[field] > 0):
-      raise ConfigError(f"reuse.{field}", f"must be a positive int, got {rc[field]!r}")
 
 
 def _model_fields(model) -> tuple[int, int]:
@@ -67,8 +62,8 @@ def _scatter(path, rows, x_key, y_key, *, xlabel, ylabel, title, num_classes=Non
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run of `config.runs`, measures cost and similarity, writes the report."""
+  configs.validate(config)
   rc = config.reuse
-  validate_reuse_config(rc)
   probe = multirun.validate_runs(config)
   if rc.baseline not in probe:
     raise ConfigError("reuse.baseline", f"{rc.baseline!r} is not a run; runs: "
@@ -78,7 +73,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     if control not in probe:
       raise ConfigError("reuse.random_labels_run", f"{control!r} is not a run; runs: "
                         f"{', '.join(probe)} (or None: no random-label control)")
-    if not probe[control].config.data.get("random_labels"):
+    if not probe[control].config.data.random_labels:
       raise ConfigError("reuse.random_labels_run", f"run {control!r} trains on true labels; "
                         f"set runs.{control}.data.random_labels=1.0")
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)

@@ -1,7 +1,7 @@
 """Study `robustness`: ViT vs ResNet under input and model perturbations.
 
 "Understanding Robustness of Transformers for Image Classification" (Bhojanapalli et al.,
-ICCV 2021, arXiv 2103.14586), spec google_papers.md §E, on the one trainer's models:
+ICCV 2021, arXiv 2103.14586), docs/papers/google_papers.md §E, on the one trainer's models:
   - common corruptions (15 × 5 severities): accuracy per corruption, category and
     severity, mean corruption accuracy, mCE relative to `robustness.baseline_run`; the
     corrupted images are read from a pre-computed TFDS set (`robustness.corruptions.
@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import robustness as configs
 from xsens.data import splits
 from xsens.errors import ConfigError
 from xsens.lab import corruptions, multirun
@@ -195,6 +196,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """
   rc = config.robustness
   experiments = multirun.validate_runs(config)
+  configs.validate(config)
   lab_robustness.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
   validate_patch_size(config, experiments)
   skipped_sections(rc)

@@ -1,7 +1,7 @@
 """The ImageNet variant of study `robustness`: public ViT and BiT checkpoints, no training.
 
 Bhojanapalli et al., "Understanding Robustness of Transformers for Image Classification",
-ICCV 2021, arXiv 2103.14586 (spec google_papers.md §E) compare ViT-B/16 and BiT ResNets
+ICCV 2021, arXiv 2103.14586 (docs/papers/google_papers.md §E) compare ViT-B/16 and BiT ResNets
 pre-trained on ImageNet-21k and fine-tuned on ImageNet. This variant evaluates such
 checkpoints (vit_jax `.npz`, e.g. imagenet21k+imagenet2012/ViT-B_16.npz, and big_transfer
 `.npz`, e.g. BiT-M-R50x1-ILSVRC2012.npz; `runs.<run>.pretrained.path`, loaded by
@@ -64,6 +64,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import robustness as configs
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import streaming
@@ -80,7 +81,6 @@ from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 
 BASE_SIZE = 224  # ImageNet-C's resolution: corruptions act on 224 x 224 images.
-CORRUPTION_SOURCES = ("auto", "tfds", "synthesize")
 # {model name: checkpoint format}: the registry entries that load pretrained weights whose
 # inputs are [-1, 1] pixels (`imagenet.normalize` "half"); timm's ConvNeXt weights expect
 # ImageNet mean / std inputs and are evaluated by `xsens.studies.sensitivity_imagenet`.
@@ -90,40 +90,11 @@ LOADERS = {name: fmt for name, fmt in models_lib.pretrained_formats().items()
 # ------------------------------------------------------------------------------------ validation
 
 
-def _positive_int(value, field: str) -> None:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-    raise ConfigError(field, f"must be a positive int, got {value!r}")
-
-
 def validate(config) -> None:
-  """Cheap checks of `config.imagenet`, `config.robustness` and `config.runs` (no I/O)."""
-  ic, rc = config.imagenet, config.robustness
-  if not config.runs:
-    raise ConfigError("runs", "needs at least one run (a vit or bit_resnet checkpoint)")
+  """Checks of `config.imagenet`, `config.robustness` and `config.runs` before any image is
+  read: the config file's `validate`, then each run's checkpoint file."""
+  configs.validate(config)
   pretrained_runs.validate_checkpoint_runs(config.runs, LOADERS)
-  for name, run in config.runs.items():
-    data = run.pretraining
-    if data is not None and not (isinstance(data, str) and data.strip()):
-      raise ConfigError(f"runs.{name}.pretraining", "must be None or the name of the "
-                        f"pre-training data (e.g. 'ImageNet-21k'), got {data!r}")
-  if ic.normalize not in lab_robustness.PIXEL_SCALE:
-    raise ConfigError("imagenet.normalize", f"got {ic.normalize!r}; allowed: "
-                      f"{', '.join(lab_robustness.PIXEL_SCALE)} (vit_jax and big_transfer "
-                      "use 'half', [-1, 1])")
-  lab_robustness.validate_robustness_config(rc, list(config.runs), ic.normalize)
-  if ic.corruption_source not in CORRUPTION_SOURCES:
-    raise ConfigError("imagenet.corruption_source", f"got {ic.corruption_source!r}; allowed: "
-                      f"{', '.join(CORRUPTION_SOURCES)}")
-  _positive_int(ic.image_size, "imagenet.image_size")
-  if ic.limit is not None:
-    _positive_int(ic.limit, "imagenet.limit")
-  if ic.image_size % rc.patch_size:
-    raise ConfigError("robustness.patch_size", f"{rc.patch_size} must divide "
-                      f"imagenet.image_size={ic.image_size} (perturbation energy per patch)")
-  if ic.limit is not None and rc.num_examples > ic.limit:
-    raise ConfigError("robustness.num_examples", f"{rc.num_examples} exceeds imagenet.limit="
-                      f"{ic.limit}; the adversarial / layer-removal subset is the first "
-                      "robustness.num_examples of the evaluated examples")
 
 
 def _open_clean(ic, batch_size: int) -> streaming.Stream:

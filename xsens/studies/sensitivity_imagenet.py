@@ -4,8 +4,8 @@
 the small-scale ordering holds for large pretrained models on ImageNet-1k: ConvNeXt 0.0342
 vs ViT-B/16 0.0191 (submitted version, as quoted by a reviewer; the σ, the token size and
 the number of examples are not known). This set-up measures the same token-wise Gaussian
-sensitivity as the small set-ups (`xsens.lab.sensitivity`, spec §2.1) on public
-checkpoints fine-tuned on ImageNet-1k, with nothing trained:
+sensitivity as the small set-ups (`xsens.lab.sensitivity`, docs/papers/sensitivity.md §2.1) on
+public checkpoints fine-tuned on ImageNet-1k, with nothing trained:
 
   - `runs.<run>.pretrained.path`: a local checkpoint of a registry entry with a loader
     (`xsens.models.pretrained`), the architecture read off the file: a vit_jax `.npz`
@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import sensitivity_vision as configs
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import streaming
@@ -51,8 +52,8 @@ from xsens.report import plots, tables
 from xsens.train import evaluators, sharding
 from xsens.train.progress import progress
 
-# The paper's ImageNet numbers (submitted version, reviewer quote; spec "Facts from the full
-# paper text" §3): {model kind: sensitivity}.
+# The paper's ImageNet numbers (submitted version, reviewer quote; docs/papers/sensitivity.md
+# "Facts from the full paper text" §3): {model kind: sensitivity}.
 PAPER = {"convnext": 0.0342, "vit": 0.0191}
 
 
@@ -75,20 +76,13 @@ def loaders() -> dict[str, pretrained.Format]:
 
 
 def validate(config) -> None:
-  """Cheap checks of `config.imagenet`, `config.sensitivity` and `config.runs` (no I/O but
-  the checkpoint files' existence)."""
-  ic, sc = config.imagenet, config.sensitivity
-  if not config.runs:
-    raise ConfigError("runs", "needs at least one run (a pretrained checkpoint)")
+  """Checks of `config.imagenet`, `config.sensitivity` and `config.runs` before any image
+  is read: the config file's `validate`, then each run's checkpoint file and the patch
+  size against the images."""
+  configs.validate(config)
   pretrained_runs.validate_checkpoint_runs(config.runs, loaders())
-  size = ic.image_size
-  if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-    raise ConfigError("imagenet.image_size", f"must be a positive int, got {size!r}")
-  lab_sens.validate_sensitivity_config(sc, (size, size, 3))
-  if sc.noise_scale != "absolute":
-    raise ConfigError("sensitivity.noise_scale", f"the imagenet set-up takes σ in [0, 1] "
-                      f"pixel units ('absolute'; its noise-to-signal ratio is reported); "
-                      f"got {sc.noise_scale!r}")
+  size = config.imagenet.image_size
+  lab_sens.validate_patch_size(config.sensitivity, (size, size, 3))
 
 
 def _open(ic, sc, batch_size: int) -> streaming.Stream:
@@ -242,7 +236,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                      errors=[measured[n]["sigmas"][main][1] for n in names],
                      ylabel="sensitivity, ImageNet val (flip probability)", xlabel="model",
                      title=f"Token-wise sensitivity, σ={main:g}"),
-      lab_sens.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
+      plots.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), measured, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: measured[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",

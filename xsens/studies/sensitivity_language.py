@@ -12,8 +12,8 @@ one text dataset (`xsens.data.text`) and, on a fixed set of training examples, m
 
 every `every_steps` training steps (through the trainer's hooks, written to each run's
 metrics.jsonl) and once more, with more draws, on the final model. Reports the three
-aggregates of spec §2.3: (a) pooled over tokens, (b) mean of per-sentence means and
-(c) the per-position curve right-aligned to the sequence end; plus, as our summary of
+aggregates of docs/papers/sensitivity.md §2.3: (a) pooled over tokens, (b) mean of per-sentence
+means and (c) the per-position curve right-aligned to the sequence end; plus, as our summary of
 (c), the recency ratio: pooled sensitivity of the last half of each sentence's tokens over
 that of its first half. The paper's claim: "transformers tend to have uniform
 sensitivity to all tokens while LSTMs are more sensitive to more recent tokens", and
@@ -51,10 +51,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from mlcollections_configs import sensitivity_language as configs
 from xsens.config_utils import run_config
 from xsens.data import pipeline
 from xsens.data import text as text_data
-from xsens.errors import ConfigError, is_finite_number, is_int
+from xsens.errors import ConfigError
 from xsens.lab import multirun
 from xsens.measures import sensitivity as sens
 from xsens.measures import text_sensitivity as ts
@@ -73,33 +74,11 @@ TOKEN_TYPES = ("signal", "other", "special")
 
 
 def validate_sensitivity_config(sc, num_train: int) -> None:
-  """Checks `config.sensitivity` (before anything trains or compiles)."""
-  for field in ("sigma", "global_sigma"):
-    if not (is_finite_number(sc[field]) and sc[field] >= 0):
-      raise ConfigError(f"sensitivity.{field}", f"must be a standard deviation >= 0, got "
-                        f"{sc[field]!r}")
-  for field in ("num_draws", "final_num_draws", "global_num_draws", "num_examples",
-                "batch_size"):
-    if not isinstance(sc[field], int) or isinstance(sc[field], bool) or sc[field] < 1:
-      raise ConfigError(f"sensitivity.{field}", f"must be an int >= 1, got {sc[field]!r}")
-  if not isinstance(sc.every_steps, int) or sc.every_steps < 0:
-    raise ConfigError("sensitivity.every_steps", f"must be an int >= 0 (0: only before "
-                      f"and after training), got {sc.every_steps!r}")
+  """Checks `sensitivity.num_examples` against the `num_train` training examples (the
+  fields of `config.sensitivity`: the config file's `validate`)."""
   if sc.num_examples > num_train:
     raise ConfigError("sensitivity.num_examples", f"{sc.num_examples} exceeds the "
                       f"{num_train} training examples; allowed: 1..{num_train}")
-  if sc.chunk_size is not None and not (is_int(sc.chunk_size) and sc.chunk_size >= 1):
-    raise ConfigError("sensitivity.chunk_size", f"must be an int >= 1 or None, got "
-                      f"{sc.chunk_size!r}")
-  if sc.noise_scale not in sens.NOISE_SCALES:
-    raise ConfigError("sensitivity.noise_scale", f"unknown value {sc.noise_scale!r}; "
-                      f"allowed: {', '.join(sens.NOISE_SCALES)}")
-  if not isinstance(sc.include_special_tokens, bool):
-    raise ConfigError("sensitivity.include_special_tokens",
-                      f"must be True or False, got {sc.include_special_tokens!r}")
-  if sc.noise_placement not in NOISE_PLACEMENTS:
-    raise ConfigError("sensitivity.noise_placement", f"unknown value {sc.noise_placement!r}; "
-                      f"allowed: {', '.join(NOISE_PLACEMENTS)}")
 
 
 def token_type_masks(data_config, seed: int, ids: np.ndarray) -> dict[str, np.ndarray]:
@@ -126,6 +105,7 @@ def validate(config) -> dict[str, trainer.Experiment]:
                         f"{model_name!r} is not a text model (run {name}); allowed: "
                         f"{', '.join(text_models.TEXT_MODELS)}")
   experiments = multirun.validate_runs(config)  # Keyed by run id (`multirun.run_ids`).
+  configs.validate(config)
   validate_sensitivity_config(config.sensitivity,
                               min(len(e.train) for e in experiments.values()))
   return experiments

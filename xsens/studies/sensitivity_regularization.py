@@ -14,6 +14,7 @@ import os
 
 import jax
 
+from mlcollections_configs import sensitivity_regularization as configs
 from xsens.lab import corruptions, multirun
 from xsens.lab import robustness as lab_robustness
 from xsens.lab import sensitivity as lab_sens
@@ -24,6 +25,7 @@ from xsens.train import sharding
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run, measures corrupted accuracy and sensitivity, writes the report."""
   experiments = multirun.validate_runs(config)
+  configs.validate(config)
   lab_sens.validate_against_runs(config, experiments)
   lab_robustness.validate_robustness_config(config.robustness, list(experiments),
                                             config.train.data.normalize)

@@ -6,16 +6,16 @@ on one dataset, then measure on the training set the token-wise Gaussian sensiti
 
   S_σ(f) = E_x (1/T) Σ_i Pr_ε[argmax f(x + ε·1_{patch i}) ≠ argmax f(x)],  ε ~ N(0, σ²I)
 
-with grid-aligned p×p pixel patches as tokens (spec §2.1), for every σ in a list, plus
-(optionally) the official code's scattered-pixel estimate (spec §2.2), the global variant
-Pr[argmax f(x + E) ≠ argmax f(x)] with noise on every patch at once (App. A.2, spec §1) on
-the same examples and σ grid, and the sharpness of each trained model (the official code's
-`check_sharpness`, spec §4) with its Spearman rank correlation against the token-wise
-sensitivity across the models (the paper's flatness link). Every σ is also reported as a
-noise-to-signal ratio σ·√D / RMS‖x_i‖ (D = p·p·C pixels per patch, the RMS taken over the
-patches of the evaluated examples). Writes results.md/json, a bar plot at the main σ,
-sensitivity vs σ (token-wise solid, global dashed), sharpness vs sensitivity, and
-per-patch heat maps.
+with grid-aligned p×p pixel patches as tokens (docs/papers/sensitivity.md §2.1), for every σ in a
+list, plus (optionally) the official code's scattered-pixel estimate (docs/papers/sensitivity.md
+§2.2), the global variant Pr[argmax f(x + E) ≠ argmax f(x)] with noise on every patch at once (App.
+A.2, docs/papers/sensitivity.md §1) on the same examples and σ grid, and the sharpness of each
+trained model (the official code's `check_sharpness`, docs/papers/sensitivity.md §4) with its
+Spearman rank correlation against the token-wise sensitivity across the models (the paper's
+flatness link). Every σ is also reported as a noise-to-signal ratio σ·√D / RMS‖x_i‖ (D = p·p·C
+pixels per patch, the RMS taken over the patches of the evaluated examples). Writes
+results.md/json, a bar plot at the main σ, sensitivity vs σ (token-wise solid, global dashed),
+sharpness vs sensitivity, and per-patch heat maps.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import jax
 import matplotlib.pyplot as plt
 import numpy as np
 
+from mlcollections_configs import sensitivity_vision as configs
 from xsens.lab import multirun
 from xsens.lab import sensitivity as lab_sens
 from xsens.measures import sensitivity as sens
@@ -74,6 +75,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   # Bad sensitivity settings are refused before anything trains or compiles.
   ids = multirun.run_ids(config)
   probe = multirun.validate_runs(config)
+  configs.validate(config)
   lab_sens.validate_against_runs(config, probe)
   mesh = sharding.data_mesh()
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
@@ -128,7 +130,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                      errors=[by_model[n]["sigmas"][main][1] for n in names],
                      ylabel="train-set sensitivity (flip probability)", xlabel="model",
                      title=f"Token-wise sensitivity, σ={main:g}"),
-      lab_sens.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), by_model, nsr),
+      plots.sigma_plot(os.path.join(workdir, "sensitivity_vs_sigma.png"), by_model, nsr),
       plots.heatmap_grid(os.path.join(workdir, "sensitivity_patches.png"),
                          {n: by_model[n]["per_patch_map"] for n in names},
                          title=f"Per-patch sensitivity (σ={main:g}, p={sc.patch_size})",

@@ -3,9 +3,9 @@ generating rule's own sensitivity as the yardstick, an ablation of the layer's p
 the Boolean spectral bias.
 
 Vasudeva et al., "Transformers Learn Low Sensitivity Functions", ICLR 2025 (arXiv
-2403.06925) §2–§3.1 (OpenReview numbering; spec §6 and its last section, "Facts from the
-full paper text", item 1). What is known of the paper's synthetic experiment: a single
-attention layer (W_Q, W_K, W_V) followed by a linear decoder U, on a synthetic vocabulary
+2403.06925) §2–§3.1 (OpenReview numbering; docs/papers/sensitivity.md §6 and its last section,
+"Facts from the full paper text", item 1). What is known of the paper's synthetic experiment: a
+single attention layer (W_Q, W_K, W_V) followed by a linear decoder U, on a synthetic vocabulary
 with frequent and sparse tokens; in one reviewer's paraphrase, the sparse tokens are made
 uninformative so that the model must use the frequent ones. An MLP comparison there is
 not confirmed. Vocabulary size, sequence length, label rule, dimensions, σ and training
@@ -81,20 +81,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from mlcollections_configs import synthetic_sensitivity as configs
 from xsens import paths
 from xsens.data import sparse_tokens as st
-from xsens.errors import is_finite_number, is_int, require
 from xsens.lab import boolean_spectrum, token_tasks
 from xsens.models import one_layer_attention as ola
 from xsens.report import plots, tables
 from xsens.train import full_batch, optim
 from xsens.train.workdir import Workdir
 
-# Models that config.models may name; the frozen parts of the ablation variants.
+# The frozen parts of the ablation variants (`config.models` names them:
+# mlcollections_configs.synthetic_sensitivity.MODELS).
 FROZEN = {"attention_freeze_qk": ("w_q", "w_k"), "attention_freeze_v": ("w_v",),
           "attention_freeze_u": ("u",)}
-MODELS = ("attention", "mlp", "mlp_matched") + tuple(FROZEN)
-BOOLEAN_MODELS = ("attention", "mlp", "mlp_matched")
 # Initial-weight stream of each model (fold_in(key(seed), i)): the ablation variants start
 # from the attention model's weights.
 INIT_INDEX = {"attention": 0, "mlp": 1, "mlp_matched": 2, **{m: 0 for m in FROZEN}}
@@ -112,97 +111,11 @@ RUNS_DIR = "runs"                 # workdir/runs/<task>_<model>_s<seed>/: one tr
 # Validation.
 
 
-def _pos_int(v) -> bool:
-  return is_int(v) and v >= 1
-
-
-def _check_names(values, allowed, field: str) -> None:
-  values = list(values or [])
-  require(values and all(m in allowed for m in values) and len(set(values)) == len(values),
-          field, f"must be a non-empty list of distinct names from {allowed}, got {values!r}")
-
-
-def _check_training(sec, path: str) -> None:
-  for f in ("num_train", "num_test", "max_steps", "eval_every", "num_draws"):
-    require(_pos_int(sec[f]), f"{path}.{f}", f"must be a positive int, got {sec[f]!r}")
-  require(is_finite_number(sec.target_train_accuracy) and 0 < sec.target_train_accuracy <= 1,
-          f"{path}.target_train_accuracy",
-          f"must be in (0, 1], got {sec.target_train_accuracy!r}")
-  require(sec.target_train_loss is None or (is_finite_number(sec.target_train_loss)
-                                            and sec.target_train_loss > 0),
-          f"{path}.target_train_loss", f"must be None or > 0, got {sec.target_train_loss!r}")
-  sig = list(sec.sigmas)
-  require(sig and all(is_finite_number(x) and x >= 0 for x in sig), f"{path}.sigmas",
-          f"must be a non-empty list of standard deviations >= 0, got {sig!r}")
-
-
 def validate(config) -> None:
-  """Raises ConfigError naming `config.<field>` for any unusable value (nothing compiled)."""
-  _check_names(config.models, MODELS, "models")
-  require(is_int(config.seed) and config.seed >= 0, "seed", f"must be an int >= 0, got "
-          f"{config.seed!r}")
-  require(_pos_int(config.num_seeds), "num_seeds",
-          f"must be a positive int, got {config.num_seeds!r}")
-  a = config.attention
-  for f in ("qk_dim", "v_dim"):
-    require(a[f] is None or _pos_int(a[f]), f"attention.{f}",
-            f"must be None (= d) or a positive int, got {a[f]!r}")
-  hd = list(config.mlp.hidden_dims)
-  require(all(_pos_int(h) for h in hd), "mlp.hidden_dims",
-          f"must be a list of positive ints, got {hd!r}")
-  for m in ("attention", "mlp", "mlp_matched"):
-    lr = config[m].learning_rate
-    require(is_finite_number(lr) and lr > 0, f"{m}.learning_rate", f"must be > 0, got {lr!r}")
-  require(config.sparse.enabled or config.vocab.enabled or config.boolean.enabled,
-          "sparse.enabled", "at least one of sparse.enabled, vocab.enabled and "
-          "boolean.enabled must be True")
-  s = config.sparse
-  if s.enabled:
-    for f in ("n", "m", "k"):
-      require(_pos_int(s[f]), f"sparse.{f}", f"must be a positive int, got {s[f]!r}")
-    _check_training(s, "sparse")
-    require(s.k <= s.n, "sparse.k", f"must be <= sparse.n={s.n}, got {s.k}")
-    require(s.rule in st.RULES, "sparse.rule", f"got {s.rule!r}; allowed: {', '.join(st.RULES)}")
-    require(s.rule != "majority" or s.k % 2 == 1, "sparse.k",
-            f"must be odd for rule='majority' (no ties), got {s.k}")
-    require(is_finite_number(s.position_scale) and s.position_scale >= 0, "sparse.position_scale",
-            f"must be >= 0, got {s.position_scale!r}")
-  v = config.vocab
-  if v.enabled:
-    for f in ("n", "dim", "num_frequent", "num_sparse", "sparse_per_sequence"):
-      require(_pos_int(v[f]), f"vocab.{f}", f"must be a positive int, got {v[f]!r}")
-    _check_training(v, "vocab")
-    require(v.num_frequent >= 2, "vocab.num_frequent",
-            f"must be >= 2 (the scores are centred), got {v.num_frequent}")
-    require(v.sparse_per_sequence < v.n, "vocab.sparse_per_sequence",
-            f"must be < vocab.n={v.n} (at least one frequent token), got "
-            f"{v.sparse_per_sequence}")
-    _check_names(v.cues, st.SPARSE_CUES, "vocab.cues")
-    require("informative" not in v.cues or v.num_sparse % 2 == 0, "vocab.num_sparse",
-            f"must be even for the informative cue (two halves), got {v.num_sparse}")
-  b = config.boolean
-  if b.enabled:
-    _check_names(b.models, BOOLEAN_MODELS, "boolean.models")
-    require(is_int(b.n) and 1 <= b.n <= 16, "boolean.n",
-            f"must be an int in [1, 16] (exact 2^n enumeration), got {b.n!r}")
-    for f in ("steps", "log_every"):
-      require(_pos_int(b[f]), f"boolean.{f}", f"must be a positive int, got {b[f]!r}")
-    require(b.steps % b.log_every == 0, "boolean.steps",
-            f"must be a multiple of boolean.log_every={b.log_every}, got {b.steps}")
-    comps = list(b.components)
-    ok = bool(comps) and is_int(b.n)
-    for c in comps:
-      ok = ok and len(c) == 2 and is_finite_number(c[1]) and len(c[0]) == len(set(c[0])) and all(
-          is_int(i) and 0 <= i < b.n for i in c[0])
-    require(ok, "boolean.components", f"must be a non-empty list of [coords, coef] with "
-            f"distinct coords in [0, n={b.n}), got {comps!r}")
-    require(is_finite_number(b.train_fraction) and 0 < b.train_fraction <= 1,
-            "boolean.train_fraction",
-            f"must be in (0, 1], got {b.train_fraction!r}")
-    require(is_finite_number(b.learned_fraction) and 0 < b.learned_fraction <= 1,
-            "boolean.learned_fraction", f"must be in (0, 1], got {b.learned_fraction!r}")
-    require(is_finite_number(b.position_scale) and b.position_scale >= 0, "boolean.position_scale",
-            f"must be >= 0, got {b.position_scale!r}")
+  """ConfigError naming `config.<field>` for any unusable value (nothing compiled): every
+  check is a field check of the config file
+  (`mlcollections_configs.synthetic_sensitivity.validate`)."""
+  configs.validate(config)
 
 
 # ------------------------------------------------------------------------------------------
@@ -561,7 +474,7 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
     bo = run_boolean(config, workdir, overwrite=overwrite, log=log)
     result["boolean"] = bo
     result["rows"] += bo["rows"]
-    figs.append(boolean_spectrum.figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
+    figs.append(plots.boolean_spectrum_figure(os.path.join(workdir, "boolean_spectrum.png"), bo))
     b = config.boolean
     order = boolean_spectrum.learning_order(bo["rows"], bo["components"], b.models,
                                             float(b.learned_fraction), config.num_seeds)

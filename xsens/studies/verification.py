@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xsens.errors import is_finite_number, is_int, require
+from mlcollections_configs import verification as configs
+from xsens.errors import require
 from xsens.lab import multirun
 from xsens.measures import verification as verification_measures
 from xsens.report import plots, tables
@@ -35,34 +36,12 @@ from xsens.report import seed_stats
 from xsens.verify import bounds as bounds_lib
 from xsens.verify import lp, nonconvex
 
-METHODS = ("ibp", "triangle", "pgd", "fista", "lp")
-
 
 def validate(config, experiments) -> None:
-  """ConfigErrors for the `verification` block and for runs it cannot verify."""
-  vc = config.verification
-  eps = tuple(vc.epsilons)
-  require(len(eps) > 0, "verification.epsilons", "must list at least one ε")
-  bounds_lib.check_epsilon(eps, "verification.epsilons")
-  bad = [m for m in vc.methods if m not in METHODS]
-  require(not bad and len(vc.methods) > 0, "verification.methods",
-          f"unknown {bad!r}; allowed: {', '.join(METHODS)}")
-  for field in ("num_examples", "max_iters", "trace_iters", "trace_examples",
-                "lp_num_examples"):
-    require(is_int(vc[field]) and vc[field] >= 1, f"verification.{field}",
-            f"must be an int >= 1, got {vc[field]!r}")
-  require(is_int(vc.attack_steps) and vc.attack_steps >= 0, "verification.attack_steps",
-          f"must be an int >= 0, got {vc.attack_steps!r}")
-  require(is_finite_number(vc.tol) and vc.tol > 0, "verification.tol",
-          f"must be a number > 0, got {vc.tol!r}")
-  require(vc.bounds_method in ("ibp", "triangle"), "verification.bounds_method",
-          f"must be 'ibp' or 'triangle', got {vc.bounds_method!r}")
-  require(is_finite_number(vc.trace_epsilon) and vc.trace_epsilon >= 0,
-          "verification.trace_epsilon", f"must be a number >= 0, got {vc.trace_epsilon!r}")
-  for field in ("lp_runs", "trace_runs"):
-    unknown = [r for r in vc[field] if r not in config.runs]
-    require(not unknown, f"verification.{field}",
-            f"unknown runs {unknown!r}; allowed: {', '.join(config.runs)}")
+  """ConfigErrors for the `verification` block (the config file's `validate`, then the
+  ε values, `xsens.verify.bounds.check_epsilon`) and for runs it cannot verify."""
+  configs.validate(config)
+  bounds_lib.check_epsilon(tuple(config.verification.epsilons), "verification.epsilons")
   for name, exp in experiments.items():
     with multirun.run_errors(config, multirun.run_ids(config)[name][0]):
       # The input boxes are cut to [0, 1]: the run's own pixels must be in [0, 1].

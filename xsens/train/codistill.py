@@ -2,7 +2,7 @@
 
 Anil, Pereyra, Passos, Ormandi, Dahl and Hinton 2018, "Large scale distributed neural
 network training through online distillation", arXiv 1804.03235; used against prediction
-churn by Bhojanapalli et al., arXiv 2102.03349 (spec google_papers.md §F, whose "novel
+churn by Bhojanapalli et al., arXiv 2102.03349 (docs/papers/google_papers.md §F, whose "novel
 variant" is not known; this is the baseline form). Per step, on the same batch,
 
   L_i = CE(y, p_i) + β·KL(sg(p_j) ‖ p_i),   i ≠ j ∈ {a, b},   (β = 0 before `burn_in_steps`)

@@ -1,9 +1,9 @@
 """Norm-ball constraints around the starting parameters θ₀ (constrained fine-tuning).
 
-Zhu et al., "Modifying Memories in Transformer Models" (arXiv 2012.00363; spec §G):
-min_θ (1/|S|) Σ_{x∈S} L(x; θ) subject to ‖θ − θ₀‖ ≤ δ, solved by projecting after every
-optimiser step (ROME's re-implementation "FT-L", kmeng01/rome baselines/ft/ft_main.py,
-clamps θ ← clip(θ, θ₀ − δ, θ₀ + δ) after each step).
+Zhu et al., "Modifying Memories in Transformer Models" (arXiv 2012.00363;
+docs/papers/google_papers.md §G): min_θ (1/|S|) Σ_{x∈S} L(x; θ) subject to ‖θ − θ₀‖ ≤ δ, solved by
+projecting after every optimiser step (ROME's re-implementation "FT-L", kmeng01/rome
+baselines/ft/ft_main.py, clamps θ ← clip(θ, θ₀ − δ, θ₀ + δ) after each step).
 
   "linf": θ ← clip(θ, θ₀ − δ, θ₀ + δ) elementwise, so fl(θ₀ − δ) ≤ θ ≤ fl(θ₀ + δ) holds
           exactly in the parameters' dtype (the bounds rounded once).

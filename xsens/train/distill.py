@@ -11,9 +11,10 @@ The τ² factor keeps the gradient of the KL term w.r.t. the student logits,
 
 With `per_class_alpha = None` and `margin = None` this is plain distillation (α_y = α,
 m_y = 0). The two mitigations follow "Teacher's pet" (Lukasik et al., TMLR 2022, arXiv
-2106.10494, spec google_papers.md §B), whose abstract says only: "soften the teacher
+2106.10494, docs/papers/google_papers.md §B), whose abstract says only: "soften the teacher
 influence for subgroups where it is less reliable". The exact formulas are NOT known; ours
-are the spec's candidate forms (our design, not confirmed from the paper):
+are the candidate forms of docs/papers/google_papers.md §B (our design, not confirmed from the
+paper):
 
 - per-class α: α_c = α·clip(acc_T(c)/acc_T, 0, 1) from the teacher's accuracy on held-out
   data (computed by the study, `xsens.studies.distillation.class_alpha`, passed here as the
@@ -54,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from xsens import choices
 from xsens import models as models_lib
 from xsens import paths
 from xsens.errors import ConfigError
@@ -61,7 +63,7 @@ from xsens.train import evaluators
 
 FIELDS = ("alpha", "temperature", "teacher_workdir", "teacher_logits", "teacher_mode",
           "per_class_alpha", "margin")
-TEACHER_MODES = ("precomputed", "in_step")
+TEACHER_MODES = choices.TEACHER_MODES
 # Data fields that must agree between teacher and student: the same dataset and label ids
 # (logit k must mean the student's class k), and inputs scaled as in the teacher's training.
 _MATCHING_DATA_FIELDS = ("name", "classes", "normalize", "image_size")

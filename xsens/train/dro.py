@@ -1,7 +1,7 @@
 """Objective terms for label shift: DRO over the label prior, and its baselines.
 
 "Coping with label shift via distributionally robust optimisation" (Zhang, Menon, Veit,
-Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; spec google_papers.md §I):
+Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; docs/papers/google_papers.md §I):
 
   min_θ max_{π ∈ Δ: KL(π‖p) ≤ r} Σ_y π_y E_{x|y}[ℓ] = E_train[(π_y / p_y) · ℓ(x, y; θ)]
 
@@ -19,8 +19,8 @@ examples (step numbers and values as in the spec, which cites the paper's App. B
   With `project` (default) π is finally KL-projected onto the ball around the new p
   (`xsens.measures.label_shift.project_to_kl_ball`), so the constraint holds after every
   step; `project=False` is Algorithm 1 alone (the ball is then kept only on average, by
-  the α-step). η_π is not known from the paper (the spec gives a formula in an unknown λ);
-  0.01 is our default.
+  the α-step). η_π is not known from the paper (docs/papers/google_papers.md §I gives a formula in
+  an unknown λ); 0.01 is our default.
 
 Baselines (the paper's BASELINE, BALANCED, AGNOSTIC, FIXED, and two more):
 - ERM: the `cross_entropy` term.
@@ -114,8 +114,8 @@ def _dro_term(train_prior: np.ndarray, radius: float, step_size: float, ema_rate
     g = class_losses(jax.lax.stop_gradient(per_example), labels, prior, loss_clip)
     pi = pi_step(state["pi"], prior, g, radius=radius, step_size=step_size, alpha=alpha,
                  epsilon=epsilon, project=project)
-    return loss, {"kl": label_shift.kl_divergence(pi, prior),
-                  "state": {"pi": pi, "prior": prior}}
+    return loss, {"kl": label_shift.kl_divergence(pi, prior), "pi_max": pi.max(),
+                  "pi_min": pi.min(), "state": {"pi": pi, "prior": prior}}
 
   def init_state():
     prior = jnp.asarray(train_prior, jnp.float32)

@@ -4,8 +4,9 @@ For grids of tiny models (phase diagrams): one run is a pure function of its arr
 sweep is `jax.vmap` of it inside one jitted program. Samples are masked (`mask` [N], 1 for
 real samples, 0 for padding) so runs with different N share one shape.
 
-  L_S(θ) = Σ_i mask_i log(1 + exp(−y_i f(X_i; θ))) / Σ_i mask_i      (spec §3)
-  θ_{t+1} = θ_t − η ∇L_S(θ_t)                                        (no momentum, no decay)
+  L_S(θ) = Σ_i mask_i log(1 + exp(−y_i f(X_i; θ))) / Σ_i mask_i     
+  (docs/papers/benign_overfitting.md §3) θ_{t+1} = θ_t − η ∇L_S(θ_t)                               
+          (no momentum, no decay)
 
 `apply_fn(params, frozen, x)` is the model; `frozen` (e.g. the ViT's w_O) is an argument,
 never differentiated nor updated.

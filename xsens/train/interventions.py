@@ -2,7 +2,7 @@
 
 The penalty is §6.1 of "Transformers Learn Low Sensitivity Functions" (ICLR 2025,
 arXiv 2403.06925), as the official code implements it (estija/sensitivity,
-cifar/cifar_sens.py `--reg`, spec §3):
+cifar/cifar_sens.py `--reg`, docs/papers/sensitivity.md §3):
 
   L = (1 − p)·CE(f(x), y) + p·MSE(f(x̃), f(x)),   x̃ = x + s·ξ ⊙ 1_W,  ξ ~ N(0, 1)
 
@@ -13,7 +13,7 @@ stop-gradient on either branch. As objective terms (`xsens.train.objectives`): a
 cross-entropy term of weight 1 − p and a "sensitivity" term of weight p.
 
 `entropy_penalty` is the minimum-entropy regulariser of "On the reproducibility of neural
-network predictions" (Bhojanapalli et al., arXiv 2102.03349, spec google_papers.md §F;
+network predictions" (Bhojanapalli et al., arXiv 2102.03349, docs/papers/google_papers.md §F;
 the form and λ are not confirmed from the paper, a reasonable default):
 
   L = task + λ·mean_i H(p(x_i)),   H(p) = −Σ_k p_k log p_k,

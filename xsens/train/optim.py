@@ -6,14 +6,23 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from xsens.errors import ConfigError
+from xsens import choices
+from xsens.errors import ConfigError, is_finite_number
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 SCHEDULES = ("constant", "cosine", "step", "linear")
 
 
 def validate_optimizer_config(opt_config, total_steps: int) -> None:
-  """Checks `config.optimizer` fields; raises ConfigError naming the bad field."""
+  """Checks a `config.optimizer` block (every field of `choices.OPTIMIZER_DEFAULTS`, e.g.
+  from `mlcollections_configs.common.optimizer_config`); raises ConfigError naming the bad
+  field."""
+  missing = [f for f in ("name", "learning_rate", *choices.OPTIMIZER_DEFAULTS)
+             if f not in opt_config]
+  if missing:
+    raise ConfigError(f"optimizer.{missing[0]}", "missing: build the block with "
+                      "mlcollections_configs.common.optimizer_config (every field "
+                      f"with its default); missing {missing}")
   if opt_config.name not in OPTIMIZERS:
     raise ConfigError(
         "optimizer.name",
@@ -25,22 +34,32 @@ def validate_optimizer_config(opt_config, total_steps: int) -> None:
     raise ConfigError(
         "optimizer.schedule",
         f"unknown schedule {opt_config.schedule!r}; allowed: {', '.join(SCHEDULES)}")
-  if opt_config.get("weight_decay", 0.0) < 0:
+  if opt_config.weight_decay < 0:
     raise ConfigError("optimizer.weight_decay",
                       f"must be >= 0, got {opt_config.weight_decay}")
-  warmup = opt_config.get("warmup_steps", 0)
+  warmup = opt_config.warmup_steps
   if not 0 <= warmup <= total_steps:
     raise ConfigError("optimizer.warmup_steps",
                       f"must be in [0, total steps={total_steps}], got {warmup}")
-  decay = opt_config.get("decay_steps", None)
+  decay = opt_config.decay_steps
   if decay is not None and (not isinstance(decay, int) or isinstance(decay, bool) or decay < 1):
     raise ConfigError("optimizer.decay_steps", f"must be None (total steps - warmup_steps) "
                       f"or an int >= 1, got {decay!r}")
   if opt_config.schedule == "step":
-    if not opt_config.get("step_every", 0) > 0:
+    if not opt_config.step_every > 0:
       raise ConfigError("optimizer.step_every",
                         "must be > 0 steps for schedule='step'")
-  clip = opt_config.get("grad_clip_norm", None)
+  for f in ("b1", "b2"):
+    if not (is_finite_number(opt_config[f]) and 0 <= opt_config[f] < 1):
+      raise ConfigError(f"optimizer.{f}", f"must be in [0, 1), got {opt_config[f]!r}")
+  if not (is_finite_number(opt_config.eps) and opt_config.eps > 0):
+    raise ConfigError("optimizer.eps", f"must be > 0, got {opt_config.eps!r}")
+  if not (is_finite_number(opt_config.momentum) and opt_config.momentum >= 0):
+    raise ConfigError("optimizer.momentum", f"must be >= 0, got {opt_config.momentum!r}")
+  if not isinstance(opt_config.nesterov, bool):
+    raise ConfigError("optimizer.nesterov", f"must be True or False, got "
+                      f"{opt_config.nesterov!r}")
+  clip = opt_config.grad_clip_norm
   if clip is not None and not clip > 0:
     raise ConfigError("optimizer.grad_clip_norm", f"must be > 0 or None, got {clip}")
 
@@ -51,9 +70,9 @@ def make_schedule(opt_config, total_steps: int) -> optax.Schedule:
   Cosine and linear decay over `optimizer.decay_steps` steps after the warmup (default:
   the rest of the run, total_steps - warmup_steps) and keep their final value after it."""
   lr = float(opt_config.learning_rate)
-  warmup = int(opt_config.get("warmup_steps", 0))
+  warmup = int(opt_config.warmup_steps)
   name = opt_config.schedule
-  decay_steps = opt_config.get("decay_steps", None) or max(total_steps - warmup, 1)
+  decay_steps = opt_config.decay_steps or max(total_steps - warmup, 1)
   if name == "constant":
     main = optax.constant_schedule(lr)
   elif name == "cosine":
@@ -63,7 +82,7 @@ def make_schedule(opt_config, total_steps: int) -> optax.Schedule:
   else:  # step: multiply by gamma every `step_every` steps (PyTorch StepLR).
     main = optax.exponential_decay(
         lr, transition_steps=int(opt_config.step_every),
-        decay_rate=float(opt_config.get("step_gamma", 0.5)), staircase=True)
+        decay_rate=float(opt_config.step_gamma), staircase=True)
   if warmup == 0:
     return main
   return optax.join_schedules(
@@ -93,14 +112,14 @@ def make_optimizer(opt_config, total_steps: int) -> optax.GradientTransformation
   learning-rate schedule."""
   validate_optimizer_config(opt_config, total_steps)
   lr = make_schedule(opt_config, total_steps)
-  wd = float(opt_config.get("weight_decay", 0.0))
+  wd = float(opt_config.weight_decay)
   name = opt_config.name
-  tx = optimizer_by_name(name, lr, b1=opt_config.get("b1", 0.9), b2=opt_config.get("b2", 0.999),
-                         eps=opt_config.get("eps", 1e-8), weight_decay=wd,
-                         momentum=float(opt_config.get("momentum", 0.9)),
-                         nesterov=bool(opt_config.get("nesterov", False)))
+  tx = optimizer_by_name(name, lr, b1=float(opt_config.b1), b2=float(opt_config.b2),
+                         eps=float(opt_config.eps), weight_decay=wd,
+                         momentum=float(opt_config.momentum),
+                         nesterov=bool(opt_config.nesterov))
   parts = []
-  clip = opt_config.get("grad_clip_norm", None)
+  clip = opt_config.grad_clip_norm
   if clip is not None:
     parts.append(optax.clip_by_global_norm(float(clip)))
   if wd and name != "adamw":  # Coupled L2 for the SGD family and Adam (PyTorch semantics).
@@ -125,4 +144,4 @@ def schedule_depends_on_total_steps(opt_config) -> bool:
   decay without an explicit `decay_steps`. A run whose schedule does not may be extended
   (trained for more steps) on resume."""
   return (opt_config.schedule in ("cosine", "linear")
-          and opt_config.get("decay_steps", None) is None)
+          and opt_config.decay_steps is None)

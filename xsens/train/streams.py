@@ -24,7 +24,6 @@ from typing import Callable, Iterable, TypeVar
 
 import jax
 
-from xsens.errors import ConfigError, is_int
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -51,13 +50,6 @@ def from_environment() -> int | None:
     raise ValueError(f"{ENV_VAR}={value!r}: must be a positive int (concurrent streams per "
                      "process) or unset (one per core on a CPU)")
   return int(value)
-
-
-def check_field(field: str, value) -> None:
-  """ConfigError naming `field` (e.g. "sweep.streams") unless `value` is None or an int > 0."""
-  if value is not None and not (is_int(value) and value > 0):
-    raise ConfigError(field, "must be None (auto: one per core on a single CPU device, else "
-                      f"1) or an int > 0, got {value!r}")
 
 
 def resolve(streams: int | None) -> int:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from xsens import choices
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import pipeline, streaming, train_stream
@@ -490,8 +491,9 @@ def make_train_step(model: nn.Module, tx, terms: Sequence[objectives.Term],
         # Non-finite weights (e.g. from a too-large step) are caught with the loss.
         "param_norm": optax.global_norm(params),
     }
-    if len(terms) > 1:
-      metrics.update(aux)
+    # Each term's value when there are several; a term's own extras (`<term>/<name>`, e.g.
+    # the KL of DRO's π) always.
+    metrics.update({k: v for k, v in aux.items() if len(terms) > 1 or "/" in k})
     return new_state, metrics
 
   return train_step
@@ -557,12 +559,13 @@ def make_workdir(path: str, config) -> Workdir:
                  may_change=MAY_CHANGE_ON_RESUME + extendable,
                  hints={f: EXTEND_HINT for f in LENGTH_FIELDS},
                  added_defaults={**model_field_defaults(config.get("model")),
-                                 **SCALING_FIELD_DEFAULTS})
+                                 **SCALING_FIELD_DEFAULTS, **OPTIMIZER_FIELD_DEFAULTS})
 
 
 # Training fields a saved config may lack (`Workdir`'s `added_defaults`), at their defaults.
 SCALING_FIELD_DEFAULTS = {"accum_steps": 1, "sharding": SHARDING_DEFAULTS,
                           "mixup": MIXUP_DEFAULTS}
+OPTIMIZER_FIELD_DEFAULTS = {f"optimizer.{k}": v for k, v in choices.OPTIMIZER_DEFAULTS.items()}
 
 
 def model_field_defaults(model_config) -> dict[str, Any]:

@@ -43,7 +43,8 @@ Solvers (`solve`): projected gradient and FISTA (Beck & Teboulle 2009, textbook 
 t_{k+1} = (1 + √(1 + 4t_k²))/2 from t_1 = 1; jax_verify's LinesearchFistaOptimizer uses
 t ← 1 + √(1 + t²)/2 from t_0 = 0 instead), both with backtracking on the step (shrink 0.5,
 grow 1.5 after a step that needed no backtracking, within [1e-5, 100], the jax_verify
-defaults of spec §H), each one `lax.while_loop` (or `lax.scan` to record the trace).
+defaults of docs/papers/google_papers.md §H), each one `lax.while_loop` (or `lax.scan` to record
+the trace).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from xsens.verify.bounds import Affine, Bounds, affine, linear_t, relu_relaxatio
 Array = jax.Array
 
 METHODS = ("pgd", "fista")
-# Spec §H defaults (jax_verify LinesearchFistaOptimizer).
+# docs/papers/google_papers.md §H defaults (jax_verify LinesearchFistaOptimizer).
 DEFAULTS = dict(max_step=100.0, min_step=1e-5, shrink=0.5, grow=1.5, tol=1e-2)
 # `polish_dual` (ours, not from the spec): ascent steps, kink width, first step.
 DEFAULTS.update(polish_steps=100, kink_tol=1e-3, polish_step=1.0)
