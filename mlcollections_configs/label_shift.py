@@ -5,6 +5,7 @@ Bhojanapalli, Kumar, Sra; ICLR 2021, arXiv 2010.12230; results in docs/results.m
   xsens --config=mlcollections_configs/label_shift.py:smoke --workdir=/tmp/label_shift_smoke
   xsens --config=mlcollections_configs/label_shift.py:setup=digits,ratio=10 \
         --workdir=workdirs/label_shift_digits
+  xsens --config=mlcollections_configs/label_shift.py:sweep --workdir=workdirs/ls_sweep
   xsens --config=mlcollections_configs/label_shift.py:setup=cifar100_lt \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/ls_c100
 
@@ -23,6 +24,8 @@ the whole simplex: the worst class); `fixed` (re-weighting to the fixed prior
 π ∝ p_train^(1/2), halfway to uniform); `logit_adjust` (Menon et al. 2021, τ = 1);
 `oracle` (re-weighting to the headline test prior, the reversed long tail π ∝ p_train^−1);
 `dro` (KL ball r = 0.1, β = 0.999, clip 2, ε = 1e-3, η_π = 0.01).
+`sweep`: ERM, BALANCED and the DRO term at r ∈ {0.1, 1, 1e3 (AGNOSTIC)} × η_π ∈
+{0.01, 0.1, 1} (`dro_r<r>_eta<η>`), 3 seeds each.
 Shows: results.md with accuracy (mean ± s.e. over seeds) on the training prior, the
 uniform prior, head/tail tilts π ∝ p_train^λ, Dirichlet test priors and the worst case in
 KL balls of radius ρ around p_train; accuracy_vs_kl.png, worst_case.png and dro_prior.png
@@ -76,8 +79,25 @@ def methods(radius: float, headline_tilt: float) -> dict:
   }
 
 
+# The π step sizes and radii of the `sweep` variant (η_π and r are not known from the paper).
+SWEEP_STEP_SIZES = (0.01, 0.1, 1.0)
+SWEEP_RADII = (0.1, 1.0, 1e3)   # 1e3: the whole simplex (AGNOSTIC).
+
+
+def sweep_methods() -> dict:
+  """{run name: objective}: ERM and BALANCED, and the DRO term at every (r, η_π) of
+  SWEEP_RADII × SWEEP_STEP_SIZES (`dro_r<r>_eta<η>`; r = 1e3 is AGNOSTIC)."""
+  out = {k: v for k, v in methods(0.1, -1.0).items() if k in ("erm", "balanced")}
+  for r in SWEEP_RADII:
+    for eta in SWEEP_STEP_SIZES:
+      out[f"dro_r{r:g}_eta{eta:g}".replace(".", "p")] = {"objective": {"task": {
+          "kind": "dro_label_shift", "weight": 1.0, "radius": r, "step_size": eta,
+          "ema_rate": 0.999, "loss_clip": 2.0, "epsilon": 1e-3}}}
+  return out
+
+
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="mnist5k", ratio=0.0, smoke=False)
+  arg = parse_arg(arg, setup="mnist5k", ratio=0.0, smoke=False, sweep=False)
   config = common.multi_run_config("label_shift", arg.setup, SETUPS,
                                    target_train_accuracy=None)
   c = config.train
@@ -98,7 +118,8 @@ def get_config(arg=None):
   else:
     common.cifar_resnet_recipe(c, total_epochs=200)
     c.model = common.model_config(name="resnet18")
-  config.runs = ml_collections.ConfigDict(methods(0.1, ls.headline_tilt))
+  config.runs = ml_collections.ConfigDict(
+      sweep_methods() if arg.sweep else methods(0.1, ls.headline_tilt))
   if arg.smoke:
     train_configs.smoke(c)
     c.data.num_train = None        # The long-tailed subset is already small.

@@ -49,7 +49,6 @@ import dataclasses
 import json
 import os
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np

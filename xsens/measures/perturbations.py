@@ -37,7 +37,6 @@ from typing import Any, Callable, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from xsens.measures.adversarial import accuracy
 

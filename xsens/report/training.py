@@ -40,7 +40,7 @@ def stop_note(train, rows: Sequence[dict]) -> str:
     text += " Reached by " + ", ".join(f"{r['run']} (step {int(r['steps']):,})"
                                        for r in reached) + "."
   if missed:
-    text += (f" Not reached by " + ", ".join(
+    text += (" Not reached by " + ", ".join(
         f"{r['run']} (train accuracy {r['train_accuracy']:.4g} after {int(r['steps']):,} "
         f"steps: {_why(r.get('stop_reason'))})" for r in missed)
              + "; compare those models at their final step, not at the target.")
