@@ -225,3 +225,17 @@ def test_study_refuses_bad_eigen_config(field, value, path, part):
     ae_configs.validate_eigen(ec, num_tokens=50)
   assert e.value.field == path and part in str(e.value)
   assert "\n" not in str(e.value)
+
+
+def test_centered_rows_remove_the_softmax_invariant_offset():
+  """A constant added to every logit row changes the logit rows' PCA but not the centred
+  rows' (nor the softmax); padded keys of token ids are 0 and leave the mean."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, 3, 4, 5, 5)), jnp.float32)
+  shifted = logits + jnp.asarray(rng.normal(size=(2, 3, 4, 5, 1)) * 10, jnp.float32)
+  np.testing.assert_allclose(ae.centered(shifted), ae.centered(logits), atol=1e-4)
+  np.testing.assert_allclose(ae.centered(logits).sum(-1), 0.0, atol=1e-5)
+  valid = jnp.asarray([[1, 1, 1, 0, 0]] * 3, bool)
+  c = ae.centered(shifted, valid)
+  np.testing.assert_allclose(c[..., 3:], 0.0)
+  np.testing.assert_allclose(c[..., :3], ae.centered(logits[..., :3]), atol=1e-4)

@@ -185,6 +185,8 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
                 num_tokens)
     a["head_cov_basis"] = ae.top_basis(a["head_cov"], max(ec.ranks))
     analyses.append(a)
+  centred = [analyse(collect(res.apply_fn, res.variables, fit_inputs, kind="centered_logits"),
+                     ec, num_tokens) for res in runs]
   probs = analyse(collect(base.apply_fn, base.variables, fit_inputs, kind="probs"), ec,
                   num_tokens)
   init_vars = base.model.init(jax.random.key(ec.seed), jnp.asarray(fit_inputs[:1]),
@@ -224,8 +226,9 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
                          "full_accuracy": seed_stats.mean_and_stderr(full)[0]})
 
   cost_rows = cost_rows() if is_vit and cost_rows is not None else []
-  summary = eigen_report.summary_rows(analyses, probs, random_init, over, ec)
-  plot_files = eigen_report.write_plots(workdir, analyses[0], random_init, probs, over,
+  summary = eigen_report.summary_rows(analyses, centred, probs, random_init, over, ec)
+  plot_files = eigen_report.write_plots(workdir, analyses[0], centred[0], random_init, probs,
+                                          over,
                                           recon_rows, acc_rows, ec, num_tokens)
   notes = eigen_report.notes(data, over, num_tokens, len(runs), unit, ec)
   md = tables.write_results(
@@ -251,5 +254,6 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
           "num_tokens": num_tokens,
           "explained_variance": {"rows": analyses[0]["ev_rows"],
                                  "matrices": analyses[0]["ev_matrices"],
+                                 "rows_centered": centred[0]["ev_rows"],
                                  "rows_probs": probs["ev_rows"],
                                  "rows_random_init": random_init["ev_rows"]}}

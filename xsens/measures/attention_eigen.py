@@ -45,7 +45,7 @@ from xsens import choices
 from xsens.models import eigen_vit
 
 SUBSET_RULES = choices.SUBSET_RULES
-SCORE_KINDS = ("logits", "probs")
+SCORE_KINDS = ("logits", "centered_logits", "probs")
 _QK = ("query", "key")
 
 
@@ -96,6 +96,17 @@ def probabilities(logits, keys_valid=None):
   if keys_valid is not None:
     logits = jnp.where(keys_valid[:, None, None], logits, jnp.finfo(logits.dtype).min)
   return jax.nn.softmax(logits, axis=-1)
+
+
+def centered(logits, keys_valid=None):
+  """Logit rows minus their mean over the (valid) keys: the part of [..., B, H, T, T]
+  logits the softmax sees (adding a constant to a row leaves its probabilities unchanged).
+  Padded keys (keys_valid [B, T]) become 0."""
+  if keys_valid is None:
+    return logits - logits.mean(-1, keepdims=True)
+  w = keys_valid[:, None, None].astype(logits.dtype)
+  mean = (logits * w).sum(-1, keepdims=True) / jnp.maximum(w.sum(-1, keepdims=True), 1.0)
+  return (logits - mean) * w
 
 
 # ----------------------------------------------------------------------------- moments
@@ -150,7 +161,9 @@ def score_moments(apply_fn, variables, inputs, *, labels=None, key=None, mask=No
     apply_fn, variables, inputs: see `attention_logits`.
     labels, key: unused (the common convention).
     mask: optional [B] example weights (0 for padding rows).
-    kind: "logits" or "probs" (softmax over the keys; padded keys masked for token ids).
+    kind: "logits", "centered_logits" (each row minus its mean over the keys: the
+      softmax-invariant offset removed) or "probs" (softmax over the keys; padded keys
+      masked for token ids).
     matrix_tokens: tokens t of the vectorised matrices (None: all T; t² dims).
 
   Returns:
@@ -162,8 +175,12 @@ def score_moments(apply_fn, variables, inputs, *, labels=None, key=None, mask=No
   del labels, key
   scores = jnp.stack(attention_logits(apply_fn, variables, inputs))   # [L, B, H, T, T]
   valid = key_mask(inputs)
+  if kind not in SCORE_KINDS:
+    raise ValueError(f"kind must be one of {SCORE_KINDS}, got {kind!r}")
   if kind == "probs":
     scores = probabilities(scores, valid)
+  elif kind == "centered_logits":
+    scores = centered(scores, valid)
   num_layers, b, h, t, _ = scores.shape
   w = jnp.ones((b,), jnp.float32) if mask is None else mask.astype(jnp.float32)
   rows = scores.transpose(1, 3, 0, 2, 4).reshape(b * t, num_layers, h, t)

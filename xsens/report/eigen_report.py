@@ -9,8 +9,10 @@ from xsens import paths
 from xsens.report import plots, seed_stats, tables
 
 
-def summary_rows(analyses, probs, random_init, over, ec) -> list[dict]:
-  """One row per layer: dimensions (mean ± s.e. over seeds) and overlaps."""
+def summary_rows(analyses, centred, probs, random_init, over, ec) -> list[dict]:
+  """One row per layer: dimensions (mean ± s.e. over seeds) of the logit rows, the centred
+  logit rows (`centred`: the same runs' analyses with each row's mean removed) and the
+  vectorised matrices, the softmax rows' and the random-init model's, and overlaps."""
   rows = []
   num_layers = len(analyses[0]["ev_rows"])
   lv = max(ec.levels)
@@ -20,9 +22,16 @@ def summary_rows(analyses, probs, random_init, over, ec) -> list[dict]:
     row = {"layer": layer}
     row["row_dim"], row["row_dim s.e."] = seed_stats.mean_and_stderr(dims)
     row["matrix_dim"], row["matrix_dim s.e."] = seed_stats.mean_and_stderr(mats)
+    row["row_dim_centered"], row["row_dim_centered s.e."] = seed_stats.mean_and_stderr(
+        [float(a["dim_rows"][lv][layer]) for a in centred])
     row["row_dim_probs"] = float(probs["dim_rows"][lv][layer])
     row["row_dim_random_init"] = float(random_init["dim_rows"][lv][layer])
-    row["ev_rows_at_k"] = float(analyses[0]["ev_rows"][layer, ec.overlap_rank - 1])
+    k = ec.overlap_rank - 1
+    row["ev_rows_at_k"], row["ev_rows_at_k s.e."] = seed_stats.mean_and_stderr(
+        [float(a["ev_rows"][layer, k]) for a in analyses])
+    row["ev_centered_at_k"], row["ev_centered_at_k s.e."] = seed_stats.mean_and_stderr(
+        [float(a["ev_rows"][layer, k]) for a in centred])
+    row["ev_probs_at_k"] = float(probs["ev_rows"][layer, k])
     row["overlap_next_layer"] = (float(over["layers"][layer, layer + 1])
                                  if layer + 1 < num_layers else float("nan"))
     row["overlap_heads"] = float(over["head_mean"][layer])
@@ -35,12 +44,14 @@ def summary_rows(analyses, probs, random_init, over, ec) -> list[dict]:
   return rows
 
 
-def write_plots(workdir, first, random_init, probs, over, recon_rows, acc_rows, ec,
-                num_tokens) -> list[str]:
+def write_plots(workdir, first, first_centred, random_init, probs, over, recon_rows, acc_rows,
+                ec, num_tokens) -> list[str]:
   """explained_variance.png, overlap.png, reconstruction.png and (ViTs) accuracy_vs_keys.png
   in `workdir`; returns their paths."""
   ks = list(range(1, num_tokens + 1))
   series = {f"layer {l}": first["ev_rows"][l] for l in range(len(first["ev_rows"]))}
+  series.update({f"layer {l} (centred)": first_centred["ev_rows"][l]
+                 for l in range(len(first_centred["ev_rows"]))})
   series.update({f"layer {l} (probs)": probs["ev_rows"][l]
                  for l in range(len(probs["ev_rows"]))})
   series["random init (mean over layers)"] = random_init["ev_rows"].mean(0)
@@ -108,8 +119,11 @@ def notes(data, over, num_tokens, num_runs, unit, ec) -> str:
           f"{data}, T = "
           f"{num_tokens} tokens. Per layer: `row_dim` / `matrix_dim` = smallest k whose top-k "
           f"PCA directions explain {lv:.0%} of the variance of the logit rows (pooled over "
-          f"heads) / vectorised logit matrices, mean ± s.e. over seeds; `row_dim_probs` the "
-          f"same for softmax rows; `row_dim_random_init` for the untrained model. Overlaps "
+          f"heads) / vectorised logit matrices, mean ± s.e. over seeds; `row_dim_centered` "
+          f"the same for logit rows minus their mean over the keys (the offset the softmax "
+          f"ignores removed); `row_dim_probs` for softmax rows; `row_dim_random_init` for "
+          f"the untrained model. `ev_*_at_k`: the variance fraction of the top k = "
+          f"{ec.overlap_rank} directions of those rows. Overlaps "
           f"‖UᵀV‖²/k at k = {ec.overlap_rank}: with the next layer, mean over head pairs, "
           f"same layer across seeds, vs the random-init model, and vs uniformly random "
           f"subspaces (expected k/T = {over['random_expected']:.3f}).")
