@@ -49,14 +49,15 @@ def test_batches_follow_the_shared_padded_index_batches():
     np.testing.assert_array_equal(np.asarray(b["mask"]), mask)
   assert list(evaluators.batches(x, y, 4, sharding.data_mesh(), limit=0)) == []
 
-def test_accumulate_in_streams_sums_in_order_bit_for_bit():
+def test_batch_sums_in_streams_sum_in_order_bit_for_bit():
   x = np.random.RandomState(1).normal(size=(37, 5)).astype(np.float32)
   y = (np.arange(37) % 3).astype(np.int32)
   w = jnp.asarray(np.random.RandomState(2).normal(size=(5, 3)), jnp.float32)
-  step = jax.jit(functools.partial(evaluators.classification_sums, _linear_apply,
-                                   losses.cross_entropy))
-  sums = {s: evaluators.accumulate(step, {"w": w}, evaluators.batches(
-      x, y, 4, sharding.data_mesh()), streams=s) for s in (1, 3)}
+  step = lambda batch, variables: evaluators.classification_sums(
+      _linear_apply, losses.cross_entropy, variables, batch)
+  sums = {s: evaluators.over_split(step, evaluators.batches(
+      x, y, 4, sharding.data_mesh()), args=({"w": w},), reduce="batch_sum", streams=s)
+          for s in (1, 3)}
   assert sums[3] == sums[1] and sums[1]["count"] == 37.0
 
 

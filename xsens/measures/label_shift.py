@@ -104,10 +104,6 @@ def class_sums(apply_fn, variables, inputs: Array, labels: Array, mask: Array | 
   return {"correct": correct @ onehot, "loss": loss @ onehot, "count": onehot.sum(0)}
 
 
-# `class_sums` compiled once per (apply_fn, shapes): for a study's loop over test batches.
-per_class_sums = jax.jit(class_sums, static_argnums=(0,), static_argnames=("num_classes",))
-
-
 def reweighted_metrics(per_class_accuracy: Array, per_class_loss: Array,
                        priors: Array) -> dict[str, Array]:
   """Accuracy and loss under each target prior: priors [M, K] -> {"accuracy" [M],

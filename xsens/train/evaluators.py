@@ -129,14 +129,6 @@ def _summed(outs: Iterable[Any]):
   return jax.tree.map(lambda v: np.asarray(v, np.float64), jax.device_get(totals))
 
 
-def accumulate(batch_fn: Callable[[Any, dict], dict], variables, batch_iter,
-               streams: int | None = None) -> dict:
-  """Sums the dicts `batch_fn(variables, batch)` over batches, in order, on device; host
-  float64. Up to `streams` batches run at once (`xsens.train.streams`; None: one per core
-  on a single CPU device, else 1); the sums do not depend on it."""
-  return _summed(_in_order(lambda batch: batch_fn(variables, batch), batch_iter, streams))
-
-
 @jax.jit
 def _masked_sum(out, mask):
   """Σ over the batch axis of each leaf [B, ...] of `out`, weighted by `mask` [B]."""

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from xsens.errors import ConfigError, check_kind_block, is_finite_number
+from xsens.measures import adversarial
 from xsens.train import distill as distill_lib
 from xsens.train import dro
 from xsens.train import interventions, legacy_fields, losses
@@ -224,7 +225,6 @@ def _adversarial_term(options, ctx):
   of `xsens.measures.adversarial.pgd` (random start), crafted on the current parameters
   (not differentiated through) in the term's train-mode forward pass."""
   del ctx
-  from xsens.measures import adversarial  # Local: measures import the train package.
 
   def term(apply_fn, params, batch, key, state):
     del state

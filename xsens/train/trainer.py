@@ -510,8 +510,11 @@ def split_micro_batches(x: jax.Array, k: int, mesh: jax.sharding.Mesh | None = N
 
 
 def make_eval_step(model: nn.Module, loss_fn) -> Callable:
-  """`(variables, batch) -> {"correct", "loss", "count"}` sums over unmasked examples."""
-  return functools.partial(evaluators.classification_sums, eval_apply_fn(model), loss_fn)
+  """`(batch, variables) -> {"correct", "loss", "count"}` sums over unmasked examples, for
+  `evaluators.over_split` (reduce "batch_sum"); make it once per run, so it compiles once."""
+  apply_fn = eval_apply_fn(model)
+  return lambda batch, variables: evaluators.classification_sums(apply_fn, loss_fn,
+                                                                 variables, batch)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -521,8 +524,8 @@ def evaluate(eval_step, variables, split, batch_size, mesh, limit=None) -> dict:
   """Accuracy and mean loss over `split` (first `limit` examples), sums divided on host.
 
   `split`: an in-memory `pipeline.Split`, or a `streaming.Stream` (its own batch size)."""
-  totals = evaluators.accumulate(eval_step, variables, eval_batches(split, batch_size, mesh,
-                                                                    limit))
+  totals = evaluators.over_split(eval_step, eval_batches(split, batch_size, mesh, limit),
+                                args=(variables,), reduce="batch_sum")
   return {"accuracy": totals["correct"] / totals["count"],
           "loss": totals["loss"] / totals["count"]}
 
