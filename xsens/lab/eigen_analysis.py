@@ -39,7 +39,7 @@ from xsens.report import eigen_report, seed_stats, tables
 from xsens.train import evaluators
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def _moments_fn(apply_fn, kind: str, matrix_tokens):
   """`fn(batch, variables)` -> `score_moments` of one padded batch (one function object per
   model and options, so `over_split` compiles it once per shape)."""
@@ -62,7 +62,7 @@ def collect_moments(apply_fn, variables, inputs: np.ndarray, *, batch_size: int,
   return total
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def _reconstruction_fn(apply_fn):
   """`fn(batch, variables, bases, means, keys)` -> `partial_reconstruction` of one padded
   batch."""
@@ -148,7 +148,7 @@ def _vit_fields(model) -> list[str]:
   return [f.name for f in dataclasses.fields(eigen_vit.ViT) if f.name not in ("parent", "name")]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def eval_apply(model):
   """`model.apply(variables, x, train=False)`, one function object per model (so the
   jitted evaluations of `xsens.lab.robustness` compile once per model and shape)."""

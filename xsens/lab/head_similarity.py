@@ -16,7 +16,7 @@ from xsens.measures import attention_similarity as asim
 from xsens.train import evaluators
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def _batch_fn(apply_fn):
   """`fn(batch, variables)` -> `batch_head_similarity` of one padded batch."""
   return lambda batch, variables: asim.batch_head_similarity(

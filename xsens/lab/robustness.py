@@ -59,7 +59,7 @@ def timed(timings: dict, name: str):
 # ------------------------------------------------------------------------------ accuracy
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def correct_fn(apply_fn) -> Callable[[dict, object], jax.Array]:
   """`fn(batch {"image" [B, ...], "label" [B]}, variables) -> correct [B] bool` of
   `xsens.measures.accuracy`, one function object per `apply_fn` (so `over_split` compiles

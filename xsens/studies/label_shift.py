@@ -51,7 +51,7 @@ def shift_priors(p_train: np.ndarray, ls) -> tuple[list[str], np.ndarray]:
   return names, np.asarray(priors, np.float64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def _class_sums_fn(apply_fn, num_classes: int):
   """`fn(batch, variables)` -> masked per-class sums of one batch: the `subgroup`
   evaluator's {"correct_per_class", "count_per_class"} [K] and the cross-entropy

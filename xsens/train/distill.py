@@ -318,7 +318,7 @@ def load_teacher_variables(workdir: str, model: nn.Module, image_shape,
   return variables
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)  # Jitted functions per model, bounded.
 def _logits_fn(model: nn.Module):
   """`fn(batch, variables) -> eval-mode logits [B, K] float32 of batch["image"]`, one per
   model (modules hash by value), so `over_split` compiles it once per batch shape."""
