@@ -16,7 +16,8 @@ a TFDS dataset needs `--config.train.data.image_size=(H,W)`). Any field can be o
 e.g. `--config.train.optimizer.learning_rate=3e-4` or `--config.train.model.dtype=bfloat16`
 (bfloat16 compute, float32 params, for every model).
 
-Shows: train/test accuracy and loss of one model (results.md in the workdir); on mnist5k
+Shows: train/test accuracy and loss of one model (results.md in the workdir) and their
+curves over training (training_curves.png); on mnist5k
 the default ViT reaches about 0.97 test accuracy in 1000 steps.
 """
 
