@@ -85,7 +85,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   configs.validate(config)
   cc = config.churn
   plan = run_plan(cc)
-  derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
+  derived = ml_collections.ConfigDict({"num_seeds": 1,  # Each run is one seed of the plan.
+                                       "train": config.train.copy_and_resolve_references(),
                                        "runs": _runs(config, plan)})
   paths = field_path(config, plan)
   experiments = multirun.validate_runs(derived, paths)

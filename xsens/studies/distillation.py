@@ -137,7 +137,8 @@ def field_path(config):
 
 
 def _with_runs(config, runs: dict) -> ml_collections.ConfigDict:
-  derived = ml_collections.ConfigDict({"train": config.train.copy_and_resolve_references(),
+  derived = ml_collections.ConfigDict({"num_seeds": 1,  # Each run is one seed of the plan.
+                                       "train": config.train.copy_and_resolve_references(),
                                        "runs": runs})
   return derived
 
