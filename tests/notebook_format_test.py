@@ -79,6 +79,7 @@ def test_stored_with_outputs_and_a_figure(name):
     assert base64.b64decode(out["data"]["image/png"])[:4] == b"\x89PNG"
   smoke = "smoke=True" in notebooks.stdout(nb)
   assert smoke == ("its smoke run" in nb.cells[0].source), "stored-outputs note is wrong"
+  assert smoke == (name in en.SMOKE_ONLY), "stored from a smoke run, not from its CPU run"
 
 
 def test_readme_table_matches_the_one_url():
