@@ -59,6 +59,10 @@ GPU_ADDS = {
         "on a CPU the notebook trains one seed of the ViT and of the EigenViT (`seeds=1`); on "
         "a GPU runtime it runs the config's default, 3 seeds of each, which adds the overlap "
         "across seeds and mean ± s.e. over seeds (docs/results.md has that run)"),
+    "distillation.ipynb": (
+        "on a CPU the notebook trains one student per variant (seed 0); on a GPU runtime it "
+        "trains the config's 3 seeds per variant, which adds mean ± std over seeds (the "
+        "3-seed run did not finish in 15 minutes on 2 shared cores)"),
 }
 # Notebook metadata: every notebook trains models, so each asks Colab for a GPU runtime
 # (its first cells run on whatever jax finds and print the device).

@@ -100,7 +100,7 @@ def test_url_is_stated_once_in_setup_py():
 
 
 def test_no_placeholder_anywhere():
-  # `grep -r OWNER` over the tracked files finds nothing (the word is split here).
+  # `grep -r` for the placeholder owner over the tracked files finds nothing (split here).
   word = "OWN" + "ER"
   files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
                          check=True).stdout.split()
