@@ -2,6 +2,11 @@
 
 from setuptools import find_packages, setup
 
+# The repository's public URL (e.g. "https://github.com/you/xsens"), stated once: the
+# notebooks' install cell and "Open in Colab" badges are generated from it by
+# experiments/execute_notebooks.py. None: no public URL is known yet.
+URL = None
+
 CORE = [
     "jax>=0.6",
     "flax>=0.10",
@@ -50,6 +55,7 @@ setup(
                 "sensitivity, benign overfitting, robustness (JAX/Flax).",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    url=URL,
     license="Apache-2.0",
     python_requires=">=3.11",
     packages=find_packages(include=["xsens", "xsens.*", "mlcollections_configs"]),

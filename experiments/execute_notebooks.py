@@ -2,26 +2,27 @@
 
 Run from the repository root (needs the test extras: nbformat, nbclient, ipykernel):
 
-  python experiments/execute_notebooks.py                  # all six, executed, with outputs
+  python experiments/execute_notebooks.py                  # all, executed, with outputs
   python experiments/execute_notebooks.py robustness.ipynb # only some
   python experiments/execute_notebooks.py --sync-only      # cells and badges only, no run
-  python experiments/execute_notebooks.py --repository me/xsens  # another GitHub repository
 
-The repository the notebooks install from and link to is set in ONE place, `REPOSITORY`
-below (or `--repository`): every notebook's first code cell and its badge, and the badge
-table of the README's "Colab" section, are generated from it. The install cell's
-`XSENS_SOURCE` (a `pip install` argument: the git URL, or a wheel's path or URL) can also
-be overridden at run time by the environment variable of the same name.
+The repository's public URL is stated in ONE place, `URL` in setup.py (`setup(url=URL)`):
+every notebook's first code cell (its default `XSENS_SOURCE`, `git+URL.git`) and its "Open
+in Colab" badge, and the notebook table of the README's "Colab" section, are generated from
+it. While it is None (no public URL known), there are no badges and the install cell has
+no default: where xsens is not importable it says in one line what to set.
 
 Each notebook runs in a real kernel on the CPU with nbclient, in its CPU-sized mode, or in
 its smoke mode (`XSENS_NOTEBOOK_SMOKE=1`, what the tests run) when the CPU-sized run takes
-more than a few minutes on 2 cores (`SMOKE_ONLY`, said in the notebook's first cell). The
+more than ~10 minutes on 2 cores (`SMOKE_ONLY`, said in the notebook's first cell). The
 executed notebook is written back with its outputs; volatile parts (stderr streams such as
 progress bars, timing metadata, machine paths, interpreter versions) are stripped so that
 reruns differ little; figures are stored at `DPI`.
 """
 
 import argparse
+import ast
+import inspect
 import os
 import re
 import sys
@@ -34,42 +35,46 @@ from nbclient import NotebookClient
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLAB_DIR = os.path.join(REPO, "colab")
 
-# The public GitHub repository (owner/name) the notebooks install from and link to.
-# PLACEHOLDER: the public URL is not known yet; set it here, then run this script with
-# --sync-only (or in full) to rewrite the notebooks and the README badges.
-REPOSITORY = "OWNER/xsens"
+
+def setup_url(path: str = os.path.join(REPO, "setup.py")):
+  """setup.py's `URL` (the repository's public URL), or None where it is unset."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in tree.body:
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "URL":
+      return ast.literal_eval(node.value)
+  return None
+
+
+URL = setup_url()
 BRANCH = "main"
 
-# Notebooks whose CPU-sized run takes more than ~3 minutes on 2 cores: stored from their
+# Notebooks whose CPU-sized run takes more than ~10 minutes on 2 cores: stored from their
 # smoke run. Value: the CPU-sized run's wall time, as measured (said in the first cell).
-SMOKE_ONLY = {
-    "grokking.ipynb": "about 5 minutes",          # The notebook's own estimate.
-    "reuse_attention.ipynb": "more than 5 minutes",  # Training alone ran past 300 s.
-    "distillation.ipynb": "more than 6 minutes",   # Stopped unfinished after 6 min.
-    # 9 trainings; at 0.9 steps/s on 2 shared cores the first alone took > 5 min.
-    "attention_structure.ipynb": "more than 15 minutes",
-    # Pre-training + 3 seeds x 16 edit variants: 585 s on 2 shared cores (docs/results.md).
-    "modify_memories.ipynb": "about 10 minutes",
+SMOKE_ONLY = {}
+# What a GPU runtime adds to the stored CPU run, said in the first cell of the notebooks
+# whose CPU run is smaller than their full one.
+GPU_ADDS = {
+    "attention_structure.ipynb": (
+        "on a CPU the notebook trains one seed of the ViT and of the EigenViT (`seeds=1`); on "
+        "a GPU runtime it runs the config's default, 3 seeds of each, which adds the overlap "
+        "across seeds and mean ± s.e. over seeds (docs/results.md has that run)"),
+    "distillation.ipynb": (
+        "on a CPU the notebook trains one student per variant (seed 0); on a GPU runtime it "
+        "trains the config's 3 seeds per variant, which adds mean ± std over seeds (the "
+        "3-seed run did not finish in 15 minutes on 2 shared cores)"),
 }
+# Notebook metadata: every notebook trains models, so each asks Colab for a GPU runtime
+# (its first cells run on whatever jax finds and print the device).
+COLAB_METADATA = {"accelerator": "GPU",
+                  "colab": {"gpuType": "T4", "provenance": []}}
 
-DPI = 72  # Of the stored figures (matplotlib's default is 100): small notebooks.
+DPI = 100  # Of the stored figures (matplotlib's default).
 BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
-INSTALL_MARKER = "# Setup: install xsens on Colab"
+INSTALL_MARKER = "# Setup: install xsens"
 STORED_MARKER = "*Stored outputs:"
 README_BEGIN = "<!-- colab-badges: generated by experiments/execute_notebooks.py -->"
 README_END = "<!-- /colab-badges -->"
-
-INSTALL_TEMPLATE = '''\
-# Setup: install xsens on Colab, or use the checkout this notebook is opened from.
-# XSENS_SOURCE is what `pip install` gets when no checkout is found: the repository's git
-# URL (written by experiments/execute_notebooks.py) or a wheel's path or URL; an
-# environment variable XSENS_SOURCE overrides it.
-import importlib
-import os
-import subprocess
-import sys
-
-XSENS_SOURCE = os.environ.get("XSENS_SOURCE", "{source}")
 
 
 def find_checkout(path):
@@ -83,6 +88,43 @@ def find_checkout(path):
   return path
 
 
+def pip_install_args(source, installed):
+  """`pip` arguments that install `source` and keep the installed jax and its plugins.
+
+  installed: {distribution name: version} of the environment. jax, jaxlib and accelerator
+  plugins found there (jax-cuda12-plugin, jax-cuda12-pjrt, libtpu, ...) are pinned to their
+  versions, so pip installs xsens's other dependencies next to them and never replaces a
+  GPU/TPU-enabled jax (Colab's) with a CPU build; with no jax installed, nothing is pinned.
+  """
+  pins = []
+  for name, version in sorted(installed.items()):
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in ("jax", "jaxlib", "libtpu") or key.startswith(("jax-cuda", "jax-rocm")):
+      pins.append(f"{key}=={version}")
+  return ["install", "-q", source, *pins]
+
+
+INSTALL_TEMPLATE = '''\
+# Setup: install xsens where it is not importable (e.g. Colab), or use the checkout this
+# notebook is opened from. XSENS_SOURCE is what `pip install` gets: a checkout's path, a
+# wheel, or a git URL (e.g. git+https://github.com/you/xsens.git@branch); the environment
+# variable of the same name overrides it. An installed jax (Colab's GPU build) is kept.
+import importlib
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+
+XSENS_SOURCE = os.environ.get("XSENS_SOURCE") or {source!r}
+
+
+{find_checkout}
+
+
+{pip_install_args}
+
+
 CHECKOUT = find_checkout(os.getcwd())
 if CHECKOUT is not None:  # A local checkout: import it as it is (no install, no network).
   if CHECKOUT not in sys.path:
@@ -90,51 +132,70 @@ if CHECKOUT is not None:  # A local checkout: import it as it is (no install, no
 else:
   try:
     import xsens  # noqa: F401  Installed already (e.g. this cell ran before).
-  except ImportError:  # Colab: install xsens and its dependencies.
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", XSENS_SOURCE], check=True)
-    importlib.invalidate_caches()
+  except ImportError:
+    if XSENS_SOURCE:
+      installed = {{d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}}
+      subprocess.run([sys.executable, "-m", "pip", *pip_install_args(XSENS_SOURCE, installed)],
+                     check=True)
+      importlib.invalidate_caches()
 
-import xsens  # noqa: E402
-
-print(f"xsens {{xsens.__version__}} ({{'checkout' if CHECKOUT else 'installed'}})")
+try:
+  import xsens  # noqa: E402
+except ImportError:
+  print("xsens is not installed: set XSENS_SOURCE (a checkout's path, a wheel or a git URL) "
+        "and rerun this cell.")
+else:
+  print(f"xsens {{xsens.__version__}} ({{'checkout' if CHECKOUT else 'installed'}})")
 '''
 
 
-def git_source(repository: str = REPOSITORY) -> str:
-  """The `pip install` argument of the repository's git URL."""
-  return f"git+https://github.com/{repository}.git"
+def default_source(url=URL):
+  """The install cell's default `pip install` argument: `git+URL.git`, or None."""
+  if not url:
+    return None
+  return f"git+{url.rstrip('/').removesuffix('.git')}.git"
 
 
-def colab_url(name: str, repository: str = REPOSITORY, branch: str = BRANCH) -> str:
-  """The "Open in Colab" link of colab/`name` on GitHub."""
-  return f"https://colab.research.google.com/github/{repository}/blob/{branch}/colab/{name}"
+def colab_url(name: str, url=URL, branch: str = BRANCH):
+  """The "Open in Colab" link of colab/`name`, or None where `url` is not on GitHub."""
+  m = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?", url or "")
+  if m is None:
+    return None
+  return f"https://colab.research.google.com/github/{m.group(1)}/blob/{branch}/colab/{name}"
 
 
-def badge(name: str, repository: str = REPOSITORY) -> str:
-  """The markdown of the "Open in Colab" badge of colab/`name`."""
-  return f"[![Open In Colab]({BADGE_IMAGE})]({colab_url(name, repository)})"
+def badge(name: str, url=URL):
+  """The markdown of the "Open in Colab" badge of colab/`name`, or None (no GitHub URL)."""
+  link = colab_url(name, url)
+  return None if link is None else f"[![Open In Colab]({BADGE_IMAGE})]({link})"
 
 
-def install_cell_source(repository: str = REPOSITORY) -> str:
+def install_cell_source(url=URL) -> str:
   """The source of every notebook's first code cell."""
-  return INSTALL_TEMPLATE.format(source=git_source(repository)).rstrip("\n")
+  return INSTALL_TEMPLATE.format(
+      source=default_source(url), find_checkout=inspect.getsource(find_checkout).strip(),
+      pip_install_args=inspect.getsource(pip_install_args).strip()).rstrip("\n")
 
 
 def stored_note(name: str, smoke: bool) -> str:
   """The first cell's line that says which run the stored outputs come from."""
   if not smoke:
+    gpu = f"; {GPU_ADDS[name]}" if name in GPU_ADDS else ""
     return (f"{STORED_MARKER} a CPU run of this notebook as it is (2 cores, no GPU), written "
-            "by `experiments/execute_notebooks.py`.*")
+            f"by `experiments/execute_notebooks.py`{gpu}.*")
   why = (f", because the CPU-sized run takes {SMOKE_ONLY[name]} on 2 cores"
          if name in SMOKE_ONLY else "")
   return (f"{STORED_MARKER} its smoke run (`XSENS_NOTEBOOK_SMOKE=1`, tiny sizes, seconds){why};"
           " run it for real numbers. Written by `experiments/execute_notebooks.py`.*")
 
 
-def sync(nb, name: str, repository: str = REPOSITORY, smoke: bool = False):
-  """Puts the badge and stored-output note atop cell 0 and the install cell at cell 1.
+def sync(nb, name: str, url=URL, smoke: bool = False):
+  """Puts the badge and stored-output note atop cell 0, the install cell at cell 1, and
+  the Colab metadata (a GPU runtime) into `nb`.
 
-  Idempotent: an earlier badge, note or install cell is replaced, not repeated.
+  Idempotent: an earlier badge, note or install cell is replaced, not repeated. An earlier
+  install cell's outputs are kept (in a checkout the cell prints the same line whatever
+  its template), so that `--sync-only` leaves the stored outputs whole.
   """
   first = nb.cells[0]
   assert first.cell_type == "markdown", name
@@ -142,29 +203,37 @@ def sync(nb, name: str, repository: str = REPOSITORY, smoke: bool = False):
            if not l.startswith(("[![Open In Colab]", STORED_MARKER))]
   while lines and not lines[0].strip():
     lines.pop(0)
-  first.source = "\n".join([badge(name, repository), "", stored_note(name, smoke), "", *lines])
-  cell = nbformat.v4.new_code_cell(install_cell_source(repository))
+  top = [badge(name, url), ""] if badge(name, url) else []
+  first.source = "\n".join([*top, stored_note(name, smoke), "", *lines])
+  cell = nbformat.v4.new_code_cell(install_cell_source(url))
   cell.id = "xsens-install"
   if len(nb.cells) > 1 and nb.cells[1].source.startswith(INSTALL_MARKER):
+    cell.outputs = nb.cells[1].get("outputs", [])
+    cell.execution_count = nb.cells[1].get("execution_count")
     nb.cells[1] = cell
   else:
     nb.cells.insert(1, cell)
+  nb.metadata.update(nbformat.from_dict(COLAB_METADATA))
   return nb
 
 
-def readme_badges(names, repository: str = REPOSITORY) -> str:
-  """The README's table of notebooks and their badges, between its two markers."""
-  rows = [f"| `colab/{n}` | {badge(n, repository)} |" for n in names]
-  return "\n".join([README_BEGIN, "| notebook | |", "|---|---|", *rows, README_END])
+def readme_badges(names, url=URL) -> str:
+  """The README's table of the notebooks (with their badges where `url` is on GitHub)."""
+  if colab_url(names[0], url) is None:  # No public URL: no badges (no broken links).
+    rows = ["| notebook |", "|---|", *(f"| [`colab/{n}`](colab/{n}) |" for n in names)]
+  else:
+    rows = ["| notebook | |", "|---|---|",
+            *(f"| [`colab/{n}`](colab/{n}) | {badge(n, url)} |" for n in names)]
+  return "\n".join([README_BEGIN, *rows, README_END])
 
 
-def sync_readme(names, repository: str = REPOSITORY, path: str = os.path.join(REPO, "README.md")):
-  """Rewrites the README's badge table (between the markers) from `repository`."""
+def sync_readme(names, url=URL, path: str = os.path.join(REPO, "README.md")):
+  """Rewrites the README's notebook table (between the markers) from `url`."""
   with open(path, encoding="utf-8") as f:
     text = f.read()
   pattern = re.compile(re.escape(README_BEGIN) + ".*?" + re.escape(README_END), re.S)
   assert pattern.search(text), f"README.md lacks {README_BEGIN}"
-  new = pattern.sub(lambda _: readme_badges(names, repository), text)
+  new = pattern.sub(lambda _: readme_badges(names, url), text)
   if new != text:
     with open(path, "w", encoding="utf-8") as f:
       f.write(new)
@@ -227,7 +296,6 @@ def clean(nb):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("names", nargs="*", help="notebooks in colab/ (default: all)")
-  parser.add_argument("--repository", default=REPOSITORY, help="GitHub owner/name")
   parser.add_argument("--sync-only", action="store_true", help="do not execute")
   parser.add_argument("--smoke", action="store_true", help="every notebook in smoke mode")
   parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
@@ -236,7 +304,7 @@ def main(argv=None):
   for name in args.names or all_names:
     path = os.path.join(COLAB_DIR, name)
     smoke = args.smoke or name in SMOKE_ONLY
-    nb = sync(nbformat.read(path, as_version=4), name, args.repository, smoke)
+    nb = sync(nbformat.read(path, as_version=4), name, smoke=smoke)
     if not args.sync_only:
       t0 = time.time()
       nb = clean(execute(nb, smoke, args.timeout))
@@ -244,7 +312,7 @@ def main(argv=None):
     nbformat.validate(nb)
     nbformat.write(nb, path)
     print(f"{name}: {os.path.getsize(path) / 1024:.0f} KiB", flush=True)
-  sync_readme(all_names, args.repository)
+  sync_readme(all_names)
 
 
 if __name__ == "__main__":

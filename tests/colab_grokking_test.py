@@ -2,6 +2,7 @@
 
 import re
 
+import nbformat
 import pytest
 
 from tests import notebooks
@@ -18,6 +19,19 @@ def test_committed_notebook_is_clean():
   source = notebooks.committed_source(NOTEBOOK)
   assert re.search(r"^VARIANT = ", source, re.MULTILINE)
   assert "2403.06925" in source and "XSENS_NOTEBOOK_SMOKE" in source
+
+
+def test_stored_run_groks():
+  # The stored outputs come from the CPU default (p = 59, 7,500 epochs): the model memorises
+  # its training set early and the test accuracy jumps thousands of epochs later.
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  stdout = notebooks.stdout(nb)
+  assert "smoke=False p=59 epochs=7500" in stdout
+  m = re.search(r"^seed 42: memorised at epoch (\d+), sensitivity falls at epoch (\d+), grokked "
+                r"at epoch (\d+), lead = (-?\d+), final test accuracy = ([0-9.]+)$", stdout, re.M)
+  assert m, stdout[-500:]
+  memorised, _, grokked, _, final = (float(g) for g in m.groups())
+  assert memorised < 200 and grokked > memorised + 2000 and final >= 0.95, m.group(0)
 
 
 @pytest.mark.slow
