@@ -63,8 +63,9 @@ def _key(name: str) -> str:
   return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def requirement_pins(roots=("xsens", "ipykernel", "setuptools")) -> list[str]:
-  """`name==version` of the installed requirement closure of `roots`, without xsens.
+def requirement_pins(roots=("xsens", "ipykernel", "setuptools", "wheel")) -> list[str]:
+  """`name==version` of the installed requirement closure of `roots`, without xsens
+  (`wheel` unpinned where it is not installed here).
 
   setuptools (this environment's, with its own bdist_wheel) lets the install cell's pip
   build xsens without an isolated build environment (PIP_NO_BUILD_ISOLATION below), which
@@ -86,6 +87,8 @@ def requirement_pins(roots=("xsens", "ipykernel", "setuptools")) -> list[str]:
       if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in {"", *extras}):
         todo.append((req.name, frozenset(req.extras)))
   pins.pop("xsens", None)
+  # setuptools < 70.1 (Python 3.11's venv default) builds wheels only with `wheel`.
+  pins.setdefault("wheel", "wheel")
   return sorted(pins.values())
 
 

@@ -156,10 +156,14 @@ def test_cli_overwrite_replaces_the_old_study_and_leaves_no_old_plot(grokking_wo
                                                                      tmp_path):
   workdir = _copy(grokking_workdir, tmp_path / "wd")
   old_events = set(os.listdir(workdir / "tb"))
+  old_plots = {n for n in os.listdir(workdir) if n.endswith((".png", ".npz"))}
+  assert old_plots
   proc = run_cli(TRAIN, f"--workdir={workdir}", "--overwrite", timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   names = set(os.listdir(workdir))
-  assert not [n for n in names if n.endswith((".png", ".npz"))], names
+  assert not old_plots & names, names
+  # Only the train study's own figure.
+  assert {n for n in names if n.endswith((".png", ".npz"))} == {"training_curves.png"}, names
   assert not {"logs", "lock.json"} & names
   assert not old_events & set(os.listdir(workdir / "tb"))
   assert (workdir / "notes.txt").read_text() == "mine"
