@@ -38,9 +38,9 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   (Set-up `imagenet`, pretrained checkpoints and no training, is the study
   `attention_eigen_imagenet`.)"""
   ec = config.eigen
+  configs.validate(config)
   probe = multirun.validate_runs(config)
   ids = multirun.run_ids(config)
-  configs.validate(config)
   num_tokens = _tokens_of(probe[ec.analysed_run])
   configs.validate_eigen(ec, num_tokens)
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)

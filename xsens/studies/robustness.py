@@ -195,8 +195,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   `xsens.studies.robustness_imagenet` instead: `xsens.studies.STUDY_SETUPS`.)
   """
   rc = config.robustness
-  experiments = multirun.validate_runs(config)
   configs.validate(config)
+  experiments = multirun.validate_runs(config)
   lab_robustness.validate_robustness_config(rc, list(experiments), config.train.data.normalize)
   validate_patch_size(config, experiments)
   skipped_sections(rc)

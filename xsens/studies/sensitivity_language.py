@@ -104,8 +104,8 @@ def validate(config) -> dict[str, trainer.Experiment]:
       raise ConfigError(multirun.run_field(config, name, "model.name"),
                         f"{model_name!r} is not a text model (run {name}); allowed: "
                         f"{', '.join(text_models.TEXT_MODELS)}")
-  experiments = multirun.validate_runs(config)  # Keyed by run id (`multirun.run_ids`).
   configs.validate(config)
+  experiments = multirun.validate_runs(config)  # Keyed by run id (`multirun.run_ids`).
   validate_sensitivity_config(config.sensitivity,
                               min(len(e.train) for e in experiments.values()))
   return experiments

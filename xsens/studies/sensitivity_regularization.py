@@ -24,8 +24,8 @@ from xsens.train import sharding
 
 def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   """Trains every run, measures corrupted accuracy and sensitivity, writes the report."""
-  experiments = multirun.validate_runs(config)
   configs.validate(config)
+  experiments = multirun.validate_runs(config)
   lab_sens.validate_against_runs(config, experiments)
   lab_robustness.validate_robustness_config(config.robustness, list(experiments),
                                             config.train.data.normalize)

@@ -74,8 +74,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   sc = config.sensitivity
   # Bad sensitivity settings are refused before anything trains or compiles.
   ids = multirun.run_ids(config)
-  probe = multirun.validate_runs(config)
   configs.validate(config)
+  probe = multirun.validate_runs(config)
   lab_sens.validate_against_runs(config, probe)
   mesh = sharding.data_mesh()
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
