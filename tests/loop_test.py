@@ -147,8 +147,8 @@ def test_workdir_guard_allows_only_the_listed_fields_to_change(tmp_path):
 
 def test_model_field_added_later_at_its_default_matches_an_old_workdir(tmp_path):
   """A ViT run written before `tokenizer`/`attention` existed resumes under a config that
-  holds their defaults (the trainer's workdir knows every model field's default), and is
-  refused under a config that changes them."""
+  holds their defaults (the trainer's workdir reads every model field's default from
+  `xsens.model_defaults`), and is refused under a config that changes them."""
   import dataclasses
   from mlcollections_configs import train as train_cfg
   from xsens.models.vit import ViT

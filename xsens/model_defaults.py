@@ -3,7 +3,8 @@
 `MODEL_DEFAULTS[name]` is `{field: default}` for each keyword argument of
 `xsens.models.get_model(name, ...)` (the module's dataclass fields but `parent`, `name` and
 the classes field), so config files (`mlcollections_configs/common.py`) list a model's fields
-without importing flax. tests/config_imports_test.py checks that it equals the dataclass
+without importing flax, and a run saved before a field existed resumes at its default
+(`xsens.train.trainer.model_field_defaults`). tests/config_imports_test.py checks that it equals the dataclass
 defaults of `xsens.models.REGISTRY`, entry for entry.
 """
 

@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from xsens import choices
+from xsens import model_defaults
 from xsens import models as models_lib
 from xsens import paths
 from xsens.data import pipeline, streaming, train_stream
@@ -576,11 +577,8 @@ def model_field_defaults(model_config) -> dict[str, Any]:
   at its default reproduces a run whose saved config does not hold it, so such a run resumes
   under a config that holds the default."""
   name = (model_config or {}).get("name")
-  if name not in models_lib.MODELS:
-    return {}
-  fields = models_lib.config_fields(name)
-  return {f"model.{f.name}": f.default for f in dataclasses.fields(models_lib.MODELS[name])
-          if f.name in fields and f.default is not dataclasses.MISSING}
+  return {f"model.{field}": default
+          for field, default in model_defaults.MODEL_DEFAULTS.get(name, {}).items()}
 
 
 EXTEND_HINT = ("to train a finished run longer, its learning rate must not depend on the "
