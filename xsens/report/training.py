@@ -9,7 +9,7 @@ from collections.abc import Sequence
 def length(train) -> str:
   """The length of training block `train`: "1,000 steps", or "10 epochs" for an
   epochs-based one (`total_steps` None)."""
-  steps, epochs = train.get("total_steps"), train.get("total_epochs")
+  steps, epochs = train.total_steps, train.total_epochs
   if steps is not None:
     return f"{int(steps):,} steps"
   if epochs is not None:
@@ -22,11 +22,11 @@ def stop_note(train, rows: Sequence[dict]) -> str:
   `train_accuracy`, as `xsens.lab.multirun.summary_rows` writes them) trained under block
   `train`: a fixed length, or until a train-accuracy target, naming the runs that reached
   it (at which step) and those that did not (their final train accuracy, and why)."""
-  target = train.get("target_train_accuracy")
+  target = train.target_train_accuracy
   if target is None:
     return f"Every model trained for {length(train)} (no train-accuracy target)."
-  if train.get("evals") is None:
-    examples = train.get("eval_train_examples")
+  if train.get("evals") is None:  # `evals` is an optional block (`trainer.evaluate`).
+    examples = train.eval_train_examples
     on = (f"{int(examples):,} training examples" if examples is not None
           else "the whole training split")
     where = f"on {on}, checked every {int(train.eval_every):,} steps"
