@@ -17,10 +17,11 @@ Instance sets (`--sets`, comma-separated names):
 A property is (input, wrong class j): min f_y − f_j over the relaxation (input box cut to
 [0, 1], triangle intermediate bounds). Per budget B and step: `nonconvex.solve_margin` with
 max_iters = B, tol = --tol (the duality-gap stop), the dual polish on; the 9 properties of
-one input vmapped in one jitted call (compiled beforehand), its wall time / 9 the time per
-property. HiGHS: `scipy.optimize.linprog(method="highs")` per property (the LP built
+one input vmapped in one jitted call (compiled beforehand), the fastest of --repeats calls
+/ 9 the time per property. HiGHS: `scipy.optimize.linprog(method="highs")` per property (the LP built
 once per input, not timed). Reported: the share of properties whose primal (and dual) is
-within 1e-4 and 1e-3 of the HiGHS optimum, absolute (|opt| is O(1): its median is printed),
+within 1e-4 and 1e-3 of the HiGHS optimum, absolute, and within 1e-4 max(1, |opt|)
+("rel."; float32 resolves |opt| ≈ 20 to ~2e-6; the median |opt| is printed),
 the largest primal error, the count of unsound certificates (dual > opt + 1e-5 or
 primal < opt − 1e-5: must be 0), and the median time per property vs HiGHS's.
 Writes bench_verification_hard.json / .md under --root.
@@ -57,6 +58,7 @@ def parse(argv=None):
   p.add_argument("--examples", type=int, default=3, help="test images per MNIST set")
   p.add_argument("--tol", type=float, default=1e-6, help="duality-gap stop")
   p.add_argument("--train_steps", type=int, default=600)
+  p.add_argument("--repeats", type=int, default=3, help="timed calls; the fastest counts")
   args = p.parse_args(argv)
   args.sets = args.sets.split(",")
   args.budgets = [int(b) for b in args.budgets.split(",")]
@@ -100,7 +102,7 @@ def instances(name: str, args, trained) -> tuple[float, list]:
   return float(eps), out
 
 
-@functools.partial(jax.jit, static_argnames=("max_iters", "smoothing", "tol"))
+@functools.partial(jax.jit, static_argnames=("smoothing", "tol"))   # max_iters traced
 def _solve_all(layers, bounds, cs, *, max_iters, smoothing, tol):
   return jax.vmap(lambda c: nonconvex.solve_margin(layers, bounds, c, max_iters=max_iters,
                                                    tol=tol, smoothing=smoothing))(cs)
@@ -124,12 +126,19 @@ def bench_set(name, args, trained) -> dict:
       lp_s.append(res["wall_s"])
     for step, smoothing in STEPS.items():
       for b in args.budgets:
-        solve = functools.partial(_solve_all, layers, bounds, jnp.asarray(cs), max_iters=b,
+        solve = functools.partial(_solve_all, layers, bounds, jnp.asarray(cs),
+                                  max_iters=jnp.asarray(b, jnp.int32),
                                   smoothing=smoothing, tol=args.tol)
-        jax.block_until_ready(solve())                    # compile / warm
-        start = time.perf_counter()
-        out = jax.block_until_ready(solve())
-        wall = time.perf_counter() - start
+        # Compile (once per architecture and step: max_iters is traced) / warm.
+        jax.block_until_ready(_solve_all(layers, bounds, jnp.asarray(cs),
+                                         max_iters=jnp.asarray(1, jnp.int32),
+                                         smoothing=smoothing, tol=args.tol))
+        walls = []
+        for _ in range(args.repeats):
+          start = time.perf_counter()
+          out = jax.block_until_ready(solve())
+          walls.append(time.perf_counter() - start)
+        wall = min(walls)
         r = runs[(step, b)]
         r["primal"] += np.asarray(out["primal"])[others].tolist()
         r["dual"] += np.asarray(out["dual"])[others].tolist()
@@ -139,8 +148,12 @@ def bench_set(name, args, trained) -> dict:
   rows = {}
   for (step, b), r in runs.items():
     pe, de = np.asarray(r["primal"]) - opt, opt - np.asarray(r["dual"])
+    scale = np.maximum(1.0, np.abs(opt))
     rows[f"{step}@{b}"] = {
         "primal_1e-4": float(np.mean(pe <= 1e-4)), "primal_1e-3": float(np.mean(pe <= 1e-3)),
+        "primal_rel_1e-4": float(np.mean(pe <= 1e-4 * scale)),
+        "dual_rel_1e-4": float(np.mean(de <= 1e-4 * scale)),
+        "primal_err": pe.tolist(), "dual_err": de.tolist(),
         "dual_1e-4": float(np.mean(de <= 1e-4)), "dual_1e-3": float(np.mean(de <= 1e-3)),
         "max_primal_err": float(pe.max()), "unsound": int(np.sum((pe < -1e-5) | (de < -1e-5))),
         "median_iters": float(np.median(r["iters"])),
@@ -153,8 +166,9 @@ def bench_set(name, args, trained) -> dict:
 
 def table(results, budgets) -> str:
   head = ("| set | props | median abs(opt) | HiGHS s/prop | step | budget | primal ≤1e-4 / ≤1e-3 | "
-          "dual ≤1e-4 / ≤1e-3 | max primal err | median iters | s/prop | × vs HiGHS | "
-          "unsound |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+          "dual ≤1e-4 / ≤1e-3 | primal / dual ≤1e-4 rel. | max primal err | median iters | "
+          "s/prop | × vs HiGHS | unsound |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+          "---|---|\n")
   lines = []
   for name, r in results.items():
     for step in STEPS:
@@ -164,6 +178,7 @@ def table(results, budgets) -> str:
             f"| {name} | {r['properties']} | {r['median_abs_opt']:.2g} | "
             f"{r['highs_median_s']:.3g} | {step} | {b} | {x['primal_1e-4']:.2f} / "
             f"{x['primal_1e-3']:.2f} | {x['dual_1e-4']:.2f} / {x['dual_1e-3']:.2f} | "
+            f"{x['primal_rel_1e-4']:.2f} / {x['dual_rel_1e-4']:.2f} | "
             f"{x['max_primal_err']:.1e} | {x['median_iters']:.0f} | {x['s_per_property']:.2g} | "
             f"{x['speedup_vs_highs']:.1f} | {x['unsound']} |")
   return head + "\n".join(lines) + "\n"

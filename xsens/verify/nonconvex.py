@@ -368,8 +368,9 @@ def smoothed_solve(layers: Sequence[Affine], bounds: Bounds, c: Array, theta0, *
                    **solver_options) -> dict:
   """`solve` on f_τ for τ = smoothing[0], smoothing[1], ... (module doc, the kink-aware
   step), each stage warm-started at the best θ so far and given max_iters // S iterations
-  (the last one the rest); () or (0,): plain `solve` on f. Same dict as `solve`
-  (iterations summed; a trace [max_iters] is the best so far across the stages)."""
+  (the last one the rest; max_iters may be traced, without trace); () or (0,): plain
+  `solve` on f. Same dict as `solve` (iterations summed; a trace [max_iters] is the best
+  so far across the stages)."""
   taus = tuple(smoothing) or (0.0,)
   if any(not 0.0 <= t <= 1.0 for t in taus):
     raise ValueError(f"smoothing values must lie in [0, 1], got {taus!r}")
@@ -377,7 +378,7 @@ def smoothed_solve(layers: Sequence[Affine], bounds: Bounds, c: Array, theta0, *
   per.append(max_iters - sum(per))
   out, traces, iters = None, [], 0
   for tau, n in zip(taus, per):
-    if n == 0:
+    if isinstance(n, int) and n == 0:
       continue
     fn = functools.partial(evaluate, layers, bounds, c, smoothing=tau)
     out = solve(fn, theta0 if out is None else out["theta"], max_iters=n, incumbent=out,
