@@ -58,7 +58,10 @@ multiplier at a unit is r_τ'(ẑ) ∈ [0, 1]: a fraction a, so the dual bound r
 gradient (`dual_from_fractions`) closes on kinks too. We chose smoothing over a step
 recovered from the dual's fractions because it needs no LP-side information, keeps every
 iterate feasible (the primal stays a certificate) and is one more argument of the same
-FISTA loop; `smoothing=()` is the plain FISTA of the paper's code.
+FISTA loop; `smoothing=()` is the plain FISTA of the paper's code. Measured
+(docs/benchmarks.md, "Hard instances"): 108/108 random 20-wide properties within 1e-4 of
+HiGHS after 300 iterations (plain FISTA 94/108); worse than plain FISTA at ≤ 100
+iterations, and slower on easy instances (each smoothed stage uses its whole share).
 
 Solvers (`solve`): projected gradient and FISTA (Beck & Teboulle 2009, textbook momentum
 t_{k+1} = (1 + √(1 + 4t_k²))/2 from t_1 = 1; jax_verify's LinesearchFistaOptimizer uses
