@@ -39,6 +39,9 @@ def verification_config() -> ml_collections.ConfigDict:
       "bounds_method": "triangle",   # intermediate bounds of the relaxation
       "max_iters": 100,              # nonconvex solver iterations per property
       "tol": 1e-2,                   # duality-gap stopping rule
+      # The kink-aware step's continuation τ_1 > ... ≥ 0 in [0, 1] (xsens.verify.nonconvex,
+      # e.g. its KINK_SMOOTHING); (): plain FISTA / PGD, what docs/results.md's runs used.
+      "smoothing": (),
       "attack_steps": 20,            # PGD attack for the falsified / open split
       "lp_runs": ("mlp_small", "mlp_small_adv"),
       "lp_num_examples": 10,
@@ -111,6 +114,10 @@ def validate(config) -> None:
             f"must be an int >= 1, got {vc[field]!r}")
   require(is_int(vc.attack_steps) and vc.attack_steps >= 0, "verification.attack_steps",
           f"must be an int >= 0, got {vc.attack_steps!r}")
+  smoothing = tuple(vc.smoothing)
+  require(all(is_finite_number(t) and 0 <= t <= 1 for t in smoothing), "verification.smoothing",
+          f"must list numbers in [0, 1] (e.g. (1.0, 0.1, 0.01, 0.0); () for plain FISTA), "
+          f"got {smoothing!r}")
   require(is_finite_number(vc.tol) and vc.tol > 0, "verification.tol",
           f"must be a number > 0, got {vc.tol!r}")
   require(vc.bounds_method in ("ibp", "triangle"), "verification.bounds_method",

@@ -109,6 +109,19 @@ def test_verification_benchmark_runs_both_solvers_and_writes_its_table(tmp_path)
     assert os.path.getsize(tmp_path / name) > 0
 
 
+@pytest.mark.slow
+def test_hard_verification_benchmark_compares_both_steps_with_highs(tmp_path):
+  from experiments import bench_verification_hard  # pylint: disable=import-outside-toplevel
+  out = bench_verification_hard.main([f"--root={tmp_path}", "--sets=r20x1_0.1", "--nets=1",
+                                      "--budgets=600", "--repeats=1"])
+  rows = out["r20x1_0.1"]["rows"]
+  assert out["r20x1_0.1"]["properties"] == 9
+  assert rows["fista@600"]["unsound"] == 0 and rows["kink@600"]["unsound"] == 0
+  assert rows["kink@600"]["primal_1e-3"] == 1.0       # the same relaxation, the same optimum
+  for name in ("bench_verification_hard.json", "bench_verification_hard.md"):
+    assert os.path.getsize(tmp_path / name) > 0
+
+
 def test_sensitivity_matmul_ceiling_weights_the_vit_forward_shapes(capsys):
   from experiments import bench_sensitivity  # pylint: disable=import-outside-toplevel
   timer = bench_sensitivity.Timer()

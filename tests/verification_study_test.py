@@ -47,6 +47,7 @@ def test_smoke_study_classifies_every_property_and_writes_the_report(tmp_path):
     ("epsilons", (-0.1,), "finite number >= 0"),
     ("methods", ("ibp", "simplex"), "allowed"),
     ("lp_runs", ("nope",), "unknown runs"),
+    ("smoothing", (1.0, 2.0), r"numbers in \[0, 1\]"),
 ])
 def test_bad_verification_fields_are_one_line_errors(field, value, message):
   config = verification_config.get_config("smoke")

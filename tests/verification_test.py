@@ -98,12 +98,13 @@ def test_triangle_bounds_are_inside_ibp_and_margin_bounds_below_the_lp(small):
   assert np.all(ibp_m[others] <= lp_opt[others] + 1e-5)
 
 
-def test_gradient_of_the_reformulation_matches_autodiff(small):
+@pytest.mark.parametrize("smoothing", [0.0, 0.3])
+def test_gradient_of_the_reformulation_matches_autodiff(small, smoothing):
   layers, _, label, bounds, _ = small
   c = B.margin_matrix(label, 4)[(label + 1) % 4]
   theta = [jax.random.uniform(jax.random.key(i), b[0].shape) for i, b in enumerate(bounds[:-1])]
-  _, grads, _ = N.evaluate(layers, bounds, c, theta)
-  ref = jax.grad(lambda t: N.evaluate(layers, bounds, c, t)[0])(theta)
+  _, grads, _ = N.evaluate(layers, bounds, c, theta, smoothing)
+  ref = jax.grad(lambda t: N.evaluate(layers, bounds, c, t, smoothing)[0])(theta)
   for g, r in zip(grads, ref):
     np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
@@ -170,6 +171,76 @@ def test_a_unit_at_the_kink_stalls_the_gradient_dual_and_the_polish_closes_it():
   # `patience`: the primal falls by < tol / 10 in 10 iterations: stop, gap still > tol.
   slow = N.solve(fn, N.init_theta(bounds), max_iters=300, tol=1.0, patience=10)
   assert int(slow["iterations"]) < 50 and float(slow["gap"]) > 1.0
+
+
+def _kink_toy():
+  """min relu(x) + relu(−x) = |x| over x ∈ [−1, 2] (LP optimum 0 at the kink of both)."""
+  one = jnp.ones((1, 1))
+  layers = (B.Affine(jnp.concatenate([one, -one], 1), jnp.zeros(2)),
+            B.Affine(jnp.ones((2, 1)), jnp.zeros(1)))
+  bounds = [(jnp.array([-1.0]), jnp.array([2.0])),
+            (jnp.array([-1.0, -2.0]), jnp.array([2.0, 1.0])),
+            (jnp.array([0.0]), jnp.array([3.0]))]
+  return layers, bounds, jnp.ones(1)
+
+
+def test_smoothed_relu_lies_between_relu_and_the_chord():
+  lo = -jax.random.uniform(jax.random.key(0), (50,), minval=0.1, maxval=2.0)
+  hi = jax.random.uniform(jax.random.key(1), (50,), minval=0.1, maxval=2.0)
+  frac = jnp.linspace(0.0, 1.0, 41)[:, None]
+  z = lo + frac * (hi - lo)                                    # [41, 50] over [l, u]
+  _, s, t, _ = B.relu_relaxation(lo, hi)
+  for tau in (0.0, 0.01, 0.5, 1.0):
+    value, slope = N.smoothed_relu(z, lo, hi, tau)
+    assert bool(jnp.all(value >= jax.nn.relu(z) - 1e-6))
+    assert bool(jnp.all(value <= s * z + t + 1e-6))
+    assert bool(jnp.all((slope >= 0) & (slope <= 1)))
+  np.testing.assert_array_equal(N.smoothed_relu(z, lo, hi, 0.0)[0], jax.nn.relu(z))
+  # τ = 1, l = −1, u = 2: w = 1, r(0) = w / 4, r(−1) = 0, r(1) = 1, slope ½ at 0.
+  value, slope = N.smoothed_relu(jnp.array([-1.0, 0.0, 1.0]), -jnp.ones(3), 2 * jnp.ones(3), 1.0)
+  np.testing.assert_allclose(value, [0.0, 0.25, 1.0])
+  np.testing.assert_allclose(slope, [0.0, 0.5, 1.0])
+  # A stable unit is never smoothed.
+  assert float(N.smoothed_relu(jnp.array(0.5), jnp.array(0.1), jnp.array(1.0), 1.0)[0]) == 0.5
+
+
+def test_the_kink_step_reaches_the_optimum_at_a_kink_where_fista_stalls():
+  layers, bounds, c = _kink_toy()
+  run = jax.jit(functools.partial(N.solve_margin, layers, bounds, c, max_iters=300, tol=1e-9,
+                                  polish_steps=0), static_argnames="smoothing")
+  plain = run(smoothing=())
+  kink = run(smoothing=N.KINK_SMOOTHING)
+  assert float(plain["primal"]) > 0.1                  # FISTA still far from 0
+  assert 0.0 <= float(kink["primal"]) <= 1e-6          # a primal value: ≥ the optimum 0
+  assert float(kink["dual"]) <= 1e-6                   # and a lower bound
+  assert float(kink["dual"]) > float(plain["dual"])    # the smoothed fractions lift it
+
+
+@pytest.mark.slow
+def test_the_kink_step_matches_highs_and_brackets_it_on_random_nets():
+  for seed, dims in ((1, [8, 12, 12, 5]), (2, [10, 16, 5])):
+    layers = _mlp(dims, seed)
+    x = jax.random.uniform(jax.random.key(10 + seed), (dims[0],))
+    label = int(jnp.argmax(B.forward(layers, x)))
+    bounds = N.relaxation_bounds(layers, x, 0.1, clip_min=0.0, clip_max=1.0)
+    opt = lp.margin_values(layers, bounds, label)
+    out = jax.jit(functools.partial(N.margin_bounds, layers, x, label, 0.1, clip_min=0.0,
+                                    clip_max=1.0, max_iters=800, tol=1e-7, trace=True,
+                                    smoothing=(1.0, 0.1, 0.01, 0.001, 0.0)))()
+    others = np.arange(dims[-1]) != label
+    primal = np.asarray(out["primal_trace"])[others]
+    dual = np.asarray(out["dual_trace"])[others]
+    ref = opt[others][:, None]
+    assert np.all(dual <= ref + 1e-5) and np.all(ref <= primal + 1e-5)   # every iterate
+    np.testing.assert_allclose(primal[:, -1], opt[others], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(out["dual"])[others], opt[others], atol=1e-3)
+
+
+def test_smoothing_outside_the_unit_interval_is_refused(small):
+  layers, _, label, bounds, _ = small
+  c = B.margin_matrix(label, 4)[(label + 1) % 4]
+  with pytest.raises(ValueError, match="smoothing"):
+    N.solve_margin(layers, bounds, c, smoothing=(2.0, 0.0))
 
 
 def test_while_loop_stops_on_the_gap_and_on_the_sign(small):

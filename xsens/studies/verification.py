@@ -52,13 +52,17 @@ def validate(config, experiments) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _measure_fn(apply_fn, method, bounds_method, max_iters, tol, attack_steps):
-  """One jitted verified_accuracy per (model, method): ε and the key are traced."""
+def _measure_fn(apply_fn, method, bounds_method, max_iters, tol, attack_steps,
+                smoothing=()):
+  """One jitted verified_accuracy per (model, method): ε and the key are traced;
+  smoothing (a tuple) is the nonconvex methods' kink-aware continuation."""
+  extra = dict(smoothing=smoothing) if method in nonconvex.METHODS else {}
+
   def fn(variables, x, y, key, eps):
     return verification_measures.verified_accuracy(
         apply_fn, variables, x, labels=y, key=key, epsilon=eps, method=method,
         bounds_method=bounds_method, max_iters=max_iters, tol=tol, stop_on_sign=True,
-        attack_steps=attack_steps)
+        attack_steps=attack_steps, **extra)
   return jax.jit(fn)
 
 
@@ -69,7 +73,7 @@ def verify_run(res, vc, key) -> dict:
   out = {}
   for method in [m for m in vc.methods if m != "lp"]:
     fn = _measure_fn(res.apply_fn, method, vc.bounds_method, vc.max_iters, vc.tol,
-                     vc.attack_steps)
+                     vc.attack_steps, tuple(float(t) for t in vc.smoothing))
     out[method] = {}
     for i, eps in enumerate(vc.epsilons):
       start = time.perf_counter()
@@ -207,7 +211,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                      f"Duality gap vs wall time: {name}"))
   notes = (f"First {vc.num_examples} test examples of {config.train.data.name}; L∞ balls "
            f"cut to [0, 1]; intermediate bounds: {vc.bounds_method}; nonconvex solvers stop "
-           f"at gap ≤ {vc.tol:g}, at a known sign, or after {vc.max_iters} iterations; "
+           f"at gap ≤ {vc.tol:g}, at a known sign, or after {vc.max_iters} iterations "
+           f"(kink-aware smoothing: {tuple(vc.smoothing) or 'none, plain steps'}); "
            f"falsified = clean error or a {vc.attack_steps}-step PGD attack succeeds. "
            f"LP (HiGHS) on runs {list(vc.lp_runs)}, first {vc.lp_num_examples} examples "
            f"(training seed 0 only). Rates are means over the {len(ids) // len(config.runs)} "
