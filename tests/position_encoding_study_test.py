@@ -106,6 +106,9 @@ def test_variants_diet_dims_and_pretrain():
                   "match_diet_rel": None}
   assert study.run_label(config, "match_diet_abs_dp16") == "diet_abs d_p=16"
   assert study.run_label(config, "match_diet_rel") == "diet_rel"
+  assert study.baseline_label(config) == "absolute"
+  config.position_encoding.baseline_mode = "diet_abs"
+  assert study.baseline_label(config) == "diet_abs d_p=4"
   assert list(pe_config.get_config("diet_dims=4+64,modes=diet_abs").runs) == [
       "match_diet_abs_dp04", "match_diet_abs_dp64"]
   with pytest.raises(ValueError, match="diet_dims='x'"):

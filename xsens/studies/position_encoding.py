@@ -61,6 +61,13 @@ def run_label(config, run_name: str) -> str:
   return model.position
 
 
+def baseline_label(config) -> str:
+  """The `run_label` of the first run of mode `position_encoding.baseline_mode` (the cost
+  ratios' denominator)."""
+  mode = config.position_encoding.baseline_mode
+  return next(run_label(config, n) for n in config.runs if run_mode(config, n) == mode)
+
+
 def run_task(config, run_name: str) -> str:
   """The dataset of run `run_name` (its `data.name`, else the shared one)."""
   return run_config(config, run_name).data.name
@@ -267,7 +274,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                                       ("test_accuracy", "train_accuracy"))}
   tests = seed_values(per_seed, ids, "test_accuracy")
   costs = mode_costs(results, config)
-  base = costs[pc.baseline_mode]
+  base = costs[baseline_label(config)]
   ranks = {name: rank_of_run(results[name], pc) for name in config.runs}
   rows = []
   for name in config.runs:
