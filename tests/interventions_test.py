@@ -142,6 +142,6 @@ def test_missing_pretrained_checkpoint_is_refused(tmp_path):
   with pytest.raises(ConfigError, match="config.pretrained.path: no checkpoint at"):
     trainer.train_and_evaluate(config, str(tmp_path / "wd"))
   config = smoke_train("cnn", **{"pretrained.path": str(tmp_path / "nope.npz")})
-  with pytest.raises(ConfigError, match="load into models vit, bit_resnet, convnext, not 'cnn'"):
+  with pytest.raises(ConfigError, match="load into models vit, bit_resnet, convnext, roberta, not 'cnn'"):
     trainer.train_and_evaluate(config, str(tmp_path / "wd"))
   assert not (tmp_path / "wd").exists()

@@ -391,14 +391,16 @@ def test_bit_errors_and_head_reinit():
 
 def test_registry_entries_hold_the_checkpoint_formats():
   from xsens import models  # pylint: disable=g-import-not-at-top
-  assert list(models.pretrained_formats()) == ["vit", "bit_resnet", "convnext"]
+  from xsens.models import mlm  # pylint: disable=g-import-not-at-top
+  assert list(models.pretrained_formats()) == ["vit", "bit_resnet", "convnext", "roberta"]
   assert models.REGISTRY["vit"].pretrained is pretrained.VIT_JAX
   assert models.REGISTRY["bit_resnet"].pretrained is pretrained.BIG_TRANSFER
   assert models.REGISTRY["convnext"].pretrained is pretrained.TIMM_CONVNEXT
+  assert models.REGISTRY["roberta"].pretrained is mlm.XSENS_MLM
   assert all(e.pretrained is None for n, e in models.REGISTRY.items()
-             if n not in ("vit", "bit_resnet", "convnext"))
+             if n not in ("vit", "bit_resnet", "convnext", "roberta"))
   with pytest.raises(ValueError, match="'cnn' has no pretrained-checkpoint loader; models "
-                     "with one: vit, bit_resnet, convnext"):
+                     "with one: vit, bit_resnet, convnext, roberta"):
     models.REGISTRY["cnn"].load_pretrained("x.npz", models.get_model("cnn", 5, (8, 8, C)),
                                            (8, 8, C))
 

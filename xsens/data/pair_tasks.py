@@ -32,6 +32,11 @@ MATCH_INDEX = 2
 TASKS = {"text/pair_reversed": "reversed", "text/pair_rotation": "rotation",
          "text/pair_match": "match"}
 MIN_WORDS = 4
+# Pre-training (the DIET study's pre-train -> fine-tune path): `unlabeled_corpus` draws from
+# stream CORPUS_STREAM (the loader's train and test splits are streams 0 and 1), and the
+# masked LM hides a word behind MASK_ID, <unk>, which no pair sentence contains.
+CORPUS_STREAM = 2
+MASK_ID = 3
 
 
 def words_per_sentence(max_length: int) -> int:
@@ -83,3 +88,13 @@ def pair_task(task: str, num_examples: int, seed: int, *, stream: int = 0,
     b = _second(task, a, bool(labels[n]), rng)
     ids[n, :2 * m + 4] = [BOS_ID, *a, EOS_ID, EOS_ID, *b, EOS_ID]
   return ids, labels
+
+
+def unlabeled_corpus(num_examples: int, seed: int, *, max_length: int = 20) -> np.ndarray:
+  """ids [num_examples, max_length]: the sentences of every task of `TASKS` in turn
+  (task n % 3 for row n), labels dropped, from stream `CORPUS_STREAM` (not the train or
+  test examples). Reversed and rotated pairs make the order of B predictable from A."""
+  names = list(TASKS.values())
+  per_task = [pair_task(task, -(-num_examples // len(names)), seed, stream=CORPUS_STREAM,
+                        max_length=max_length)[0] for task in names]
+  return np.stack(per_task, axis=1).reshape(-1, max_length)[:num_examples]

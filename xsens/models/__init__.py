@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from xsens.errors import ConfigError
+from xsens.models import mlm as mlm_lib
 from xsens.models import pretrained as pretrained_lib
 from xsens.models.bit import BiTResNet
 from xsens.models.cnn import CNN
@@ -168,7 +169,9 @@ class ModelEntry:
     return self.pretrained.load(path, model, input_shape, reinit_head=reinit_head, key=key)
 
 
-_TEXT = tuple(ModelEntry(name, module, input_dtype=jnp.int32)
+# "roberta" loads the encoder of an xsens masked LM (`mlm.XSENS_MLM`: pre-train, fine-tune).
+_TEXT = tuple(ModelEntry(name, module, input_dtype=jnp.int32,
+                         pretrained=mlm_lib.XSENS_MLM if name == "roberta" else None)
               for name, module in TEXT_MODELS.items())
 
 REGISTRY: dict[str, ModelEntry] = {e.name: e for e in (

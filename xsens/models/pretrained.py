@@ -232,7 +232,7 @@ def _map_keys(checkpoint: Checkpoint, rules, skip=()):
   return loaded, source, unexpected
 
 
-def _finish(loaded, source, unexpected, target) -> dict[str, Any]:
+def finish(loaded, source, unexpected, target) -> dict[str, Any]:
   """Checks `loaded` against the target shapes; returns the nested jnp tree."""
   unexpected = list(unexpected) + [source.get(k, k) for k in loaded if k not in target]
   missing = [k for k in target if k not in loaded]
@@ -327,7 +327,7 @@ def vit_params_from_checkpoint(checkpoint: Checkpoint, model: vit_lib.ViT,
       loaded.pop("pre_logits/bias", None)
     in_dim = model.representation_size or model.width
     loaded.update(_head(key, in_dim, model.num_classes))
-  return _finish(loaded, source, unexpected, target)
+  return finish(loaded, source, unexpected, target)
 
 
 def load_vit(path: Union[str, os.PathLike], model: vit_lib.ViT,
@@ -429,7 +429,7 @@ def bit_params_from_checkpoint(checkpoint: Checkpoint, model: bit_lib.BiTResNet,
   if reinit_head:
     _, mid = bit_lib.widths(model.width_factor)
     loaded.update(_head(key, mid[-1] * bit_lib.EXPANSION, model.num_classes))
-  return _finish(loaded, source, unexpected, target)
+  return finish(loaded, source, unexpected, target)
 
 
 def load_bit(path: Union[str, os.PathLike], model: bit_lib.BiTResNet,
@@ -600,7 +600,7 @@ def convnext_params_from_checkpoint(checkpoint: Checkpoint, model: convnext_lib.
       unexpected.append(name)
   if reinit_head:
     loaded.update(_head(key, model.dims[-1], model.num_classes))
-  return _finish(loaded, source, unexpected, target)
+  return finish(loaded, source, unexpected, target)
 
 
 def load_convnext(path: Union[str, os.PathLike], model: convnext_lib.ConvNeXt,
@@ -643,14 +643,15 @@ class Format:
     suffix: the release's file type, for messages (".npz", ".safetensors").
     input_normalization: how the release's models expect [0, 1] pixels: "half"
       ((x - 0.5) / 0.5, vit_jax and big_transfer) or "imagenet" ((x - CONVNEXT_MEAN) /
-      CONVNEXT_STD per channel, timm); see `normalize_input`.
+      CONVNEXT_STD per channel, timm); see `normalize_input`; None for token ids
+      (`xsens.models.mlm.XSENS_MLM`).
   """
   name: str
   config_from_checkpoint: Callable[[Checkpoint], dict[str, Any]]
   params_from_checkpoint: Callable[..., dict[str, Any]]
   read: Callable[[Union[str, os.PathLike]], dict[str, np.ndarray]] = read_npz
   suffix: str = ".npz"
-  input_normalization: str = "half"
+  input_normalization: str | None = "half"
 
   def load(self, path: Union[str, os.PathLike], model: nn.Module, input_shape, *,
            reinit_head: bool = False, key: Optional[jax.Array] = None) -> dict[str, Any]:

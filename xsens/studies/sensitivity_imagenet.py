@@ -71,8 +71,10 @@ class Normalized(nn.Module):
 
 
 def loaders() -> dict[str, pretrained.Format]:
-  """{model name: checkpoint format} this set-up evaluates (every registry loader)."""
-  return models_lib.pretrained_formats()
+  """{model name: checkpoint format} this set-up evaluates (every registry loader of
+  images: one with an input normalisation)."""
+  return {name: fmt for name, fmt in models_lib.pretrained_formats().items()
+          if fmt.input_normalization is not None}
 
 
 def validate(config) -> None:
