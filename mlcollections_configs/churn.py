@@ -6,6 +6,8 @@ network predictions", arXiv 2102.03349 (results: docs/results.md).
   xsens --config=mlcollections_configs/churn.py --workdir=workdirs/churn
   xsens --config=mlcollections_configs/churn.py:smoke --workdir=/tmp/churn_smoke
   xsens --config=mlcollections_configs/churn.py:setup=digits --workdir=workdirs/churn_digits
+  xsens --config=mlcollections_configs/churn.py:setup=digits,methods=baseline+min_entropy \
+        --workdir=workdirs/churn_digits_me
   xsens --config=mlcollections_configs/churn.py:setup=cifar10 \
         --config.train.data.data_dir=/path/to/tensorflow_datasets --workdir=workdirs/churn_c10
 
@@ -15,16 +17,18 @@ Adam 1e-3, batch 128, Gaussian pixel-noise augmentation σ = 0.3 on half the ima
 ρ = 10); `cifar10` / `cifar100` (ResNet-18, 100 epochs, SGD+momentum, cosine; GPU-sized,
 TFDS data from `data_dir`).
 
-Methods (`churn.methods`): `baseline` (CE), `min_entropy` (CE + λ·H(p), λ = 0.2) and
-`codistill` (two models trained jointly, L_i = CE + β·KL(sg(p_j) ‖ p_i), β = 0.5; model a is
-the one compared across runs). For each method and each source of randomness in
-`churn.sources` (init, order, augment), `churn.num_seeds` runs differ in that seed only;
-churn is measured on the whole test split for every pair of them.
-Shows: results.md (churn mean ± std over pairs and test accuracy per method × source; churn
-by confidence bin), churn_by_source.png and churn_by_confidence.png.
-
-Measured (docs/results.md): mean churn 0.029 (baseline), 0.022 (min-entropy), 0.022
-(co-distillation) at test accuracy 0.95-0.96; churn 0.64 below confidence 0.5, 0 above 0.99.
+Methods (`churn.methods`): `baseline` (CE), `min_entropy` (CE + λ·H(p), λ = 0.2 or 0.5:
+`min_entropy_l0p5`) and `codistill` (two models trained jointly, L_i = CE + β·KL(sg(p_j) ‖
+p_i), β = 0.5 or 1: `codistill_b1`; model a is the one compared across runs);
+`methods=a+b` keeps only those. For each method and each source of randomness in
+`churn.sources` (default init), `churn.num_seeds` runs differ in that seed only; churn is
+measured on disjoint pairs of them (`churn.pairing`). The test split is cut into `val` and
+`eval`: in each `churn.select` group (the settings of one method) the member with the
+lowest val churn is reported; every number is on `eval`.
+Shows: results.md (churn mean ± s.e. over pairs and accuracy per method × source; the
+chosen settings; the paired eval churn reduction vs the baseline, ± s.e.; churn by
+confidence bin), churn_by_source.png and churn_by_confidence.png. Results:
+docs/results.md, "Prediction churn".
 """
 
 import ml_collections

@@ -13,26 +13,26 @@ in distillation", TMLR 2022, arXiv 2106.10494 (results: docs/results.md).
 Set-ups (`setup=`; `ratio=` sets the imbalance ρ of the `_lt` ones, class c keeps
 ρ^(−c/(K−1)) of its training examples, `xsens.data.long_tail`):
 - `mnist5k_lt` (default; ρ = 20: 400 → 20 train examples per class, 1363 in all): teacher
-  a CNN (32, 64, 64) trained 600 steps; students a small CNN (8, 16) with 32 dense units,
-  1500 steps each (every student converges: train accuracy 1.0), Adam 1e-3, batch 128;
-  `mnist5k` is the balanced version;
+  a CNN (32, 64, 64) trained 600 steps; candidate students (`config.students`) a small CNN
+  (8, 16) with 32 dense units and an MLP with 64 hidden units, 1500 steps each, Adam 1e-3,
+  batch 128; `mnist5k` is the balanced version;
 - `digits_lt` / `digits` (8×8 digits, ρ = 10 by default), the same models;
 - `cifar10_lt` / `cifar100_lt` (ρ = 100, the usual CIFAR-LT): teacher a ResNet-18, student
   a width-1/4 ResNet-18, 200 epochs, SGD+momentum, cosine (GPU-sized; TFDS data from
   `data_dir`).
 
-Runs: the teacher; for each seed in `distillation.seeds` (init, batch-order and step seeds;
-the long-tailed subset is fixed by `train.seed`) the students `onehot` (CE only), `kd`
-(α = 0.5, τ = 4), `kd_class_alpha` (per-class α from the teacher's held-out per-class
-accuracy) and `kd_margin` (per-class margins from the teacher's held-out margins). The
-held-out data are half of the test split (`val`); every reported number is on the other
-half (`eval`). Shows: results.md (overall / worst-class / worst-3 / head / tail accuracy,
-mean ± std over seeds; a per-class table), per_class_accuracy.png,
-gain_vs_teacher.png (teacher per-class accuracy and margin vs the distilled student's
-per-class gain over the one-hot student) and subgroup_summary.png.
-
-Measured (docs/results.md): teacher 0.926, one-hot student
-0.867, distilled 0.899 eval accuracy; worst class 0.681 → 0.720 (no class harmed at ρ = 20).
+Runs: one teacher per seed in `distillation.seeds` (init, batch-order and step seeds; the
+long-tailed subset is fixed by `train.seed`); the held-out data are half of the test split
+(`val`), every reported number is on the other half (`eval`). On `val` only, at
+`distillation.select_seed`: the student model, α ∈ `alphas` and τ ∈ `temperatures` with the
+best `kd` val accuracy, then the margin scale ∈ `margin_scales` with the best `kd_margin`
+val worst-class accuracy. Then per seed the students `onehot` (CE only), `kd`,
+`kd_class_alpha` (per-class α from the teacher's val per-class accuracy) and `kd_margin`
+(per-class margins from the teacher's val margins). Shows: results.md (overall /
+worst-class / worst-3 / head / tail accuracy, mean ± s.e. over seeds; the selection tables;
+a per-class table), per_class_accuracy.png, gain_vs_teacher.png (teacher per-class accuracy
+and margin vs the distilled student's per-class gain over the one-hot student) and
+subgroup_summary.png. Results: docs/results.md, "Distillation per class".
 """
 
 import ml_collections
