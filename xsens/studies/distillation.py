@@ -256,9 +256,9 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   kd_table, margin_table = [], []
   chosen = first
   if select_kd:
-    res = train_select({c["run"]: probe[c["run"]] | {"distill": {
-        **probe[c["run"]]["distill"], "teacher_workdir": teacher_dir[seeds[0]]}}
-        for c in kd_cands})
+    res = train_select({c["run"]: student_overrides(
+        config, "kd", dc.select_seed, teacher_dir[seeds[0]], student=c["student"],
+        alpha=c["alpha"], temperature=c["temperature"]) for c in kd_cands})
     for c in kd_cands:
       logits = _logits(res[c["run"]], test_x)
       kd_table.append({**c, "val_accuracy": report(logits, val)["accuracy"],
