@@ -47,6 +47,28 @@ def test_smoke_study_writes_report(tmp_path):
     assert (tmp_path / plot).exists() and plot in md
   payload = json.loads((tmp_path / "results.json").read_text())
   assert "trained" in payload["layer_similarity"]
+  # The reuse run is chosen on `val` (seed 0) and reported on the disjoint `eval` split at
+  # `reuse.num_seeds` seeds, with the similarity controls per seed.
+  candidates = [r for r in out["rows"] if r["run"] in ("reuse_p1_k1", "reuse_p2_k1")]
+  assert out["chosen"] == max(candidates, key=lambda r: r["val_accuracy"])["run"]
+  assert not set(out["val"].tolist()) & set(out["eval"].tolist())
+  n = config.reuse.num_seeds
+  for name in ("vit", out["chosen"], "vit_random_labels"):
+    assert len(out["seeds"][name]["eval_accuracy"]) == n
+    assert out["seeds"][name]["eval_accuracy"][0] == pytest.approx(rows[name]["eval_accuracy"])
+  assert workdir_lib.Workdir(os.path.join(tmp_path, "runs", "vit_seed1")).latest_step() is not None
+  for key in ("trained", "random init", "random labels"):
+    assert len(out["similarity_seeds"][key]["per_seed"]) == n
+  assert out["similarity_seeds"]["trained"]["per_seed"][0] == pytest.approx(
+      payload["adjacent_layer_similarity"]["trained"])
+
+
+def test_num_seeds_other_than_one_is_refused_before_training(tmp_path):
+  config = reuse_config.get_config("smoke")
+  config.num_seeds = 2
+  with pytest.raises(ConfigError, match=r"config\.num_seeds: must be 1 here.*reuse\.num_seeds"):
+    studies.run(config, str(tmp_path))
+  assert not (tmp_path / "runs").exists()
 
 
 def test_bad_baseline_is_refused_before_training(tmp_path):

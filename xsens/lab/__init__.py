@@ -11,6 +11,7 @@ A study (`xsens.studies.<name>`) imports the lab, `xsens.train`, `xsens.measures
   sensitivity      the train-set sensitivity of a finished run
   eigen_analysis   eigen-analysis of the attention of finished runs, and its report
   model_cost       forward FLOPs, attention FLOPs, training-step memory and time
+  selection        val/eval splits, model choice on the validation split only, mean ± s.e.
 
 Parts of one study that stand on their own (benchmarks, notebooks and tests use them):
 

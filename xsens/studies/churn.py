@@ -11,9 +11,13 @@ co-distillation of Anil et al. 2018 (`xsens.train.codistill`).
 For each method (`churn.methods`: overrides of `config.train`) and each source
 (`churn.sources`), `num_seeds` runs set that source's seed (`init_seed`, `order_seed` or
 `augment_seed`) to base_seed + j and keep the other two at base_seed; j = 0 is one shared
-run. Churn (`xsens.measures.churn`) of every pair within a source on the whole test split,
-mean ± std over pairs; test accuracy mean ± std over the source's runs; churn per
-confidence bin pooled over all pairs of the method. For `codistill`, model a is compared
+run. The test split is cut into `val` and `eval` (`xsens.lab.selection`). Churn
+(`xsens.measures.churn`) of the pairs of a source (`churn.pairing`: `disjoint` pairs 0-1,
+2-3, ... are independent; `all` pairs share runs), mean ± s.e. over pairs, and accuracy,
+mean ± s.e. over runs, on `eval`; churn per confidence bin pooled over the method's pairs.
+Settings of a churn-reduction method (`churn.select`: groups of methods) are chosen by the
+lowest mean `val` churn; the chosen method's `eval` churn reduction vs `churn.baseline` is
+reported paired by pair (same seeds), mean ± s.e. For `codistill`, model a is compared
 across runs; the churn between the two jointly trained peers of a run is reported apart.
 """
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from mlcollections_configs import churn as configs
 from xsens.lab import multirun
+from xsens.lab import selection
 from xsens.measures import churn as churn_lib
 from xsens.report import plots, tables, training
 from xsens.train import codistill
@@ -43,6 +48,22 @@ def run_plan(cc) -> dict[str, dict[str, list[str]]]:
     plan[m] = {s: [f"{m}_base" if j == 0 else f"{m}_{s}{j}" for j in range(cc.num_seeds)]
                for s in cc.sources}
   return plan
+
+
+def pairs(names: list[str], pairing: str) -> list[tuple[str, str]]:
+  """The run pairs churn is measured on: `disjoint` (runs 0-1, 2-3, ...: no run in two
+  pairs, so the pairs' churns are independent) or `all` (every pair; they share runs)."""
+  if pairing == "disjoint":
+    return [(names[i], names[i + 1]) for i in range(0, len(names) - 1, 2)]
+  return list(itertools.combinations(names, 2))
+
+
+def choose_methods(val_churn: dict[str, float], groups: dict) -> dict[str, str]:
+  """{group: the member of `groups[group]` with the lowest validation churn}
+  (`xsens.lab.selection.pick_on_val`; only `val_churn` is read)."""
+  return {g: selection.pick_on_val([{"method": m, "val_churn": val_churn[m]} for m in members],
+                                   "val_churn", higher_is_better=False)["method"]
+          for g, members in groups.items()}
 
 
 def _runs(config, plan) -> dict:
@@ -114,29 +135,40 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     if peer is not None:
       peer_churn[name] = float(churn_lib.churn(logits[name], peer))
 
+  first = next(iter(experiments.values()))
+  val, ev = selection.split_val_eval(len(first.test), cc.val_fraction, cc.split_seed)
+  labels = np.asarray(first.test.labels)
   edges = np.asarray(cc.confidence_edges, np.float32)
-  rows, by_conf, pair_values = [], {}, {}
+  rows, by_conf, pair_values, val_values = [], {}, {}, {}
   for m, by_source in plan.items():
     hist_churn, hist_count = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
     for s, names in by_source.items():
-      values = []
-      for a, b in itertools.combinations(names, 2):
-        values.append(float(churn_lib.churn(logits[a], logits[b])))
-        rate, count = churn_lib.churn_by_confidence(logits[a], logits[b], edges)
+      values, vals = [], []
+      for a, b in pairs(names, cc.pairing):
+        values.append(float(churn_lib.churn(logits[a][ev], logits[b][ev])))
+        vals.append(float(churn_lib.churn(logits[a][val], logits[b][val])))
+        rate, count = churn_lib.churn_by_confidence(logits[a][ev], logits[b][ev], edges)
         rate, count = np.asarray(rate), np.asarray(count)
         hist_churn += np.nan_to_num(rate) * count
         hist_count += count
-      accs = [accuracy[n] for n in names]
+      accs = [float(np.mean(np.argmax(logits[n][ev], -1) == labels[ev])) for n in names]
       pair_values[f"{m}/{s}"] = values
+      val_values[f"{m}/{s}"] = vals
+      churn_mean, churn_se = selection.mean_se(values)
+      acc_mean, acc_se = selection.mean_se(accs)
       row = {"method": m, "source": s, "pairs": len(values),
-             "churn": float(np.mean(values)), "churn_std": float(np.std(values)),
-             "test_accuracy": float(np.mean(accs)), "test_accuracy_std": float(np.std(accs))}
+             "churn": churn_mean, "churn_se": churn_se, "val_churn": float(np.mean(vals)),
+             "test_accuracy": acc_mean, "test_accuracy_se": acc_se}
       peers = [peer_churn[n] for n in names if n in peer_churn]
       row["peer_churn"] = float(np.mean(peers)) if peers else float("nan")
       rows.append(row)
     by_conf[m] = {"churn": np.where(hist_count > 0, hist_churn / np.maximum(hist_count, 1),
                                     np.nan).tolist(),
                   "share": (hist_count / max(hist_count.sum(), 1)).tolist()}
+  val_churn = {m: float(np.mean([r["val_churn"] for r in rows if r["method"] == m]))
+               for m in plan}
+  chosen = choose_methods(val_churn, {g: list(v) for g, v in cc.select.items()})
+  reductions = _reductions(cc, plan, pair_values, chosen)
 
   methods, sources = list(plan), list(cc.sources)
   bins = [f"[{a:g},{b:g}" + ("]" if i == len(edges) - 2 else ")")
@@ -154,16 +186,38 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                 enumerate(bins)},
                 **{f"share {b}": by_conf[m]["share"][i] for i, b in enumerate(bins)}}
                for m in methods]
-  notes = _notes(config, conf_rows, rows, methods)
-  columns = ["method", "source", "pairs", "churn", "churn_std", "test_accuracy",
-             "test_accuracy_std", "peer_churn"]
+  notes = _notes(config, conf_rows, rows, methods, len(val), len(ev), val_churn, chosen,
+                 reductions)
+  columns = ["method", "source", "pairs", "churn", "churn_se", "val_churn", "test_accuracy",
+             "test_accuracy_se", "peer_churn"]
   md = tables.write_results(
       workdir, f"Prediction churn on {config.train.data.name}", rows, columns=columns,
       notes=notes, plots=plot_files,
-      extra={"pair_churn": pair_values, "churn_by_confidence": by_conf, "bins": bins,
-             "test_accuracy": accuracy, "peer_churn": peer_churn})
+      extra={"pair_churn": pair_values, "val_pair_churn": val_values,
+             "churn_by_confidence": by_conf, "bins": bins, "test_accuracy": accuracy,
+             "peer_churn": peer_churn, "val_churn": val_churn, "chosen": chosen,
+             "reductions": reductions, "val_indices": val.tolist(),
+             "eval_indices": ev.tolist()})
   return {"rows": rows, "markdown": md, "pair_churn": pair_values,
-          "churn_by_confidence": by_conf, "test_accuracy": accuracy, "peer_churn": peer_churn}
+          "churn_by_confidence": by_conf, "test_accuracy": accuracy, "peer_churn": peer_churn,
+          "val_churn": val_churn, "chosen": chosen, "reductions": reductions, "val": val,
+          "eval": ev}
+
+
+def _reductions(cc, plan, pair_values, chosen) -> list[dict]:
+  """Per chosen method and source: eval churn reduction vs `churn.baseline`, paired by pair
+  (pair i of both methods has the same seeds): mean ± s.e. over pairs and mean / s.e."""
+  out = []
+  if cc.baseline not in plan:
+    return out
+  for group, m in chosen.items():
+    for s in cc.sources:
+      diff = np.subtract(pair_values[f"{cc.baseline}/{s}"], pair_values[f"{m}/{s}"])
+      mean, se = selection.mean_se(diff)
+      out.append({"group": group, "method": m, "source": s, "pairs": len(diff),
+                  "reduction": mean, "reduction_se": se,
+                  "reduction_in_se": mean / se if se > 0 else float("nan")})
+  return out
 
 
 def _confidence_plot(path, bins, by_conf) -> str:
@@ -181,14 +235,28 @@ def _confidence_plot(path, bins, by_conf) -> str:
   return plots.save_figure(fig, path)
 
 
-def _notes(config, conf_rows, rows, methods) -> str:
+def _notes(config, conf_rows, rows, methods, n_val, n_eval, val_churn, chosen,
+           reductions) -> str:
   cc, t = config.churn, config.train
   lines = [
       f"Model `{t.model.name}`, {training.length(t)}, batch {t.batch_size}, augmentation "
       f"σ = {t.augment.gaussian_std} on {t.augment.gaussian_prob:.0%} of the images. "
       f"{cc.num_seeds} runs per source (seeds {cc.base_seed}..{cc.base_seed + cc.num_seeds - 1}"
-      f" of that source, the others at {cc.base_seed}); churn over all pairs (mean ± std). "
+      f" of that source, the others at {cc.base_seed}); churn over "
+      + ("disjoint pairs (runs 0-1, 2-3, ...; independent)" if cc.pairing == "disjoint"
+         else "all pairs (they share runs)") + ", mean ± s.e. over pairs. "
       "peer_churn: churn between the two models of one co-distillation run.",
+      "",
+      f"Held-out data: the test split is cut into `val` ({n_val} examples) and `eval` "
+      f"({n_eval}; every churn and accuracy in the tables). Mean val churn per method: "
+      + ", ".join(f"{m} {v:.4f}" for m, v in val_churn.items()) + ". Chosen on val (lowest "
+      "val churn per group): " + (", ".join(f"{g}: {m}" for g, m in chosen.items()) or
+                                  "nothing to choose") + ".",
+      "",
+      f"Eval churn reduction vs `{cc.baseline}` (paired by pair, mean ± s.e.; in units of "
+      "the s.e.):",
+      "",
+      tables.markdown_table(reductions) if reductions else "(no baseline)",
       "",
       "Mean churn over sources: " + ", ".join(
           f"{m} {np.mean([r['churn'] for r in rows if r['method'] == m]):.4f}"

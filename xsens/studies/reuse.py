@@ -30,13 +30,15 @@ import os
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from mlcollections_configs import reuse as configs
 from xsens.errors import ConfigError
-from xsens.lab import head_similarity, model_cost, multirun
+from xsens.lab import head_similarity, model_cost, multirun, selection
 from xsens.measures import attention_similarity as asim
 from xsens.report import plots, tables, training
+from xsens.train import distill as distill_lib
 
 
 def _model_fields(model) -> tuple[int, int]:
@@ -76,8 +78,25 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     if not probe[control].config.data.random_labels:
       raise ConfigError("reuse.random_labels_run", f"run {control!r} trains on true labels; "
                         f"set runs.{control}.data.random_labels=1.0")
+  if multirun.num_seeds(config) != 1:
+    raise ConfigError("num_seeds", f"must be 1 here, got {config.num_seeds}; the seeds of "
+                      "the baseline, its control and the chosen reuse run are reuse.num_seeds")
+  candidates = reuse_candidates(config)
+  if not candidates:
+    raise ConfigError("runs", f"no reuse run to choose besides {rc.baseline!r} and its "
+                      "control")
   results = multirun.train_runs(config, workdir, overwrite=overwrite, experiments=probe)
   rows = multirun.summary_rows(results)
+  first = next(iter(results.values()))
+  val, ev = selection.split_val_eval(len(first.test), rc.val_fraction, rc.split_seed)
+  labels = first.test.labels
+  correct = {name: _correct(res, labels) for name, res in results.items()}
+  for r in rows:
+    r["val_accuracy"] = float(correct[r["run"]][val].mean())
+    r["eval_accuracy"] = float(correct[r["run"]][ev].mean())
+  chosen = selection.pick_on_val([r for r in rows if r["run"] in candidates],
+                                 "val_accuracy")["run"]
+  seeded = _train_seeds(config, workdir, overwrite, [rc.baseline, control, chosen])
   by_name = {r["run"]: r for r in rows}
   for name, res in results.items():
     x = jnp.asarray(res.test.images[:rc.cost_batch_size])
@@ -97,8 +116,9 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                if base["attn_gflops"] else float("nan"))
     r["mem_vs_base"] = r["peak_temp_mb"] / base["peak_temp_mb"]
 
-  # Attention similarity: trained baseline vs the same architecture at random init and
-  # (`reuse.random_labels_run`) trained on randomly labelled data.
+  seed_table, seed_sim = _seed_report(config, seeded, chosen, val, ev, labels)
+  # Attention similarity (seed 0): trained baseline vs the same architecture at random init
+  # and (`reuse.random_labels_run`) trained on randomly labelled data.
   res = results[rc.baseline]
   images = res.test.images[:rc.num_examples]
   random_vars = res.model.init(jax.random.key(rc.seed), jnp.asarray(images[:1]),
@@ -139,24 +159,109 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
   adjacent = {n: float(np.mean([m[l, l - 1] for l in range(1, len(m))]))
               if len(m) > 1 else float("nan") for n, m in layer_sim.items()}
   columns = ["run", "reuse_heads", "reuse_layers", "params", "steps", "train_accuracy",
-             "test_accuracy", "fwd_gflops", "attn_gflops", "attn_share", "flops_vs_base",
-             "attn_flops_vs_base", "peak_temp_mb", "mem_vs_base", "step_ms", "wall_s"]
-  notes = _notes(config, rows, adjacent, len(images))
+             "test_accuracy", "val_accuracy", "eval_accuracy", "fwd_gflops", "attn_gflops",
+             "attn_share", "flops_vs_base", "attn_flops_vs_base", "peak_temp_mb",
+             "mem_vs_base", "step_ms", "wall_s"]
+  notes = _notes(config, rows, adjacent, len(images), chosen, len(val), len(ev), seed_table,
+                 seed_sim)
   md = tables.write_results(
       workdir, f"Reuse attention on {config.train.data.name}", rows, columns=columns,
       notes=notes, plots=plot_files,
       extra={"layer_similarity": {n: m.tolist() for n, m in layer_sim.items()},
              "adjacent_kth_best": {n: m.tolist() for n, m in kth.items()},
              "adjacent_layer_similarity": adjacent,
+             "chosen": chosen, "seeds": seed_table, "similarity_seeds": seed_sim,
+             "val_indices": val.tolist(), "eval_indices": ev.tolist(),
              "device": jax.devices()[0].device_kind})
   return {"rows": rows, "markdown": md, "layer_similarity": layer_sim,
-          "adjacent_kth_best": kth}
+          "adjacent_kth_best": kth, "chosen": chosen, "seeds": seed_table,
+          "similarity_seeds": seed_sim, "val": val, "eval": ev}
 
 
-def _notes(config, rows, adjacent, n) -> str:
+def reuse_candidates(config) -> list[str]:
+  """The runs a reuse configuration is chosen from: every run but the baseline and its
+  random-label control."""
+  rc = config.reuse
+  return [n for n in config.runs if n not in (rc.baseline, rc.random_labels_run)]
+
+
+def _correct(res, labels: np.ndarray) -> np.ndarray:
+  """[N] bool: the run's argmax on its test split equals `labels`."""
+  logits = distill_lib.predict_logits(res.model, res.variables, res.test.images)
+  return np.argmax(logits, -1) == labels
+
+
+def _train_seeds(config, workdir: str, overwrite: bool, names: list) -> dict:
+  """{run id: TrainResult} of `names` (None skipped) at `reuse.num_seeds` training seeds
+  (`multirun.run_ids`: seed 0 is the run already trained, `<name>_seed<i>` the others)."""
+  cfg = config.copy_and_resolve_references()
+  keep = [n for n in dict.fromkeys(names) if n is not None]
+  with cfg.unlocked():
+    cfg.runs = ml_collections.ConfigDict({n: config.runs[n].to_dict() for n in keep})
+    cfg.num_seeds = config.reuse.num_seeds
+  return multirun.train_runs(cfg, workdir, overwrite=overwrite)
+
+
+def _adjacent(layer_sim: np.ndarray) -> float:
+  """Mean over ℓ ≥ 1 of layer_sim[ℓ, ℓ−1] ([L, L] -> scalar; NaN for one layer)."""
+  m = np.asarray(layer_sim)
+  return float(np.mean([m[l, l - 1] for l in range(1, len(m))])) if len(m) > 1 else float("nan")
+
+
+def _seed_id(name: str, i: int) -> str:
+  return name if i == 0 else f"{name}_seed{i}"
+
+
+def _seed_report(config, seeded: dict, chosen: str, val, ev, labels) -> tuple[dict, dict]:
+  """Eval accuracy per seed of the baseline, the control and the chosen run (mean ± s.e.;
+  the paired difference chosen − baseline), and the adjacent-layer similarity per seed of
+  the trained baseline, the same ViT at random init (key `reuse.seed` + i) and the
+  random-label control (mean ± s.e.; trained − random labels, paired by seed)."""
+  rc = config.reuse
+  n = rc.num_seeds
+  control = rc.random_labels_run
+  names = [x for x in dict.fromkeys([rc.baseline, chosen, control]) if x is not None]
+  acc = {x: [float(_correct(seeded[_seed_id(x, i)], labels)[ev].mean()) for i in range(n)]
+         for x in names}
+  val_acc = {x: [float(_correct(seeded[_seed_id(x, i)], labels)[val].mean())
+                 for i in range(n)] for x in names}
+  table = {x: {"eval_accuracy": acc[x], "val_accuracy": val_acc[x],
+               "mean_se": selection.mean_se(acc[x])} for x in names}
+  table["chosen_minus_baseline"] = {"per_seed": np.subtract(acc[chosen], acc[rc.baseline])
+                                    .tolist(),
+                                    "mean_se": selection.mean_se(
+                                        np.subtract(acc[chosen], acc[rc.baseline]))}
+  sim = {"trained": [], "random init": []}
+  if control is not None:
+    sim["random labels"] = []
+  for i in range(n):
+    res = seeded[_seed_id(rc.baseline, i)]
+    images = res.test.images[:rc.num_examples]
+    collect = functools.partial(head_similarity.collect_head_similarity, inputs=images,
+                                batch_size=rc.batch_size)
+    random_vars = res.model.init(jax.random.key(rc.seed + i), jnp.asarray(images[:1]),
+                                 train=False)
+    sim["trained"].append(_adjacent(asim.layer_similarity(collect(res.apply_fn,
+                                                                  res.variables))))
+    sim["random init"].append(_adjacent(asim.layer_similarity(collect(res.apply_fn,
+                                                                      random_vars))))
+    if control is not None:
+      r = seeded[_seed_id(control, i)]
+      sim["random labels"].append(_adjacent(asim.layer_similarity(collect(r.apply_fn,
+                                                                          r.variables))))
+  out = {k: {"per_seed": v, "mean_se": selection.mean_se(v)} for k, v in sim.items()}
+  if control is not None:
+    diff = np.subtract(sim["trained"], sim["random labels"])
+    out["trained_minus_random_labels"] = {"per_seed": diff.tolist(),
+                                          "mean_se": selection.mean_se(diff)}
+  return table, out
+
+
+def _notes(config, rows, adjacent, n, chosen, n_val, n_eval, seed_table, seed_sim) -> str:
   rc = config.reuse
   base = next(r for r in rows if r["run"] == rc.baseline)
   control = rc.random_labels_run
+  pm = lambda ms: f"{ms[0]:.3f} ± {ms[1]:.3f}"
   control_note = ("" if control is None else
                   f" `random labels`: the baseline architecture trained as run `{control}` "
                   "on the same images with every training label drawn uniformly at random "
@@ -170,13 +275,24 @@ def _notes(config, rows, adjacent, n) -> str:
       f"sub-layer skipped. peak_temp_mb: XLA temp buffer of one loss+grad step at that "
       f"batch; step_ms: best of {rc.timing_repeats} calls on {jax.devices()[0].device_kind}. "
       f"All models trained with the same training block (batch "
-      f"{config.train.batch_size}, one seed). {training.stop_note(config.train, rows)}",
+      f"{config.train.batch_size}; the table is seed 0). "
+      f"{training.stop_note(config.train, rows)}",
       "",
-      "Accuracy vs the baseline (test accuracy difference): " + ", ".join(
-          f"{r['run']} {r['test_accuracy'] - base['test_accuracy']:+.4f}"
+      f"Model choice: the test split is cut into `val` ({n_val} examples) and `eval` "
+      f"({n_eval}); the reuse run with the best `val` accuracy at seed 0 is chosen: "
+      f"`{chosen}`. Eval accuracy over {rc.num_seeds} seeds (mean ± s.e.): " + ", ".join(
+          f"{x} {pm(v['mean_se'])}" for x, v in seed_table.items()
+          if x != "chosen_minus_baseline") +
+      f"; {chosen} − {rc.baseline} (paired by seed) "
+      f"{pm(seed_table['chosen_minus_baseline']['mean_se'])}.",
+      "",
+      "Seed-0 eval accuracy vs the baseline (difference): " + ", ".join(
+          f"{r['run']} {r['eval_accuracy'] - base['eval_accuracy']:+.4f}"
           for r in rows if r["run"] not in (rc.baseline, control)) + ".",
       "",
-      f"Attention similarity on {n} test images: mean adjacent-layer similarity "
-      + ", ".join(f"{k} {v:.3f}" for k, v in adjacent.items()) + "." + control_note,
+      f"Attention similarity on {n} test images: mean adjacent-layer similarity (seed 0) "
+      + ", ".join(f"{k} {v:.3f}" for k, v in adjacent.items()) + f"; over {rc.num_seeds} "
+      "seeds (mean ± s.e.): " + ", ".join(f"{k} {pm(v['mean_se'])}"
+                                          for k, v in seed_sim.items()) + "." + control_note,
   ]
   return "\n".join(lines)
