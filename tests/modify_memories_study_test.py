@@ -81,10 +81,12 @@ def test_smoke_end_to_end(notebook_run):
   for r in out["rows"]:
     assert all(0.0 <= r[k] <= 1.0 for k in mm.METRICS)
   # The rerun resumed every finished run from its checkpoint: the same numbers.
-  np.testing.assert_array_equal([r["A_M"] for r in out["rows"]],
-                                [r["A_M"] for r in results["rows"]])
-  np.testing.assert_array_equal([r["A_FS"] for r in out["rows"]],
-                                [r["A_FS"] for r in results["rows"]])
+  # results.json: "rows" the chosen settings (the headline table), "sweep" every setting.
+  for k in ("A_M", "A_FS"):
+    np.testing.assert_array_equal([r[k] for r in out["rows"]],
+                                  [r[k] for r in results["sweep"]])
+    np.testing.assert_array_equal([r[k] for r in out["chosen"]],
+                                  [r[k] for r in results["rows"]])
   # Another config in the same workdir is refused before anything runs.
   changed = mm_config.get_config("smoke")
   changed.edit.steps = 7
