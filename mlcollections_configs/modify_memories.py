@@ -23,7 +23,8 @@ Variants:
   paraphrases give the reported A_M, A_F\\S and Ā
   (1,000 subjects x 10 relations: `--config.data.synthetic.num_subjects=1000
   --config.data.synthetic.num_relations=10`, with more pre-training steps).
-- `sizes=all`: |S| in (32, 128, 512).
+- `sizes=all`: |S| in (32, 128, 512) (with the full grid, hours on 2 CPU cores; docs/results.md
+  gives the smaller grids it ran at 128 and 512).
 - `phases`: adds a second training phase (2,000 steps of batches of 90 % background
   sentences, 10 % fact sentences: `phases.fact_fraction`) and repeats the edits from that
   model (the paper's question on training phases). With fact_fraction 0 the facts are
