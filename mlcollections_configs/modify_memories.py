@@ -15,12 +15,16 @@ Variants:
   5 objects, 3 with 20), 3 training templates and 2 held-out paraphrases per relation,
   2,000 background sentences; a RoBERTa MLM (width 64, depth 4, 4 heads, MLP 128, tied
   embeddings) pre-trained 2,000 steps (batch 128, 25 % background, Adam 2e-3 cosine);
-  edits of |S| = 32 facts, 3 seeds, 50 full-batch Adam steps (lr 1e-3): fine-tuning,
-  replay 1:1, ℓ∞ δ in (1e-3, 3e-3, 1e-2, 3e-2), ℓ2 δ in (0.1, 0.3, 1), and each block /
-  the embeddings / all attention / all feed-forward sublayers alone at ℓ∞ δ = 1e-2
+  edits of |S| = 32 facts, 3 seeds, 50 full-batch Adam steps at lr in (3e-4, 1e-3,
+  3e-3): fine-tuning, replay 1:1, ℓ∞ δ in (1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 3e-2), ℓ2 δ in
+  (0.3, 1, 2, 4, 10), and each block / the embeddings / all attention / all feed-forward
+  sublayers alone at ℓ∞ δ in (1e-2, 3e-2). Every setting (δ, part, lr) is chosen per
+  method on the validation paraphrases (`eval.validation_templates`); the test
+  paraphrases give the reported A_M, A_F\\S and Ā
   (1,000 subjects x 10 relations: `--config.data.synthetic.num_subjects=1000
   --config.data.synthetic.num_relations=10`, with more pre-training steps).
-- `sizes=all`: |S| in (32, 128, 512).
+- `sizes=all`: |S| in (32, 128, 512) (with the full grid, hours on 2 CPU cores; docs/results.md
+  gives the smaller grids it ran at 128 and 512).
 - `phases`: adds a second training phase (2,000 steps of batches of 90 % background
   sentences, 10 % fact sentences: `phases.fact_fraction`) and repeats the edits from that
   model (the paper's question on training phases). With fact_fraction 0 the facts are
@@ -29,6 +33,7 @@ Variants:
   xsens/data/knowledge.py); the model is pre-trained on its evidence sentences.
 - `smoke`: seconds; what the tests run.
 - `seeds=N`, `steps=N` (edit steps), `pretrain_steps=N` override those fields.
+- `lrs=A+B`: the edit learning rates (e.g. `lrs=0.001`, one rate: no lr sweep).
 """
 
 import ml_collections
@@ -43,7 +48,7 @@ SETUPS = ("synthetic", "lama")
 
 def get_config(arg=None):
   arg = parse_arg(arg, smoke=False, sizes="", phases=False, setup="synthetic", data_dir="",
-                  seeds=0, steps=0, pretrain_steps=0)
+                  seeds=0, steps=0, pretrain_steps=0, lrs="")
   if arg.setup not in SETUPS:
     raise ValueError(f"unknown setup {arg.setup!r}; allowed: {', '.join(SETUPS)}")
   config = ml_collections.ConfigDict()
@@ -89,15 +94,21 @@ def get_config(arg=None):
   e.num_seeds = 3
   e.steps = 50
   e.eval_every = 25
-  e.linf_deltas = (1e-3, 3e-3, 1e-2, 3e-2)
-  e.l2_deltas = (0.1, 0.3, 1.0)
+  e.linf_deltas = (1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 3e-2)
+  e.l2_deltas = (0.3, 1.0, 2.0, 4.0, 10.0)
   e.parts = ("embeddings", "block_0", "block_1", "block_2", "block_3", "attention",
              "feed_forward")
-  e.parts_delta = 1e-2
+  e.parts_deltas = (1e-2, 3e-2)   # ℓ∞ radii of the per-part edits.
   e.replay_ratio = 1.0
+  # Every variant runs at each rate (the optimizer's schedule scaled so its peak is the
+  # rate); the rate is chosen on the validation paraphrases with δ and the part.
+  e.learning_rates = (3e-4, 1e-3, 3e-3)
   e.optimizer = common.optimizer_config("adam", 1e-3)
 
-  config.eval = ml_collections.ConfigDict({"num_unmodified": 512, "batch_size": 256})
+  # validation_templates: the first k held-out paraphrase templates of each relation are
+  # the validation split (model choice), the others the test split (reported figures).
+  config.eval = ml_collections.ConfigDict({"num_unmodified": 512, "batch_size": 256,
+                                           "validation_templates": 1})
 
   if arg.setup == "lama":
     d.source = "lama_trex"
@@ -121,6 +132,8 @@ def get_config(arg=None):
     e.steps, e.eval_every = 6, 3
     e.linf_deltas, e.l2_deltas = (0.0, 1e-2), (0.0, 0.5)
     e.parts = ("first", "last", "embeddings")
+    e.parts_deltas = (1e-2,)
+    e.learning_rates = (1e-3, 1e-2)
     config.eval.num_unmodified, config.eval.batch_size = 64, 64
     if arg.phases:
       config.phases.finetune_steps = 20
@@ -130,6 +143,8 @@ def get_config(arg=None):
     e.steps = arg.steps
   if arg.pretrain_steps:
     p.steps = arg.pretrain_steps
+  if arg.lrs:
+    e.learning_rates = tuple(float(x) for x in str(arg.lrs).split("+"))
   return config
 
 
@@ -213,13 +228,22 @@ def validate(config) -> None:
     _positive_int(e[f], f"edit.{f}")
   _deltas(e.linf_deltas, "edit.linf_deltas")
   _deltas(e.l2_deltas, "edit.l2_deltas")
-  require(is_finite_number(e.parts_delta) and e.parts_delta >= 0, "edit.parts_delta",
-          f"must be a radius δ >= 0 (finite), got {e.parts_delta!r}")
+  _deltas(e.parts_deltas, "edit.parts_deltas")
+  lrs = e.learning_rates
+  require(isinstance(lrs, (tuple, list)) and len(lrs) > 0
+          and all(is_finite_number(x) and x > 0 for x in lrs), "edit.learning_rates",
+          f"must be a non-empty tuple of learning rates > 0 (finite), got {lrs!r}")
   parts = tuple(e.parts)
   require(len(parts) > 0, "edit.parts", "must name at least one part")
   require(is_finite_number(e.replay_ratio) and e.replay_ratio > 0, "edit.replay_ratio",
           f"must be > 0 (replayed per modified sentence), got {e.replay_ratio!r}")
   _positive_int(config.eval.num_unmodified, "eval.num_unmodified")
   _positive_int(config.eval.batch_size, "eval.batch_size")
+  k = config.eval.validation_templates
+  _positive_int(k, "eval.validation_templates")
+  if d.source == "synthetic":
+    require(k < s.num_heldout_templates, "eval.validation_templates",
+            f"must be < data.synthetic.num_heldout_templates={s.num_heldout_templates} "
+            f"(the rest are the test split), got {k!r}")
   require(is_int(config.seed) and config.seed >= 0, "seed",
           f"must be an int >= 0, got {config.seed!r}")

@@ -20,7 +20,7 @@ from xsens.studies import modify_memories as mm
 NOTEBOOK = notebooks.notebook_path("modify_memories.ipynb")
 # e.g. "|S|=4 linf δ=0.01: A_M=0.000 A_FS=0.117 A_M_para=0.000 background=0.031".
 LINE = re.compile(r"^\|S\|=(?P<size>\d+) (?P<method>\w+) (?P<variant>\S+): A_M=(?P<am>[0-9.]+) "
-                  r"A_FS=(?P<afs>[0-9.]+) A_M_para=[0-9.]+ background=[0-9.]+$", re.MULTILINE)
+                  r"A_FS=(?P<afs>[0-9.]+) A_M_train=[0-9.]+ background=[0-9.]+$", re.MULTILINE)
 
 
 @pytest.fixture(scope="module")
@@ -58,28 +58,35 @@ def test_smoke_end_to_end(notebook_run):
     assert os.path.exists(os.path.join(workdir, name)), name
   methods = {r["method"] for r in out["rows"]}
   assert methods == set(config.edit.methods)
-  assert len(results["runs"]) == config.edit.num_seeds * (
-      1 + len(config.edit.linf_deltas) + len(config.edit.l2_deltas) + len(config.edit.parts) + 1)
+  e = config.edit
+  assert len(results["runs"]) == e.num_seeds * len(e.learning_rates) * (
+      1 + len(e.linf_deltas) + len(e.l2_deltas) + len(e.parts) * len(e.parts_deltas) + 1)
   by = {(r["method"], r["variant"]): r for r in out["rows"]}
   # δ = 0 changes nothing: the parameters stay θ₀, so both norms give the same metrics.
-  zero_inf, zero_l2 = by[("linf", "δ=0")], by[("l2", "δ=0")]
+  lr = e.learning_rates[0]
+  zero_inf, zero_l2 = by[("linf", f"δ=0 lr={lr:g}")], by[("l2", f"δ=0 lr={lr:g}")]
   assert zero_inf["‖θ−θ₀‖"] == 0.0 and zero_l2["‖θ−θ₀‖"] == 0.0
   for k in mm.METRICS:
     assert zero_inf[k] == zero_l2[k]
   # The ℓ∞ radius holds for every constrained variant; plain fine-tuning moves further.
   for r in results["runs"]:
-    if r["method"] in ("linf", "parts") and r["variant"] != "δ=0":
-      delta = float(config.edit.parts_delta if r["method"] == "parts"
-                    else r["variant"].split("=")[1])
-      assert r["distance"] <= delta * (1 + 1e-6) + 1e-7
-  assert by[("finetune", "δ=∞")]["‖θ−θ₀‖"] > 0
+    if r["method"] in ("linf", "parts") and r["delta"] > 0:
+      assert r["distance"] <= r["delta"] * (1 + 1e-6) + 1e-7
+  assert by[("finetune", f"δ=∞ lr={lr:g}")]["‖θ−θ₀‖"] > 0
+  # One chosen row per method (per part for parts), each the validation argmax.
+  assert len(out["chosen"]) == len(e.methods) - 1 + len(e.parts)
+  for c in out["chosen"]:
+    group = [r for r in out["rows"] if mm.selection_group(r) == mm.selection_group(c)]
+    assert c["A_bar_val"] == max(r["A_bar_val"] for r in group)
   for r in out["rows"]:
     assert all(0.0 <= r[k] <= 1.0 for k in mm.METRICS)
   # The rerun resumed every finished run from its checkpoint: the same numbers.
-  np.testing.assert_array_equal([r["A_M"] for r in out["rows"]],
-                                [r["A_M"] for r in results["rows"]])
-  np.testing.assert_array_equal([r["A_FS"] for r in out["rows"]],
-                                [r["A_FS"] for r in results["rows"]])
+  # results.json: "rows" the chosen settings (the headline table), "sweep" every setting.
+  for k in ("A_M", "A_FS"):
+    np.testing.assert_array_equal([r[k] for r in out["rows"]],
+                                  [r[k] for r in results["sweep"]])
+    np.testing.assert_array_equal([r[k] for r in out["chosen"]],
+                                  [r[k] for r in results["rows"]])
   # Another config in the same workdir is refused before anything runs.
   changed = mm_config.get_config("smoke")
   changed.edit.steps = 7

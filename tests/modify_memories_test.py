@@ -275,7 +275,9 @@ def test_masked_lm_term_matches_numpy():
 
 def _edit_arrays():
   data = knowledge.synthetic_knowledge(0, num_subjects=20, num_relations=3)
-  corp = {"facts": data.train, "para": data.heldout,
+  para_val, para_test = knowledge.split_heldout(data.heldout, 1)
+  corp = {"facts": data.train, "para": data.heldout, "para_val": para_val,
+          "para_test": para_test,
           "bg_test": knowledge.background_cloze(8, 0, stream=1, length=11)}
   chosen, new = knowledge.choose_modified(data, np.ones(60, bool), 5, seed=0)
   return data, chosen, new, cloze_batches.edit_sets(corp, data, chosen, new, 40, seed=0)
@@ -303,24 +305,104 @@ def test_replay_mixes_the_stated_ratio(ratio):
   assert not np.array_equal(cloze_batches.edit_batch(arrays, 4, key, n_replay)[0], ids)
 
 
+def _rows(ids):
+  return {tuple(r) for r in np.asarray(ids).tolist()}
+
+
 def test_edit_evaluation_sets_do_not_mix_modified_and_unmodified_facts():
   data, chosen, new, arrays = _edit_arrays()
   ev = arrays["eval"]
-  old_of = dict(zip(map(tuple, data.train["ids"].tolist()), data.train["fact"]))
-  s_facts = {int(old_of[tuple(r)]) for r in np.asarray(ev["A_M"]["ids"]).tolist()}
-  u_facts = {int(old_of[tuple(r)]) for r in np.asarray(ev["A_FS"]["ids"]).tolist()}
-  assert s_facts == set(chosen.tolist()) and not u_facts & s_facts
-  assert ev["A_FS"]["ids"].shape[0] == 40 and ev["A_M_para"]["ids"].shape[0] == 5 * 2
+  fact_of = {}
+  for split in (data.train, data.heldout):
+    fact_of.update(zip(map(tuple, split["ids"].tolist()), split["fact"].tolist()))
+  for suffix in ("", "_val", "_train"):
+    s_facts = {fact_of[r] for r in _rows(ev[f"A_M{suffix}"]["ids"])}
+    u_facts = {fact_of[r] for r in _rows(ev[f"A_FS{suffix}"]["ids"])}
+    assert s_facts == set(chosen.tolist()) and not u_facts & s_facts
+    assert ev[f"A_FS{suffix}"]["ids"].shape[0] == 40
+    np.testing.assert_array_equal(   # Modified facts are scored against their new object.
+        ev[f"A_M{suffix}"]["target"], new[np.searchsorted(chosen, [
+            fact_of[tuple(r)] for r in np.asarray(ev[f"A_M{suffix}"]["ids"]).tolist()])])
+  # One validation and one test paraphrase per modified fact, 3 training sentences.
+  assert ev["A_M"]["ids"].shape[0] == ev["A_M_val"]["ids"].shape[0] == 5
+  assert ev["A_M_train"]["ids"].shape[0] == 5 * 3
 
 
-def test_variants_cover_every_method():
+def test_primary_metrics_are_the_test_paraphrases():
+  """A_M / A_FS (the reported figures) hold only test-paraphrase sentences; the `_val` sets
+  only validation ones; the `_train` sets the training sentences (A_M_train: exactly what
+  the edit trains on)."""
+  data, chosen, new, arrays = _edit_arrays()
+  ev = arrays["eval"]
+  val, test = knowledge.split_heldout(data.heldout, 1)
+  train, val, test = _rows(data.train["ids"]), _rows(val["ids"]), _rows(test["ids"])
+  for metric in ("A_M", "A_FS"):
+    assert _rows(ev[metric]["ids"]) <= test
+    assert _rows(ev[f"{metric}_val"]["ids"]) <= val
+    assert _rows(ev[f"{metric}_train"]["ids"]) <= train
+  assert _rows(ev["A_M_train"]["ids"]) == _rows(arrays["s_ids"])
+  assert mm.METRICS[:2] == ("A_M", "A_FS") and mm.SELECT_BY == "A_bar_val"
+  assert mm.HEADLINE_COLUMNS[5:11] == ("A_M", "A_M_se", "A_FS", "A_FS_se", "A_bar",
+                                       "A_bar_se")
+  raw = [{"base": "b", "size": 4, "seed": s, "method": "finetune", "variant": "v",
+          "part": "all", "delta": np.inf, "lr": 1e-3, "distance": 0.0,
+          **{k: 0.0 for k in mm.METRICS}, "A_M": 1.0, "A_FS": 0.5, "A_M_train": 1.0,
+          "A_FS_train": 1.0, "A_M_val": 0.5, "A_FS_val": 0.5} for s in range(2)]
+  row, = mm.summary_rows(raw)
+  assert (row["A_bar"], row["A_bar_val"], row["A_bar_train"]) == (0.75, 0.5, 1.0)
+
+
+def test_validation_and_test_paraphrases_are_disjoint():
+  data = knowledge.synthetic_knowledge(0, num_subjects=20, num_relations=4,
+                                       num_train_templates=3, num_heldout_templates=3)
+  for k in (1, 2):
+    val, test = knowledge.split_heldout(data.heldout, k)
+    assert len(val["fact"]) == 80 * k and len(test["fact"]) == 80 * (3 - k)
+    assert not _rows(val["ids"]) & _rows(test["ids"])
+    assert not (_rows(val["ids"]) | _rows(test["ids"])) & _rows(data.train["ids"])
+    for r in range(4):   # No sentence pattern of a relation is in both splits.
+      assert not _patterns(data, val, r) & _patterns(data, test, r)
+      assert len(_patterns(data, val, r)) == k
+  with pytest.raises(ValueError, match="test split .* is empty"):
+    knowledge.split_heldout(data.heldout, 3)
+  # One template (LAMA's probe): split by fact, even facts validation.
+  one = {**data.heldout, "template": np.zeros_like(data.heldout["template"])}
+  val, test = knowledge.split_heldout(one, 1)
+  assert set(val["fact"] % 2) == {0} and set(test["fact"] % 2) == {1}
+  assert len(val["fact"]) + len(test["fact"]) == len(one["fact"])
+
+
+def test_selection_picks_the_best_validation_score_per_method_and_part():
+  """A fake sweep: the chosen row of each group is the argmax of A_bar_val (not of the test
+  A_bar), the first one on ties; parts are chosen per part."""
+  def row(method, variant, val, test, part="all"):
+    return {"base": "pretrained", "|S|": 32, "method": method, "variant": variant,
+            "part": part, "A_bar_val": val, "A_bar": test}
+  rows = [row("linf", "δ=0.001", 0.50, 0.90), row("linf", "δ=0.003", 0.80, 0.60),
+          row("linf", "δ=0.01", 0.70, 0.95), row("l2", "δ=1", 0.6, 0.1),
+          row("l2", "δ=2", 0.6, 0.9), row("parts", "block_0 δ=0.01", 0.3, 0.3, "block_0"),
+          row("parts", "block_0 δ=0.03", 0.4, 0.2, "block_0"),
+          row("parts", "block_3 δ=0.01", 0.9, 0.1, "block_3"),
+          {**row("linf", "δ=0.003", 0.1, 0.99), "|S|": 128}]
+  chosen = mm.select_on_validation(rows)
+  assert [(r["|S|"], r["method"], r["variant"]) for r in chosen] == [
+      (32, "linf", "δ=0.003"), (32, "l2", "δ=1"), (32, "parts", "block_0 δ=0.03"),
+      (32, "parts", "block_3 δ=0.01"), (128, "linf", "δ=0.003")]
+  assert all(r["chosen_by"] == "A_bar_val" for r in chosen)
+
+
+def test_variants_cover_every_method_at_every_learning_rate():
   config = mm_config.get_config("smoke")
   specs = mm.variants(config, ("finetune", "linf", "l2", "parts"))
   methods = [v["method"] for v in specs]
-  assert methods.count("linf") == len(config.edit.linf_deltas)
-  assert methods.count("l2") == len(config.edit.l2_deltas)
-  assert methods.count("parts") == len(config.edit.parts)
-  assert specs[0]["delta"] == np.inf
+  lrs = len(config.edit.learning_rates)
+  assert methods.count("finetune") == lrs
+  assert methods.count("linf") == len(config.edit.linf_deltas) * lrs
+  assert methods.count("l2") == len(config.edit.l2_deltas) * lrs
+  assert methods.count("parts") == len(config.edit.parts) * len(config.edit.parts_deltas) * lrs
+  assert specs[0]["delta"] == np.inf and specs[0]["lr"] == config.edit.learning_rates[0]
+  assert len({(v["method"], v["label"]) for v in specs}) == len(specs)   # One per setting.
+  assert {v["lr"] for v in mm.variants(config, ("replay",))} == set(config.edit.learning_rates)
 
 
 # ------------------------------------------------------------------------------ validation
@@ -329,7 +411,11 @@ def test_variants_cover_every_method():
 @pytest.mark.parametrize("field, value, names, message", [
     ("edit.linf_deltas", (1e-3, -1e-3), "edit.linf_deltas", "δ >= 0"),
     ("edit.l2_deltas", (-1.0,), "edit.l2_deltas", "δ >= 0"),
-    ("edit.parts_delta", -0.1, "edit.parts_delta", "δ >= 0"),
+    ("edit.parts_deltas", (-0.1,), "edit.parts_deltas", "δ >= 0"),
+    ("edit.learning_rates", (1e-3, 0.0), "edit.learning_rates", "learning rates > 0"),
+    ("edit.learning_rates", (), "edit.learning_rates", "non-empty"),
+    ("eval.validation_templates", 2, "eval.validation_templates", "the rest are the test"),
+    ("eval.validation_templates", 0, "eval.validation_templates", "positive int"),
     ("edit.sizes", (32, 100000), "edit.sizes", "exceeds the knowledge base"),
     ("edit.parts", ("block_0", "decoder"), "edit.parts", "unknown part 'decoder'"),
     ("edit.methods", ("finetune", "rome"), "edit.methods", "must be distinct names"),

@@ -18,19 +18,23 @@ def _widen(ids: np.ndarray, length: int) -> np.ndarray:
 
 
 def corpus(data: knowledge.ClozeData, *, num_train: int, num_test: int, max_clauses: int,
-           seed: int) -> dict:
+           seed: int, validation_templates: int = 1) -> dict:
   """Every array of a cloze study at one sequence length L: {"facts": `data`'s training
-  split ids/position/fact, "para": its held-out split, "bg_train", "bg_test" (`num_train`
-  / `num_test` background sentences of the synthetic language, ids/position/target),
-  "length": L}; numpy."""
+  split ids/position/fact, "para": its held-out split, "para_val" / "para_test": that
+  split cut by `knowledge.split_heldout(.., validation_templates)` (model choice /
+  reported figures), "bg_train", "bg_test" (`num_train` / `num_test` background sentences
+  of the synthetic language, ids/position/target), "length": L}; numpy."""
   length = max(data.max_length, text.synthetic_max_tokens(max_clauses))
   counts = {"train": num_train, "test": num_test}
   bg = {name: knowledge.background_cloze(counts[name], seed, stream=stream, length=length,
                                          max_clauses=max_clauses)
         for stream, name in enumerate(("train", "test"))}
   widen = lambda split: {**split, "ids": _widen(split["ids"], length)}
-  return {"facts": widen(data.train), "para": widen(data.heldout), "bg_train": bg["train"],
-          "bg_test": bg["test"], "length": length}
+  para = widen(data.heldout)
+  para_val, para_test = knowledge.split_heldout(para, validation_templates)
+  return {"facts": widen(data.train), "para": para, "para_val": para_val,
+          "para_test": para_test, "bg_train": bg["train"], "bg_test": bg["test"],
+          "length": length}
 
 
 def _sample(key, n: int, count: int) -> jax.Array:
@@ -79,7 +83,11 @@ def edit_batch(arrays: dict, step, key, num_replay: int):
 def edit_sets(corp: dict, data: knowledge.ClozeData, chosen: np.ndarray, new: np.ndarray,
               num_unmodified: int, seed: int) -> dict:
   """The arrays of one edit: S's training sentences ("s_*", new objects), the unmodified
-  training sentences to replay ("u_*"), and the evaluation splits (module docstring)."""
+  training sentences to replay ("u_*"), and the evaluation splits "eval": A_M / A_FS on
+  the test paraphrases (`corp["para_test"]`, the reported figures), A_M_val / A_FS_val on
+  the validation paraphrases (model choice), A_M_train / A_FS_train on the training
+  sentences, `background`; the A_FS* sets hold `num_unmodified` sampled sentences of
+  unmodified facts, each {"ids", "position", "target" (objects after the edit)}."""
   objects = knowledge.modified_objects(data.facts, chosen, new)
   unmodified = np.setdiff1d(np.arange(len(data.facts)), chosen)
   rng = np.random.default_rng([seed, 31])
@@ -92,12 +100,14 @@ def edit_sets(corp: dict, data: knowledge.ClozeData, chosen: np.ndarray, new: np
   def sample(rows):
     return np.sort(rng.permutation(rows)[:num_unmodified])
 
-  facts, para = corp["facts"], corp["para"]
+  facts = corp["facts"]
   s = take(facts, knowledge.sentences_of(facts, chosen))
   u = take(facts, knowledge.sentences_of(facts, unmodified))
+  ev = {}
+  for suffix, split in (("", corp["para_test"]), ("_val", corp["para_val"]),
+                        ("_train", facts)):
+    ev[f"A_M{suffix}"] = take(split, knowledge.sentences_of(split, chosen))
+    ev[f"A_FS{suffix}"] = take(split, sample(knowledge.sentences_of(split, unmodified)))
+  ev["background"] = jax.tree.map(jnp.asarray, corp["bg_test"])
   return {"s_ids": s["ids"], "s_pos": s["position"], "s_target": s["target"],
-          "u_ids": u["ids"], "u_pos": u["position"], "u_target": u["target"],
-          "eval": {"A_M": s, "A_M_para": take(para, knowledge.sentences_of(para, chosen)),
-                   "A_FS": take(facts, sample(knowledge.sentences_of(facts, unmodified))),
-                   "A_FS_para": take(para, sample(knowledge.sentences_of(para, unmodified))),
-                   "background": jax.tree.map(jnp.asarray, corp["bg_test"])}}
+          "u_ids": u["ids"], "u_pos": u["position"], "u_target": u["target"], "eval": ev}

@@ -25,7 +25,9 @@ then the knowledge tokens. A cloze sentence is "<s> words </s>" with one [MASK].
   vocab         tuple of V token strings (index = id)
   facts         [F, 3] int32: subject index, relation index, object token id
   train         {"ids" [N, L], "position" [N] (the [MASK]), "fact" [N]}: training text
-  heldout       the same for the held-out paraphrases (LAMA: the relation's template probe)
+  heldout       the same for the held-out paraphrases (LAMA: the relation's template probe),
+                plus "template" [N]: the paraphrase's index among its relation's held-out
+                templates (LAMA: 0); `split_heldout` cuts it into validation and test
   relation_names, subject_names: strings of the relation / subject indices
 A sentence's target is `facts[fact, 2]`; an edit replaces that column (`modified_objects`).
 
@@ -109,11 +111,14 @@ def _pad(rows: Sequence[Sequence[int]], length: int) -> np.ndarray:
   return out
 
 
-def _sentences(rows: list, facts: list, length: int) -> dict:
-  """Token rows (each with one MASK_ID) -> {"ids", "position", "fact"}."""
+def _sentences(rows: list, facts: list, length: int, templates: list | None = None) -> dict:
+  """Token rows (each with one MASK_ID) -> {"ids", "position", "fact"[, "template"]}."""
   ids = _pad(rows, length)
   position = np.argmax(ids == MASK_ID, axis=1).astype(np.int32)
-  return {"ids": ids, "position": position, "fact": np.asarray(facts, np.int32)}
+  out = {"ids": ids, "position": position, "fact": np.asarray(facts, np.int32)}
+  if templates is not None:
+    out["template"] = np.asarray(templates, np.int32)
+  return out
 
 
 def synthetic_knowledge(seed: int, *, num_subjects: int = 200, num_relations: int = 6,
@@ -168,12 +173,13 @@ def synthetic_knowledge(seed: int, *, num_subjects: int = 200, num_relations: in
   length = max(len(p.split()) for p in PATTERNS) + 2
   out = {}
   for name, chosen in (("train", train_of), ("heldout", heldout_of)):
-    rows, owners = [], []
+    rows, owners, slots = [], [], []
     for f in range(len(facts)):
-      for pattern in chosen[facts[f, 1]]:
+      for slot, pattern in enumerate(chosen[facts[f, 1]]):
         rows.append(render(f, int(pattern)))
         owners.append(f)
-    out[name] = _sentences(rows, owners, length)
+        slots.append(slot)
+    out[name] = _sentences(rows, owners, length, slots if name == "heldout" else None)
   return ClozeData(tuple(vocab), facts, out["train"], out["heldout"],
                    tuple(f"rel{r}" for r in range(num_relations)),
                    tuple(f"subj{s}" for s in range(num_subjects)))
@@ -255,9 +261,31 @@ def read_lama_trex(data_dir: str, *, relations: Sequence[str] | None = None,
     raise ConfigError("data.data_dir", f"{data_dir!r} holds no usable T-REx fact (relations "
                       f"{chosen!r}: a one-word object and a sentence with one [MASK])")
   length = max(len(row) for rs, _ in rows.values() for row in rs)
-  split = {k: _sentences(rs, fs, length) for k, (rs, fs) in rows.items()}
+  split = {k: _sentences(rs, fs, length, [0] * len(fs) if k == "heldout" else None)
+           for k, (rs, fs) in rows.items()}
   return ClozeData(tuple(vocab), np.asarray(facts, np.int32), split["train"],
                    split["heldout"], tuple(rel_names), tuple(subjects))
+
+
+def split_heldout(heldout: dict, num_validation: int) -> tuple[dict, dict]:
+  """(validation, test): disjoint row subsets of a held-out split ({"ids", "position",
+  "fact", "template"}, N rows). Rows whose `template` < `num_validation` are validation,
+  the rest test, so no paraphrase template of a relation is in both. A split with a
+  single template (LAMA: one probe per fact) is cut by fact instead: even fact indices
+  validation, odd ones test. Raises ValueError when either part is empty."""
+  template = heldout["template"]
+  if template.max(initial=0) == 0:
+    is_val = heldout["fact"] % 2 == 0
+  else:
+    is_val = template < num_validation
+  parts = tuple({k: v[rows] for k, v in heldout.items()}
+                for rows in (np.flatnonzero(is_val), np.flatnonzero(~is_val)))
+  for name, part in zip(("validation", "test"), parts):
+    if not len(part["fact"]):
+      raise ValueError(f"the {name} split of the held-out paraphrases is empty "
+                       f"({num_validation} validation templates of "
+                       f"{int(template.max(initial=0)) + 1})")
+  return parts
 
 
 # ------------------------------------------------------------------------------------------

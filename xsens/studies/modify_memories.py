@@ -23,17 +23,25 @@ Pipeline (all training through the one loop, `xsens.train.loop.run`, resumable):
      (the same plus round(edit.replay_ratio × |S sentences|) unmodified training sentences
      drawn afresh every step), "linf" / "l2" (all parameters, projected after every step
      onto ‖θ − θ₀‖ ≤ δ for δ in edit.linf_deltas / edit.l2_deltas,
-     `xsens.train.constraints.project`), "parts" (one part each, `edit.parts`, ℓ∞ δ =
-     edit.parts_delta; the other parameters get zero gradient: a 0/1 mask per leaf, which
-     for Adam without weight decay equals optax.set_to_zero on the frozen leaves). Full
-     batch on S's training sentences, `edit.steps` steps.
-  5. metrics every `edit.eval_every` steps and at the end: A_M (accuracy on the modified
-     facts' sentences with their new objects: training templates `A_M` and held-out
-     paraphrases `A_M_para`), A_{F\\S} (on `eval.num_unmodified` sentences of unmodified
-     facts: training templates `A_FS`, paraphrases `A_FS_para`), Ā = (A_M + A_FS) / 2, and
-     `background` (masked-word accuracy on held-out background sentences).
-Reported: mean ± s.e. over edit seeds per (base model, |S|, method, δ / part); trade-off
-plot A_M vs A_FS over δ per method; parts bar plot; A_M / A_FS vs steps.
+     `xsens.train.constraints.project`), "parts" (one part each, `edit.parts`, ℓ∞ δ in
+     edit.parts_deltas; the other parameters get zero gradient: a 0/1 mask per leaf, which
+     for Adam without weight decay equals optax.set_to_zero on the frozen leaves); every
+     variant at each rate of edit.learning_rates (the optimizer's updates scaled by
+     rate / optimizer.learning_rate, vmapped). Full batch on S's training sentences,
+     `edit.steps` steps.
+  5. metrics every `edit.eval_every` steps and at the end, on three disjoint sentence sets
+     (`cloze_batches.edit_sets`): the test paraphrases (`A_M`, `A_FS`: the reported
+     figures, the paper's held-out probe), the validation paraphrases (`A_M_val`,
+     `A_FS_val`: model choice only) and the training sentences (`A_M_train`, `A_FS_train`,
+     secondary: A_M_train is what the edit fits). A_M: accuracy on the modified facts with
+     their new objects; A_{F\\S}: on `eval.num_unmodified` sentences of unmodified facts;
+     Ā = (A_M + A_FS) / 2 per set; `background`: masked-word accuracy on held-out
+     background sentences.
+  6. model choice (`select_on_validation`): per (base, |S|, method; per part for "parts"),
+     the (δ, lr) setting with the highest mean validation Ā over seeds; its test figures
+     are the headline table, the whole sweep a supplementary one.
+Reported: mean ± s.e. over edit seeds; trade-off plot A_M vs A_FS over δ per method (at
+the chosen lr); parts bar plot (chosen settings); A_M / A_FS vs steps (chosen settings).
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from mlcollections_configs import modify_memories as configs
 from xsens import paths
@@ -59,7 +68,9 @@ from xsens.report import seed_stats
 from xsens.train import constraints, full_batch, loop, optim
 from xsens.train.workdir import Workdir
 
-METRICS = ("A_M", "A_M_para", "A_FS", "A_FS_para", "background")
+# Test paraphrases (reported), validation paraphrases (model choice), training sentences.
+METRICS = ("A_M", "A_FS", "A_M_val", "A_FS_val", "A_M_train", "A_FS_train", "background")
+SELECT_BY = "A_bar_val"   # The validation Ā, (A_M_val + A_FS_val) / 2.
 EDIT_LOG_FIELDS = ("loss",) + METRICS
 SUBRUNS = ("pretrain", "finetune_phase", "edits")   # Loop runs under the study's workdir.
 
@@ -168,6 +179,12 @@ def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, st
   wall = time.perf_counter() - t0
   metrics = cloze.recall(model, res.state["params"], corp, objects,
                          int(config.eval.batch_size))
+  for name in ("para_val", "para_test"):
+    split = corp[name]
+    metrics[f"recall_{name}"] = cloze.accuracy(
+        model, res.state["params"], {"ids": split["ids"], "position": split["position"],
+                                     "target": objects[split["fact"]]},
+        int(config.eval.batch_size))
   log(f"[modify_memories] {desc}: {steps} steps ({wall:.0f} s with compilation and "
       f"checkpoints), " + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
   return {"params": res.state["params"], "metrics": metrics, "wall_s": wall}
@@ -178,39 +195,44 @@ def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, st
 
 
 def variants(config, methods) -> list[dict]:
-  """Every edit variant of `methods` (replay excluded): {"method", "label", "norm", "delta",
-  "part"}; "finetune" is ℓ∞ at δ = inf."""
+  """Every edit variant of `methods` at every rate of edit.learning_rates: {"method",
+  "label", "norm", "delta", "part", "lr"}; "finetune" and "replay" are ℓ∞ at δ = inf."""
   e = config.edit
   out = []
-  for method in methods:
-    if method == "finetune":
-      out.append({"method": method, "label": "δ=∞", "norm": "linf", "delta": math.inf,
-                  "part": "all"})
-    elif method in ("linf", "l2"):
-      out += [{"method": method, "label": f"δ={d:g}", "norm": method, "delta": float(d),
-               "part": "all"} for d in e[f"{method}_deltas"]]
-    elif method == "parts":
-      out += [{"method": method, "label": part, "norm": "linf",
-               "delta": float(e.parts_delta), "part": part} for part in e.parts]
+  for lr in e.learning_rates:
+    for method in methods:
+      if method in ("finetune", "replay"):
+        settings = [("all", "linf", math.inf)]
+      elif method in ("linf", "l2"):
+        settings = [("all", method, float(d)) for d in e[f"{method}_deltas"]]
+      else:
+        settings = [(part, "linf", float(d)) for part in e.parts for d in e.parts_deltas]
+      for part, norm, delta in settings:
+        label = ("" if part == "all" else f"{part} ") + f"δ={delta:g} lr={float(lr):g}"
+        out.append({"method": method, "label": label.replace("δ=inf", "δ=∞"), "norm": norm,
+                    "delta": delta, "part": part, "lr": float(lr)})
   return out
 
 
 def make_edit_fns(config, model, num_replay: int):
   """(init(anchor, G) -> state, chunk(state, arrays, grid, key, start, length) -> (state,
   per-step loss [G, length]), evaluate(params [G, ...], eval sets) -> {metric: [G]});
-  `grid` = {"delta" [G], "l2" [G] bool, "mask" (0/1 per leaf, [G])}, vmapped."""
-  tx = optim.make_optimizer(config.edit.optimizer, int(config.edit.steps))
+  `grid` = {"delta" [G], "l2" [G] bool, "lr_scale" [G] (updates x rate / optimizer rate),
+  "mask" (0/1 per leaf, [G])}, vmapped."""
+  base_tx = optim.make_optimizer(config.edit.optimizer, int(config.edit.steps))
+  scaled = lambda scale: optax.chain(base_tx, optax.scale(scale))
   acc_fn = cloze.make_accuracy(model, int(config.eval.batch_size))
 
   def init(anchor, num_variants: int):
     grid = jax.tree.map(lambda x: jnp.broadcast_to(x, (num_variants, *x.shape)), anchor)
-    return {"anchor": anchor, "params": grid, "opt": jax.vmap(tx.init)(grid),
+    return {"anchor": anchor, "params": grid, "opt": jax.vmap(scaled(1.0).init)(grid),
             "step": jnp.zeros((), jnp.int32)}
 
   def one_step(params, opt, anchor, arrays, variant, key, t):
     ids, pos, tgt, _ = cloze_batches.edit_batch(arrays, t, key, num_replay)
     params, opt, loss, _ = full_batch.optax_step(
-        lambda q: cloze.mlm_loss(model, q, ids, pos, tgt)[0], tx, params, opt,
+        lambda q: cloze.mlm_loss(model, q, ids, pos, tgt)[0], scaled(variant["lr_scale"]),
+        params, opt,
         grad_map=lambda grads: jax.tree.map(lambda g, m: g * m, grads, variant["mask"]))
     linf = constraints.project(params, anchor, variant["delta"], "linf")
     l2 = constraints.project(params, anchor, variant["delta"], "l2")
@@ -245,6 +267,8 @@ def run_edit(path: str, config, anchor, arrays: dict, specs: list, num_replay: i
   depth = int(config.model.depth)
   grid = {"delta": jnp.asarray([v["delta"] for v in specs], jnp.float32),
           "l2": jnp.asarray([v["norm"] == "l2" for v in specs]),
+          "lr_scale": jnp.asarray([v["lr"] / float(config.edit.optimizer.learning_rate)
+                                   for v in specs], jnp.float32),
           "mask": jax.tree.map(lambda *m: jnp.asarray(np.stack(m)), *[
               mlm.part_mask(anchor, v["part"], depth) for v in specs])}
   eval_sets = arrays["eval"]
@@ -297,8 +321,7 @@ def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
   e = config.edit
   fns, raw = {}, []
   grid_specs = variants(config, [m for m in e.methods if m != "replay"])
-  replay_specs = [{"method": "replay", "label": "δ=∞", "norm": "linf", "delta": math.inf,
-                   "part": "all"}] if "replay" in e.methods else []
+  replay_specs = variants(config, ["replay"]) if "replay" in e.methods else []
   for base, res in bases.items():
     anchor = res["params"]
     known = cloze.known_facts(model, anchor, corp, data.facts[:, 2], len(data.facts),
@@ -327,12 +350,14 @@ def edit_all(config, workdir: str, model, corp, data, bases: dict, log) -> list:
                          f"edit {name}")
           for g, v in enumerate(specs):
             raw.append({"base": base, "size": int(size), "seed": seed, "method": v["method"],
-                        "variant": v["label"],
+                        "variant": v["label"], "part": v["part"], "delta": v["delta"],
+                        "lr": v["lr"],
                         **{k: float(x[g]) for k, x in out["final"].items()},
                         "curve": {k: out["logs"][k][g].tolist() for k in ("A_M", "A_FS")}})
           log(f"[modify_memories] {base} |S|={size} seed {seed} {name}: " + "; ".join(
               f"{v['method']} {v['label']} A_M {out['final']['A_M'][g]:.2f} A_FS "
-              f"{out['final']['A_FS'][g]:.2f}" for g, v in enumerate(specs)))
+              f"{out['final']['A_FS'][g]:.2f} (test paraphrases)"
+              for g, v in enumerate(specs)))
   return raw
 
 
@@ -351,54 +376,97 @@ def run(config, workdir: str, *, overwrite: bool = False, log=print) -> dict:
   t0 = time.perf_counter()
   data = load_knowledge(config)
   b = config.data.background
-  corp = cloze_batches.corpus(data, num_train=int(b.num_train), num_test=int(b.num_test),
-                              max_clauses=int(b.max_clauses), seed=int(config.seed))
+  try:
+    corp = cloze_batches.corpus(data, num_train=int(b.num_train), num_test=int(b.num_test),
+                                max_clauses=int(b.max_clauses), seed=int(config.seed),
+                                validation_templates=int(config.eval.validation_templates))
+  except ValueError as err:
+    raise ConfigError("eval.validation_templates", str(err)) from None
   model = make_model(config, data, corp["length"])
   bases = base_models(config, workdir, model, corp, data, log)
   raw = edit_all(config, workdir, model, corp, data, bases, log)
   rows = summary_rows(raw)
-  plot_files = figures(workdir, config, rows, raw)
+  chosen = select_on_validation(rows)
+  plot_files = figures(workdir, config, rows, chosen, raw)
   wall = time.perf_counter() - t0
   notes = report_notes(config, data, bases, wall)
+  notes += ("\n\n## Full sweep (supplementary; every setting, test and validation "
+            "columns)\n\n" + tables.markdown_table(rows, SWEEP_COLUMNS))
   md = tables.write_results(
-      workdir, "Modifying memories: constrained fine-tuning of a masked LM", rows,
+      workdir, "Modifying memories: constrained fine-tuning of a masked LM (settings "
+      "chosen on the validation paraphrases)", chosen, columns=HEADLINE_COLUMNS,
       notes=notes, plots=plot_files,
-      extra={"runs": [{k: v for k, v in r.items() if k != "curve"} for r in raw],
+      extra={"sweep": rows,
+             "runs": [{k: v for k, v in r.items() if k != "curve"} for r in raw],
              "bases": {b: r["metrics"] for b, r in bases.items()},
              "num_facts": int(len(data.facts)), "vocab_size": data.vocab_size,
              "wall_s": wall, "config": json.loads(config.to_json_best_effort())})
-  return {"rows": rows, "raw": raw, "markdown": md, "bases":
+  return {"rows": rows, "chosen": chosen, "raw": raw, "markdown": md, "bases":
           {b: r["metrics"] for b, r in bases.items()}, "wall_s": wall}
 
 
+HEADLINE_COLUMNS = (
+    "base", "|S|", "method", "variant", "seeds", "A_M", "A_M_se", "A_FS", "A_FS_se",
+    "A_bar", "A_bar_se", "A_bar_val", "A_M_train", "A_FS_train", "A_bar_train",
+    "background", "‖θ−θ₀‖")
+SWEEP_COLUMNS = (
+    "base", "|S|", "method", "variant", "A_M", "A_FS", "A_bar", "A_bar_se", "A_M_val",
+    "A_FS_val", "A_bar_val", "A_M_train", "A_FS_train", "background", "‖θ−θ₀‖")
+
+
 def summary_rows(raw: list) -> list:
-  """Mean ± s.e. over edit seeds per (base, |S|, method, variant), Ā = (A_M + A_FS) / 2."""
+  """Mean ± s.e. over edit seeds per (base, |S|, method, variant); Ā = (A_M + A_FS) / 2 on
+  each sentence set: `A_bar` (test paraphrases), `A_bar_val`, `A_bar_train`."""
   groups = {}
   for r in raw:
     groups.setdefault((r["base"], r["size"], r["method"], r["variant"]), []).append(r)
   rows = []
   for (base, size, method, variant), rs in groups.items():
-    row = {"base": base, "|S|": size, "method": method, "variant": variant, "seeds": len(rs)}
+    row = {"base": base, "|S|": size, "method": method, "variant": variant,
+           "part": rs[0]["part"], "delta": rs[0]["delta"], "lr": rs[0]["lr"],
+           "seeds": len(rs)}
     for k in METRICS:
       row[k], row[f"{k}_se"] = seed_stats.mean_and_stderr([r[k] for r in rs])
-    row["A_bar"], row["A_bar_se"] = seed_stats.mean_and_stderr(
-        [(r["A_M"] + r["A_FS"]) / 2 for r in rs])
+    for suffix in ("", "_val", "_train"):
+      row[f"A_bar{suffix}"], row[f"A_bar{suffix}_se"] = seed_stats.mean_and_stderr(
+          [(r[f"A_M{suffix}"] + r[f"A_FS{suffix}"]) / 2 for r in rs])
     row["‖θ−θ₀‖"] = float(np.mean([r["distance"] for r in rs]))
     rows.append(row)
   return rows
 
 
-def figures(workdir: str, config, rows: list, raw: list) -> list:
-  """trade_off.png (A_M vs A_FS per method over δ, first base and |S|), parts.png and
-  steps.png; returns the file names."""
+def selection_group(row: dict) -> tuple:
+  """The rows one choice is made among: (base, |S|, method), and the part for "parts"."""
+  group = (row["base"], row["|S|"], row["method"])
+  return group + (row["part"],) if row["method"] == "parts" else group
+
+
+def select_on_validation(rows: list, score: str = SELECT_BY) -> list:
+  """Per `selection_group`, the row with the highest `score` (the validation Ā; the first
+  such row on ties), in the groups' order of first appearance; each copied with
+  "chosen_by" = score."""
+  best = {}
+  for row in rows:
+    g = selection_group(row)
+    if g not in best or row[score] > best[g][score]:
+      best[g] = row
+  return [{**row, "chosen_by": score} for row in best.values()]
+
+
+def figures(workdir: str, config, rows: list, chosen: list, raw: list) -> list:
+  """trade_off.png (test A_M vs A_FS per method over δ at its chosen lr, first base and
+  |S|), parts.png and steps.png (chosen settings); returns the file names."""
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   base, size = rows[0]["base"], rows[0]["|S|"]
   sel = [r for r in rows if r["base"] == base and r["|S|"] == size]
+  picked = [r for r in chosen if r["base"] == base and r["|S|"] == size]
+  lr_of = {r["method"]: r["lr"] for r in picked if r["method"] != "parts"}
   files = []
   fig, ax = plt.subplots(figsize=(5.6, 3.6))
   styles = plots.line_styles(len(configs.METHODS))
   for method, style in zip(configs.METHODS, styles):
-    pts = [r for r in sel if r["method"] == method]
+    pts = ([r for r in picked if r["method"] == method] if method == "parts" else
+           [r for r in sel if r["method"] == method and r["lr"] == lr_of.get(method)])
     if not pts:
       continue
     ax.errorbar([r["A_FS"] for r in pts], [r["A_M"] for r in pts],
@@ -409,26 +477,25 @@ def figures(workdir: str, config, rows: list, raw: list) -> list:
     if method in ("linf", "l2", "parts"):
       for r in pts:
         ax.annotate(r["variant"].replace("δ=", ""), (r["A_FS"], r["A_M"]), fontsize=6)
-  plots.styled_axes(ax, f"A_M vs A_F\\S over δ ({base}, |S|={size})",
+  plots.styled_axes(ax, f"A_M vs A_F\\S over δ ({base}, |S|={size}, test paraphrases)",
                     "A_F\\S (unmodified facts, accuracy)", "A_M (modified facts, accuracy)")
   plots.legend_outside(ax)
   files.append(plots.save_figure(fig, os.path.join(workdir, "trade_off.png"), tight=True))
-  parts = [r for r in sel if r["method"] == "parts"]
+  parts = [r for r in picked if r["method"] == "parts"]
   if parts:
     files.append(plots.grouped_bar_plot(
         os.path.join(workdir, "parts.png"), [r["variant"] for r in parts],
         {"A_M": [r["A_M"] for r in parts], "A_F\\S": [r["A_FS"] for r in parts],
-         "A_M para": [r["A_M_para"] for r in parts]},
-        ylabel="accuracy", xlabel="part tuned",
-        title=f"Parts, ℓ∞ δ={config.edit.parts_delta:g} ({base}, |S|={size})"))
+         "A_M train": [r["A_M_train"] for r in parts]},
+        ylabel="accuracy (test paraphrases)", xlabel="part tuned (δ, lr chosen on validation)",
+        title=f"Parts, ℓ∞ ({base}, |S|={size})"))
   series, steps = {}, None
   for method in ("finetune", "replay", "linf"):
-    rs = [r for r in raw if r["base"] == base and r["size"] == size and r["method"] == method]
+    variant = next((r["variant"] for r in picked if r["method"] == method), None)
+    rs = [r for r in raw if r["base"] == base and r["size"] == size
+          and r["method"] == method and r["variant"] == variant]
     if not rs:
       continue
-    labels = list(dict.fromkeys(r["variant"] for r in rs))
-    variant = labels[len(labels) // 2]
-    rs = [r for r in rs if r["variant"] == variant]
     curves = {k: np.asarray([r["curve"][k] for r in rs], np.float64) for k in ("A_M", "A_FS")}
     idx = np.flatnonzero(np.all(~np.isnan(curves["A_M"]), axis=0))   # Evaluated steps.
     if steps is not None and not np.array_equal(steps, idx + 1):
@@ -462,11 +529,14 @@ def report_notes(config, data, bases: dict, wall: float) -> str:
         f"{p.target_recall:g} {'reached' if reached else 'NOT reached'}).")
   lines += [
       f"Edits: |S| ∈ {list(e.sizes)}, {e.num_seeds} seeds (S and new objects), {e.steps} "
-      f"full-batch steps of {e.optimizer.name} lr {e.optimizer.learning_rate}; replay ratio "
-      f"{e.replay_ratio}; ℓ∞ δ {list(e.linf_deltas)}, ℓ2 δ {list(e.l2_deltas)}; parts at ℓ∞ "
-      f"δ={e.parts_delta:g}. Columns: mean over seeds, `_se` its standard error; A_M / "
-      "A_FS on training templates, `_para` on held-out paraphrases; Ā = (A_M + A_FS) / 2; "
-      "‖θ−θ₀‖ in the method's norm (mean over seeds).",
+      f"full-batch steps of {e.optimizer.name} at lr ∈ {list(e.learning_rates)}; replay "
+      f"ratio {e.replay_ratio}; ℓ∞ δ {list(e.linf_deltas)}, ℓ2 δ {list(e.l2_deltas)}; parts "
+      f"at ℓ∞ δ ∈ {list(e.parts_deltas)}. The table: per method (per part for parts) the "
+      f"setting with the highest validation Ā (`A_bar_val`, the first "
+      f"{config.eval.validation_templates} held-out paraphrase template(s) of each "
+      "relation); A_M, A_FS, A_bar on the other (test) paraphrase templates, never used "
+      "for a choice; `_train` on the training sentences (secondary). Mean over seeds, "
+      "`_se` its standard error; Ā = (A_M + A_FS) / 2; ‖θ−θ₀‖ in the method's norm.",
       f"Wall time {wall:.0f} s.",
   ]
   return "\n\n".join(lines)
