@@ -161,7 +161,7 @@ def test_distillation_figures(tmp_path, figures):
              "worst_k_mean": [0.85], "head_accuracy": [0.95], "tail_accuracy": [0.9]}
          for v in ("one_hot", "distilled")}
   gains = {"distilled": list(np.linspace(-0.02, 0.03, k))}
-  files = distillation._plots(str(tmp_path), list(agg), agg, {"per_class": per_class},
+  files = distillation._plots(str(tmp_path), list(agg), agg, per_class,
                               np.linspace(1, 3, k), gains, k)
   assert set(files) == {"per_class_accuracy.png", "gain_vs_teacher.png",
                         "subgroup_summary.png"}
