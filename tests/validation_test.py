@@ -121,7 +121,7 @@ NESTED_CASES = [
      "must be in [0, 1]"),
     ("reuse", "smoke", "train.augment.gaussian_std", -1.0, "train.augment.gaussian_std",
      "must be >= 0"),
-    ("distillation", "smoke", "student.model.features", [0], "student.model.features",
+    ("distillation", "smoke", "students.cnn.model.features", [0], "students.cnn.model.features",
      "positive ints"),
     ("distillation", "smoke", "teacher.total_steps", 0, "teacher.total_steps", "must be > 0"),
     ("distillation", "smoke", "train.augment.gaussian_std", -1.0, "train.augment.gaussian_std",
@@ -178,10 +178,10 @@ def test_derived_run_fields_name_the_block_the_user_sets(tmp_path):
   """Distillation students and churn runs are derived; no `runs.<name>` exists to set."""
   config = _config("distillation")
   _set(config, "distillation.seeds", [0, 1])
-  _set(config, "student.model.dense_dim", 0)
+  _set(config, "students.cnn.model.dense_dim", 0)
   err = _refused(config, tmp_path)
-  assert err.field == "student.model.dense_dim"
-  assert err.message.endswith("(run onehot_s0)")
+  assert err.field == "students.cnn.model.dense_dim"
+  assert err.message.endswith("(run select_cnn_a0p5_t4)")
 
 
 def test_robustness_imagenet_setup_names_its_blocks(tmp_path):
