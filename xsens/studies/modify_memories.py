@@ -46,7 +46,6 @@ the chosen lr); parts bar plot (chosen settings); A_M / A_FS vs steps (chosen se
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -164,13 +163,7 @@ def train_phase(path: str, config, model, corp: dict, objects: np.ndarray, *, st
     return ({"params": params, "opt": opt, "step": state["step"] + 1},
             {"loss": loss, "accuracy": acc})
 
-  @functools.partial(jax.jit, static_argnums=2)
-  def chunk(state, start, length):
-    state, logs = jax.lax.scan(one_step, state, start + jnp.arange(length, dtype=jnp.int32))
-    return state, {k: v.sum() for k, v in logs.items()}
-
-  def advance(state, start, length):
-    return (*chunk(state, jnp.int32(start), length), None)
+  advance = full_batch.scan_advance(one_step)
 
   size = int(p.chunk_steps)
   t0 = time.perf_counter()

@@ -25,7 +25,6 @@ Writes results.md/json, accuracy.png, diet_abs_maps.png, diet_rel_maps.png.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -216,13 +215,7 @@ def pretrain_run(path: str, model: mlm.RobertaMLM, corpus: np.ndarray, p, seed: 
     return ({"params": params, "opt": opt, "step": state["step"] + 1},
             {"loss": loss, "accuracy": aux["accuracy"]})
 
-  @functools.partial(jax.jit, static_argnums=2)
-  def chunk(state, start, length):
-    state, logs = jax.lax.scan(one_step, state, start + jnp.arange(length, dtype=jnp.int32))
-    return state, {k: v.sum() for k, v in logs.items()}
-
-  def advance(state, start, length):
-    return (*chunk(state, jnp.int32(start), length), None)
+  advance = full_batch.scan_advance(one_step)
 
   size = max(1, min(steps, 500))
   t0 = time.perf_counter()

@@ -67,6 +67,23 @@ def run_one_device(wd: Workdir | str, init: Callable[[], Any], advance: Callable
   return loop.run(wd, program, schedule, **run_kwargs)
 
 
+def scan_advance(one_step: Callable) -> Callable:
+  """`advance(state, start, length) -> (state, logs, None)` for `run_one_device`:
+  `one_step(state, t) -> (state, {name: scalar})` scanned over steps t = start, ...,
+  start + length − 1 in one jitted `lax.scan` (one compile per chunk length), each log
+  summed over the chunk."""
+
+  @functools.partial(jax.jit, static_argnums=2)
+  def chunk(state, start, length):
+    state, logs = jax.lax.scan(one_step, state, start + jnp.arange(length, dtype=jnp.int32))
+    return state, {k: v.sum() for k, v in logs.items()}
+
+  def advance(state, start, length):
+    return (*chunk(state, jnp.int32(start), length), None)
+
+  return advance
+
+
 def record_train_s(wd: Workdir, out: loop.LoopResult) -> float:
   """Seconds spent training the run so far (a resumed run adds the interrupted part's),
   written with the step and stop reason to `train_summary.json`."""
