@@ -172,6 +172,26 @@ def test_unlabeled_corpus_and_mlm_batch():
   assert 0.4 < hidden.sum() / (restored >= pair_tasks.NUM_SPECIAL).sum() < 0.6   # rate 0.5
 
 
+def test_order_free_mlm_accuracy_known_answers():
+  """The order-blind yardstick: 1/|hidden in S| when a hidden word is visible in the other
+  sentence, 1/(words visible in neither) when it is hidden in both."""
+  row = np.array([1, 4, 5, 6, 7, 2, 2, 7, 6, 5, 4, 2])        # A = 4 5 6 7, B reversed.
+
+  def hide(*positions):
+    ids, labels = row.copy(), np.full_like(row, -1)
+    for p in positions:
+      ids[p], labels[p] = pair_tasks.MASK_ID, row[p]
+    return ids[None], labels[None]
+
+  assert pair_tasks.order_free_mlm_accuracy(*hide(2)) == 1.0           # 5, seen in B.
+  assert pair_tasks.order_free_mlm_accuracy(*hide(1, 2)) == 0.5        # 4 or 5 in A.
+  unseen = pair_tasks.NUM_WORDS - 3                                     # 5, 6, 7 visible.
+  assert math.isclose(pair_tasks.order_free_mlm_accuracy(*hide(1, 10)), 1 / unseen)
+  assert math.isclose(pair_tasks.order_free_mlm_accuracy(
+      np.concatenate([hide(2)[0], hide(1, 10)[0]]),
+      np.concatenate([hide(2)[1], hide(1, 10)[1]])), (1 + 2 / unseen) / 3)
+
+
 @pytest.mark.parametrize("mode", ["absolute", "diet_abs", "diet_rel"])
 def test_pretrained_encoder_restores_into_the_classifier(tmp_path, mode):
   """The MLM's encoder leaves load unchanged into the classifier; the head is new."""

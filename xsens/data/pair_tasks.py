@@ -98,3 +98,35 @@ def unlabeled_corpus(num_examples: int, seed: int, *, max_length: int = 20) -> n
   per_task = [pair_task(task, -(-num_examples // len(names)), seed, stream=CORPUS_STREAM,
                         max_length=max_length)[0] for task in names]
   return np.stack(per_task, axis=1).reshape(-1, max_length)[:num_examples]
+
+
+def order_free_mlm_accuracy(inputs: np.ndarray, labels: np.ndarray) -> float:
+  """The masked-LM accuracy of the best guesser that ignores word order (a yardstick).
+
+  A and B hold the same m distinct words, so a word hidden in sentence S is one of
+  H_S = (the pair's words) − (S's visible words), each equally likely at a given position
+  when order is ignored: P(right) = 1/|H_S| if some word of H_S is visible in the other
+  sentence, else 1/U with U the words visible in neither sentence (the candidates of
+  `NUM_WORDS`). Returns the mean of that probability over the hidden positions.
+
+  Args:
+    inputs: ids [N, L] of "<s> A </s></s> B </s>" rows, hidden words replaced by an id
+      < NUM_SPECIAL (e.g. MASK_ID).
+    labels: [N, L], the hidden word at a hidden position, −1 elsewhere.
+  """
+  total, count = 0.0, 0
+  for row, lab in zip(np.asarray(inputs), np.asarray(labels)):
+    eos = np.flatnonzero(row == EOS_ID)
+    if len(eos) < 3:
+      continue
+    sentences = [np.arange(1, eos[0]), np.arange(eos[1] + 1, eos[2])]
+    visible = [set(row[s][row[s] >= NUM_SPECIAL].tolist()) for s in sentences]
+    unseen = NUM_WORDS - len(visible[0] | visible[1])
+    for s, (pos, mine) in enumerate(zip(sentences, visible)):
+      hidden = int((lab[pos] >= 0).sum())
+      if not hidden:
+        continue
+      known = visible[1 - s] - mine  # Hidden in S, visible in the other sentence.
+      total += hidden * (1.0 / hidden if known else 1.0 / max(unseen, 1))
+      count += hidden
+  return total / count if count else float("nan")

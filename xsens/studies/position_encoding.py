@@ -222,12 +222,23 @@ def pretrain_run(path: str, model: mlm.RobertaMLM, corpus: np.ndarray, p, seed: 
   res = full_batch.run_one_device(path, init, advance, loop.Schedule(
       total_steps=steps, log_every=size, checkpoint_every=size, max_chunk=size), desc=desc)
   wall = time.perf_counter() - t0
-  ids, labels = mlm_batch(data, steps, jax.random.fold_in(key, 3),
-                          min(MLM_EVAL_ROWS, len(corpus)), rate)
+  ids, labels = mlm_eval_rows(corpus, p, seed)
   _, aux = jax.jit(loss_fn)(res.state["params"], ids, labels)
   checkpoint = os.path.join(path, CHECKPOINT)
   mlm.save_checkpoint(checkpoint, res.state["params"])
-  return {"checkpoint": checkpoint, "mlm_accuracy": float(aux["accuracy"]), "wall_s": wall}
+  out = {"checkpoint": checkpoint, "mlm_accuracy": float(aux["accuracy"]), "wall_s": wall}
+  if p.corpus != "train_inputs":  # Pair rows: the order-free yardstick applies.
+    out["mlm_order_free"] = pair_tasks.order_free_mlm_accuracy(np.asarray(ids),
+                                                               np.asarray(labels))
+  return out
+
+
+def mlm_eval_rows(corpus: np.ndarray, p, seed: int):
+  """(ids, labels) [min(MLM_EVAL_ROWS, N), L] of `mlm_batch`: the freshly masked corpus
+  rows on which `pretrain_run` measures a pre-trained model of `seed` (block `p`)."""
+  return mlm_batch(jnp.asarray(corpus, jnp.int32), int(p.steps),
+                   jax.random.fold_in(jax.random.key(seed), 3),
+                   min(MLM_EVAL_ROWS, len(corpus)), float(p.mask_rate))
 
 
 def pretrain_all(config, workdir: str, experiments) -> tuple[dict, dict]:
@@ -284,8 +295,11 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                           results[name].test.inputs.shape[1]),
                  "params": results[name].summary["num_params"]})
     if pretrained:
-      rows[-1]["mlm_accuracy"] = float(np.mean([pretrained[i]["mlm_accuracy"]
-                                                for i, (n, _) in ids.items() if n == name]))
+      for field in ("mlm_accuracy", "mlm_order_free"):
+        values = [pretrained[i][field] for i, (n, _) in ids.items()
+                  if n == name and field in pretrained[i]]
+        if values:
+          rows[-1][field] = float(np.mean(values))
   cost_rows = [{"mode": m, "params": c["params"], "params_ratio": _ratio(c["params"],
                                                                        base["params"]),
                 "forward_flops": c["flops"], "flops_ratio": _ratio(c["flops"], base["flops"]),
@@ -315,7 +329,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
            f"accuracy >= {pc.learn_threshold:g}. "
            + (f"Pre-trained first: {config.pretrain.steps} masked-LM steps on "
               f"`{config.pretrain.corpus}` per run id (`mlm_accuracy`: masked words right, "
-              f"mean over seeds), then fine-tuned from that encoder (head new). "
+              f"mean over seeds; `mlm_order_free`: the best order-blind guesser on the "
+              f"same rows, `pair_tasks.order_free_mlm_accuracy`), then fine-tuned from that encoder (head new). "
               if pretrained else "") + "Costs: "
            f"batch {pc.timing_batch}, best of {pc.timing_repeats} train steps, ratios to "
            f"`{pc.baseline_mode}`. Logit rank: singular values > {pc.rank_rtol:g} · the "
