@@ -122,6 +122,8 @@ def bench_set(name, args, trained) -> dict:
     others = [j for j in range(k) if j != label]
     for j in others:
       res = lp.solve_margin(data, cs[j])
+      if res["status"] != 0:  # No optimum to compare against: stop rather than count a miss.
+        raise SystemExit(f"HiGHS status {res['status']} on a property of --sets: no optimum")
       opts.append(res["value"])
       lp_s.append(res["wall_s"])
     for step, smoothing in STEPS.items():

@@ -74,7 +74,7 @@ def test_churn_smoke_study_writes_report(tmp_path):
   assert {(r["method"], r["source"]) for r in rows} == {
       (m, s) for m in methods for s in config.churn.sources}
   for r in rows:
-    assert r["pairs"] == 1 and 0.0 <= r["churn"] <= 1.0 and 0.0 <= r["test_accuracy"] <= 1.0
+    assert r["pairs"] == 1 and 0.0 <= r["churn"] <= 1.0 and 0.0 <= r["eval_accuracy"] <= 1.0
     assert np.isnan(r["peer_churn"]) == (r["method"] != "codistill")
   assert os.path.exists(tmp_path / "runs" / "codistill_init1" / "checkpoints")
   # The min-entropy setting is the group member with the lowest val churn.

@@ -46,12 +46,6 @@ def test_pick_on_val_uses_only_the_validation_column():
     selection.pick_on_val([], "val")
 
 
-def test_mean_se_known_answer():
-  mean, se = selection.mean_se([1.0, 2.0, 3.0])
-  assert mean == 2.0 and se == pytest.approx(1.0 / np.sqrt(3.0))
-  assert np.isnan(selection.mean_se([4.0])[1])
-
-
 def test_distillation_choice_grid_and_val_only_pick():
   config = distill_config.get_config()
   cands = distill_study.kd_candidates(config)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xsens.lab import selection
 from xsens.measures import churn, subgroups
 from xsens.studies import distillation
 
@@ -51,7 +52,7 @@ def test_mitigation_formulas():
   margin = distillation.class_margin(2.0, [0.8, 0.4, -0.2, 0.6])  # mean 0.4
   np.testing.assert_allclose(margin, [0.0, 0.0, 2.0, 0.0])
   np.testing.assert_allclose(distillation.class_margin(2.0, [0.6, 0.2]), [0.0, 1.0])
-  val, ev = distillation.split_val_eval(10, 0.5, 0)
+  val, ev = selection.split_val_eval(10, 0.5, 0)
   assert len(val) == len(ev) == 5 and not set(val) & set(ev)
 
 

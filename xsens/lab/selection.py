@@ -36,10 +36,3 @@ def pick_on_val(rows: Sequence[dict], key: str, *, higher_is_better: bool = True
   sign = 1.0 if higher_is_better else -1.0
   best = max(range(len(rows)), key=lambda i: (sign * scores[i], -i))
   return rows[best]
-
-
-def mean_se(values) -> tuple[float, float]:
-  """(mean, standard error = sample std / sqrt(n)) of `values` [n]; s.e. NaN for n < 2."""
-  v = np.asarray(values, np.float64)
-  se = float(v.std(ddof=1) / np.sqrt(len(v))) if len(v) > 1 else float("nan")
-  return float(v.mean()), se

@@ -33,7 +33,7 @@ from mlcollections_configs import churn as configs
 from xsens.lab import multirun
 from xsens.lab import selection
 from xsens.measures import churn as churn_lib
-from xsens.report import plots, tables, training
+from xsens.report import plots, seed_stats, tables, training
 from xsens.train import codistill
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
@@ -118,7 +118,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
         co_cfg[name] = codistill.validate_codistill_config(exp.config)
   workdirs = multirun.check_run_workdirs(workdir, experiments, overwrite)
 
-  logits, peer_churn, accuracy = {}, {}, {}
+  logits, peers, accuracy = {}, {}, {}
   for name, exp in experiments.items():
     wd = workdirs[name]
     wd.prepare(exp.config, overwrite=overwrite)
@@ -133,10 +133,12 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     logits[name] = distill_lib.predict_logits(res.model, res.variables, exp.test.images)
     accuracy[name] = res.summary["test_accuracy"]
     if peer is not None:
-      peer_churn[name] = float(churn_lib.churn(logits[name], peer))
+      peers[name] = peer
 
   first = next(iter(experiments.values()))
   val, ev = selection.split_val_eval(len(first.test), cc.val_fraction, cc.split_seed)
+  peer_churn = {name: float(churn_lib.churn(logits[name][ev], peer[ev]))
+                for name, peer in peers.items()}
   labels = np.asarray(first.test.labels)
   edges = np.asarray(cc.confidence_edges, np.float32)
   rows, by_conf, pair_values, val_values = [], {}, {}, {}
@@ -154,11 +156,11 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       accs = [float(np.mean(np.argmax(logits[n][ev], -1) == labels[ev])) for n in names]
       pair_values[f"{m}/{s}"] = values
       val_values[f"{m}/{s}"] = vals
-      churn_mean, churn_se = selection.mean_se(values)
-      acc_mean, acc_se = selection.mean_se(accs)
+      churn_mean, churn_se = seed_stats.mean_and_stderr(values)
+      acc_mean, acc_se = seed_stats.mean_and_stderr(accs)
       row = {"method": m, "source": s, "pairs": len(values),
              "churn": churn_mean, "churn_se": churn_se, "val_churn": float(np.mean(vals)),
-             "test_accuracy": acc_mean, "test_accuracy_se": acc_se}
+             "eval_accuracy": acc_mean, "eval_accuracy_se": acc_se}
       peers = [peer_churn[n] for n in names if n in peer_churn]
       row["peer_churn"] = float(np.mean(peers)) if peers else float("nan")
       rows.append(row)
@@ -188,18 +190,19 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                for m in methods]
   notes = _notes(config, conf_rows, rows, methods, len(val), len(ev), val_churn, chosen,
                  reductions)
-  columns = ["method", "source", "pairs", "churn", "churn_se", "val_churn", "test_accuracy",
-             "test_accuracy_se", "peer_churn"]
+  columns = ["method", "source", "pairs", "churn", "churn_se", "val_churn", "eval_accuracy",
+             "eval_accuracy_se", "peer_churn"]
   md = tables.write_results(
       workdir, f"Prediction churn on {config.train.data.name}", rows, columns=columns,
       notes=notes, plots=plot_files,
       extra={"pair_churn": pair_values, "val_pair_churn": val_values,
-             "churn_by_confidence": by_conf, "bins": bins, "test_accuracy": accuracy,
+             "churn_by_confidence": by_conf, "bins": bins, "full_test_accuracy": accuracy,
              "peer_churn": peer_churn, "val_churn": val_churn, "chosen": chosen,
              "reductions": reductions, "val_indices": val.tolist(),
              "eval_indices": ev.tolist()})
   return {"rows": rows, "markdown": md, "pair_churn": pair_values,
-          "churn_by_confidence": by_conf, "test_accuracy": accuracy, "peer_churn": peer_churn,
+          "churn_by_confidence": by_conf, "full_test_accuracy": accuracy,
+          "peer_churn": peer_churn,
           "val_churn": val_churn, "chosen": chosen, "reductions": reductions, "val": val,
           "eval": ev}
 
@@ -213,7 +216,7 @@ def _reductions(cc, plan, pair_values, chosen) -> list[dict]:
   for group, m in chosen.items():
     for s in cc.sources:
       diff = np.subtract(pair_values[f"{cc.baseline}/{s}"], pair_values[f"{m}/{s}"])
-      mean, se = selection.mean_se(diff)
+      mean, se = seed_stats.mean_and_stderr(diff)
       out.append({"group": group, "method": m, "source": s, "pairs": len(diff),
                   "reduction": mean, "reduction_se": se,
                   "reduction_in_se": mean / se if se > 0 else float("nan")})
@@ -245,7 +248,7 @@ def _notes(config, conf_rows, rows, methods, n_val, n_eval, val_churn, chosen,
       f" of that source, the others at {cc.base_seed}); churn over "
       + ("disjoint pairs (runs 0-1, 2-3, ...; independent)" if cc.pairing == "disjoint"
          else "all pairs (they share runs)") + ", mean ± s.e. over pairs. "
-      "peer_churn: churn between the two models of one co-distillation run.",
+      "peer_churn: churn between the two models of one co-distillation run (on `eval`).",
       "",
       f"Held-out data: the test split is cut into `val` ({n_val} examples) and `eval` "
       f"({n_eval}; every churn and accuracy in the tables). Mean val churn per method: "

@@ -40,7 +40,7 @@ from xsens.config_utils import run_config
 from xsens.lab import multirun
 from xsens.lab import selection
 from xsens.measures import subgroups
-from xsens.report import plots, tables
+from xsens.report import plots, seed_stats, tables
 from xsens.train import distill as distill_lib
 from xsens.train import trainer
 
@@ -75,9 +75,6 @@ def class_margin(scale: float, per_class_margin) -> np.ndarray:
   if not mean > 0:
     return np.where(np.isnan(gamma), 0.0, scale)
   return np.where(np.isnan(gamma), 0.0, scale * np.clip(1.0 - gamma / mean, 0.0, 1.0))
-
-
-split_val_eval = selection.split_val_eval   # (n, val_fraction, seed) -> (val, eval) indices
 
 
 # ----------------------------------------------------------------------------- configs
@@ -240,7 +237,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                  for s in seeds}
   t0 = teachers[teacher_name(seeds[0])]
   num_classes = t0.train.num_classes
-  val, ev = split_val_eval(len(t0.test), dc.val_fraction, dc.split_seed)
+  val, ev = selection.split_val_eval(len(t0.test), dc.val_fraction, dc.split_seed)
   test_x, test_y = t0.test.images, t0.test.labels
   t_logits = {s: _logits(teachers[teacher_name(s)], test_x) for s in seeds}
   train_counts = np.asarray(subgroups.class_counts(t0.train.labels, num_classes))
@@ -350,11 +347,9 @@ def _data_name(config) -> str:
 
 def _aggregate(reports: list[dict]) -> dict:
   """{key: (mean, s.e. over seeds)}; "per_class": ([K] mean, [K] s.e.); "num_seeds"."""
-  out = {k: selection.mean_se([r[k] for r in reports]) for k in SUMMARY_KEYS}
-  pc = np.array([r["per_class"] for r in reports], np.float64)
-  se = (pc.std(0, ddof=1) / np.sqrt(len(pc)) if len(pc) > 1
-        else np.full(pc.shape[1], np.nan))
-  out["per_class"] = (pc.mean(0).tolist(), se.tolist())
+  out = {k: seed_stats.mean_and_stderr([r[k] for r in reports]) for k in SUMMARY_KEYS}
+  per_class = [seed_stats.mean_and_stderr(c) for c in zip(*(r["per_class"] for r in reports))]
+  out["per_class"] = ([m for m, _ in per_class], [se for _, se in per_class])
   out["num_seeds"] = len(reports)
   return out
 

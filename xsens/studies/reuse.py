@@ -37,7 +37,7 @@ from mlcollections_configs import reuse as configs
 from xsens.errors import ConfigError
 from xsens.lab import head_similarity, model_cost, multirun, selection
 from xsens.measures import attention_similarity as asim
-from xsens.report import plots, tables, training
+from xsens.report import plots, seed_stats, tables, training
 from xsens.train import distill as distill_lib
 
 
@@ -96,7 +96,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
     r["eval_accuracy"] = float(correct[r["run"]][ev].mean())
   chosen = selection.pick_on_val([r for r in rows if r["run"] in candidates],
                                  "val_accuracy")["run"]
-  seeded = _train_seeds(config, workdir, overwrite, [rc.baseline, control, chosen])
+  seeded = _train_seeds(config, workdir, overwrite, [rc.baseline, control, chosen], results)
   by_name = {r["run"]: r for r in rows}
   for name, res in results.items():
     x = jnp.asarray(res.test.images[:rc.cost_batch_size])
@@ -139,8 +139,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
 
   plot_files = [
       _scatter(os.path.join(workdir, "accuracy_vs_flops.png"), rows, "fwd_gflops",
-               "test_accuracy", xlabel=f"forward GFLOPs (batch {rc.cost_batch_size})",
-               ylabel="test accuracy (fraction correct)", title="Accuracy vs compute",
+               "eval_accuracy", xlabel=f"forward GFLOPs (batch {rc.cost_batch_size})",
+               ylabel="eval accuracy (fraction correct)", title="Accuracy vs compute",
                num_classes=res.train.num_classes),
       plots.heatmap_grid(os.path.join(workdir, "similarity_layers.png"),
                          {n: m for n, m in layer_sim.items()},
@@ -156,10 +156,9 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
         xlabel="k (k-th best head in the previous layer)",
         ylabel="similarity (mean over heads and layers)",
         title="Adjacent-layer head similarity"))
-  adjacent = {n: float(np.mean([m[l, l - 1] for l in range(1, len(m))]))
-              if len(m) > 1 else float("nan") for n, m in layer_sim.items()}
+  adjacent = {n: _adjacent(m) for n, m in layer_sim.items()}
   columns = ["run", "reuse_heads", "reuse_layers", "params", "steps", "train_accuracy",
-             "test_accuracy", "val_accuracy", "eval_accuracy", "fwd_gflops", "attn_gflops",
+             "val_accuracy", "eval_accuracy", "fwd_gflops", "attn_gflops",
              "attn_share", "flops_vs_base", "attn_flops_vs_base", "peak_temp_mb",
              "mem_vs_base", "step_ms", "wall_s"]
   notes = _notes(config, rows, adjacent, len(images), chosen, len(val), len(ev), seed_table,
@@ -191,15 +190,19 @@ def _correct(res, labels: np.ndarray) -> np.ndarray:
   return np.argmax(logits, -1) == labels
 
 
-def _train_seeds(config, workdir: str, overwrite: bool, names: list) -> dict:
+def _train_seeds(config, workdir: str, overwrite: bool, names: list, trained: dict) -> dict:
   """{run id: TrainResult} of `names` (None skipped) at `reuse.num_seeds` training seeds
-  (`multirun.run_ids`: seed 0 is the run already trained, `<name>_seed<i>` the others)."""
+  (`multirun.run_ids`): seed 0 is the run in `trained` (already trained by this study),
+  `<name>_seed<i>` the others, trained here."""
   cfg = config.copy_and_resolve_references()
   keep = [n for n in dict.fromkeys(names) if n is not None]
   with cfg.unlocked():
     cfg.runs = ml_collections.ConfigDict({n: config.runs[n].to_dict() for n in keep})
     cfg.num_seeds = config.reuse.num_seeds
-  return multirun.train_runs(cfg, workdir, overwrite=overwrite)
+  ids = multirun.run_ids(cfg)
+  others = {rid: exp for rid, exp in multirun.validate_runs(cfg).items() if ids[rid][1] > 0}
+  seeded = multirun.train_runs(cfg, workdir, overwrite=overwrite, experiments=others)
+  return {rid: trained[rid] if seed == 0 else seeded[rid] for rid, (_, seed) in ids.items()}
 
 
 def _adjacent(layer_sim: np.ndarray) -> float:
@@ -226,10 +229,10 @@ def _seed_report(config, seeded: dict, chosen: str, val, ev, labels) -> tuple[di
   val_acc = {x: [float(_correct(seeded[_seed_id(x, i)], labels)[val].mean())
                  for i in range(n)] for x in names}
   table = {x: {"eval_accuracy": acc[x], "val_accuracy": val_acc[x],
-               "mean_se": selection.mean_se(acc[x])} for x in names}
+               "mean_se": seed_stats.mean_and_stderr(acc[x])} for x in names}
   table["chosen_minus_baseline"] = {"per_seed": np.subtract(acc[chosen], acc[rc.baseline])
                                     .tolist(),
-                                    "mean_se": selection.mean_se(
+                                    "mean_se": seed_stats.mean_and_stderr(
                                         np.subtract(acc[chosen], acc[rc.baseline]))}
   sim = {"trained": [], "random init": []}
   if control is not None:
@@ -249,11 +252,11 @@ def _seed_report(config, seeded: dict, chosen: str, val, ev, labels) -> tuple[di
       r = seeded[_seed_id(control, i)]
       sim["random labels"].append(_adjacent(asim.layer_similarity(collect(r.apply_fn,
                                                                           r.variables))))
-  out = {k: {"per_seed": v, "mean_se": selection.mean_se(v)} for k, v in sim.items()}
+  out = {k: {"per_seed": v, "mean_se": seed_stats.mean_and_stderr(v)} for k, v in sim.items()}
   if control is not None:
     diff = np.subtract(sim["trained"], sim["random labels"])
     out["trained_minus_random_labels"] = {"per_seed": diff.tolist(),
-                                          "mean_se": selection.mean_se(diff)}
+                                          "mean_se": seed_stats.mean_and_stderr(diff)}
   return table, out
 
 

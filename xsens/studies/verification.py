@@ -131,7 +131,8 @@ def trace_run(res, vc) -> dict:
   for method in ("pgd", "fista"):
     fn = jax.jit(functools.partial(
         verification_measures.duality_gap_trace, res.apply_fn, method=method,
-        bounds_method=vc.bounds_method, max_iters=vc.trace_iters))
+        bounds_method=vc.bounds_method, max_iters=vc.trace_iters,
+        smoothing=tuple(float(t) for t in vc.smoothing)))
     jax.block_until_ready(fn(res.variables, x, labels=y, epsilon=vc.trace_epsilon))
     start = time.perf_counter()
     t = jax.device_get(fn(res.variables, x, labels=y, epsilon=vc.trace_epsilon))
