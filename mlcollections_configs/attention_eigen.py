@@ -36,7 +36,13 @@ Set-ups (`setup=`):
 Variants: `seeds=N` training seeds per run (default 3), `steps=N` training steps of every run,
 `long` (400 steps and EigenViTs with m ∈ {10, 25}: 9 runs, about 3 x the default's time;
 one step of batch 128 takes about 0.30 / 0.34 / 0.53 s for the ViT / m = 10 / m = 25 on
-2 CPU cores), `smoke`. CPU time of the default: see docs (measured on a shared machine).
+2 CPU cores), `target=A` (every run, ViT and EigenViTs alike, trains until its accuracy on
+2,000 training examples, checked every 100 steps, reaches A, at most 3,000 steps or
+`steps=`; test accuracy is recorded at every check, so the report also compares the runs
+at equal steps; `target=0.99` takes about 13 min on 2 cores), `random_basis` (each EigenViT
+also trained from a random orthonormal initial basis instead of the DCT one), `smoke`. CPU
+time of the
+default: see docs (measured on a shared machine).
 
 Shows: per layer the dimension explaining 99 % of the variance of score rows and of score
 matrices, overlaps across layers / heads / seeds vs random-init and random-subspace
@@ -56,6 +62,12 @@ from xsens.data import text_config as text
 from xsens.errors import ConfigError, is_finite_number
 
 SETUPS = ("mnist5k", "cifar10", "language", "imagenet")
+# `target=A`: every run trains until its accuracy on TARGET_EVAL_TRAIN_EXAMPLES training
+# examples, checked every TARGET_EVAL_EVERY steps, reaches A (at most `steps=`, default
+# TARGET_MAX_STEPS); test accuracy is recorded at every check (the accuracy-vs-steps table).
+TARGET_EVAL_EVERY = 100
+TARGET_EVAL_TRAIN_EXAMPLES = 2000
+TARGET_MAX_STEPS = 3000
 
 
 def eigen_config() -> ml_collections.ConfigDict:
@@ -145,7 +157,8 @@ def imagenet_config(smoke: bool = False) -> ml_collections.ConfigDict:
 
 
 def get_config(arg=None):
-  arg = parse_arg(arg, setup="mnist5k", smoke=False, seeds=3, steps=0, long=False)
+  arg = parse_arg(arg, setup="mnist5k", smoke=False, seeds=3, steps=0, long=False,
+                  target=0.0, random_basis=False)
   if arg.setup == "imagenet":
     return imagenet_config(arg.smoke)
   config = common.multi_run_config("attention_eigen", arg.setup, SETUPS,
@@ -210,6 +223,9 @@ def get_config(arg=None):
     for m in train_keys:
       runs[f"eigen_m{m}"] = {"model": common.model_config(
           name="eigen_vit", keys_kept=m, basis_rank=rank, **vit)}
+      if arg.random_basis:   # The control: the same EigenViT from a random basis.
+        runs[f"eigen_m{m}_random_basis"] = {"model": common.model_config(
+            name="eigen_vit", keys_kept=m, basis_rank=rank, basis_init="random", **vit)}
     config.runs = ml_collections.ConfigDict(runs)
   if arg.smoke and arg.setup == "language":
     train_configs.smoke(c)
@@ -224,6 +240,14 @@ def get_config(arg=None):
   if arg.steps:              # e.g. `steps=200`: a shorter run of every model.
     c.total_steps = arg.steps
     c.eval_every = c.checkpoint_every = arg.steps
+  if arg.target:             # e.g. `target=0.99`: every run to one train-accuracy rule.
+    if not 0 < arg.target <= 1:
+      raise ValueError(f"target={arg.target} must be in (0, 1]")
+    c.target_train_accuracy = arg.target
+    c.total_steps = arg.steps or TARGET_MAX_STEPS
+    c.eval_every = TARGET_EVAL_EVERY
+    c.eval_train_examples = TARGET_EVAL_TRAIN_EXAMPLES
+    c.checkpoint_every = 5 * TARGET_EVAL_EVERY
   if arg.smoke:
     config.num_seeds = 1
   return config

@@ -44,6 +44,9 @@ def test_smoke_study_writes_report(tmp_path):
   for name, r in trained.items():
     for key in ("fwd_gflops", "attn_gflops", "peak_temp_mb", "step_ms", "test_accuracy"):
       assert np.isfinite(r[key]) and r[key] >= 0, (name, key)
+    assert r["steps"] == config.train.total_steps and r["reached_target"] == 0
+    assert r["curve"][-1]["step"] == r["steps"]
+    assert r["curve"][-1]["test_accuracy"] == pytest.approx(r["test_accuracy"])
   md = (tmp_path / "results.md").read_text()
   assert "Eigen-analysis of attention on mnist5k" in md and "Trained with the approx" in md
   for plot in ("explained_variance.png", "overlap.png", "reconstruction.png",
@@ -137,3 +140,52 @@ def test_imagenet_missing_checkpoint_or_data_is_one_line(tmp_path):
   with pytest.raises(ConfigError) as e:
     studies.run(config, str(tmp_path / "wd"))
   assert e.value.flag == "--config.imagenet.data_dir" and "\n" not in str(e.value)
+
+
+def _write_evals(path, accuracies: dict) -> str:
+  path.mkdir()
+  lines = [{"step": s, "train/loss": 0.1} for s in accuracies]
+  lines += [{"step": s, "eval/train_accuracy": 1.0, "eval/test_accuracy": a}
+            for s, a in accuracies.items()]
+  (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+  return str(path)
+
+
+def test_accuracy_curve_is_over_the_steps_every_seed_reached(tmp_path):
+  from xsens.studies.attention_eigen import test_accuracy_curve
+  seeds = [_write_evals(tmp_path / "s0", {100: 0.5, 200: 0.7, 300: 0.9}),
+           _write_evals(tmp_path / "s1", {100: 0.7, 200: 0.9})]   # stopped at 200
+  curve = test_accuracy_curve(seeds)
+  assert [c["step"] for c in curve] == [100, 200]
+  np.testing.assert_allclose([c["test_accuracy"] for c in curve], [0.6, 0.8])
+  np.testing.assert_allclose([c["test_accuracy s.e."] for c in curve], [0.1, 0.1])
+
+
+def test_equal_step_rows_compare_runs_where_both_trained():
+  from xsens.report.eigen_report import equal_step_rows
+  curve = lambda accs: [{"step": s, "test_accuracy": a, "test_accuracy s.e.": 0.01}
+                        for s, a in accs.items()]
+  rows = equal_step_rows([{"run": "vit", "curve": curve({100: 0.3, 200: 0.5, 300: 0.8})},
+                          {"run": "eigen", "curve": curve({100: 0.6, 200: 0.9})}])
+  assert [r["step"] for r in rows] == [100, 200]
+  assert rows[1]["vit test_accuracy"] == 0.5 and rows[1]["eigen test_accuracy"] == 0.9
+
+
+def test_target_variant_trains_every_run_to_one_rule():
+  config = ae_config.get_config("target=0.99")
+  c = config.train
+  assert c.target_train_accuracy == 0.99 and c.total_steps == ae_config.TARGET_MAX_STEPS
+  assert c.eval_every == ae_config.TARGET_EVAL_EVERY
+  assert c.eval_train_examples == ae_config.TARGET_EVAL_TRAIN_EXAMPLES
+  assert set(config.runs) == {"vit", "eigen_m10"}    # no run overrides the rule
+  assert all("target_train_accuracy" not in r and "total_steps" not in r
+             for r in config.runs.values())
+  assert ae_config.get_config("target=0.9,steps=500").train.total_steps == 500
+  assert ae_config.get_config(None).train.target_train_accuracy is None
+  with pytest.raises(ValueError, match="target=1.5"):
+    ae_config.get_config("target=1.5")
+  control = ae_config.get_config("random_basis").runs
+  assert set(control) == {"vit", "eigen_m10", "eigen_m10_random_basis"}
+  assert control.eigen_m10_random_basis.model.basis_init == "random"
+  assert control.eigen_m10.model.to_dict() == {
+      **control.eigen_m10_random_basis.model.to_dict(), "basis_init": "dct"}

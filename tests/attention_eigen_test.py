@@ -199,10 +199,25 @@ def test_eigen_vit_with_all_keys_is_the_vit_and_with_a_pca_basis_runs_frozen():
   assert float(jnp.abs(grads["eigen_basis_1"]).sum()) > 0
 
 
+def test_eigen_vit_initial_basis_is_dct_or_a_random_orthonormal_one():
+  _, dct, _ = _vit("eigen_vit", keys_kept=6, basis_rank=4)
+  _, rand, _ = _vit("eigen_vit", keys_kept=6, basis_rank=4, basis_init="random")
+  d, r = dct["params"]["eigen_basis_1"], rand["params"]["eigen_basis_1"]
+  assert d.shape == r.shape == (2, 17, 4)
+  np.testing.assert_allclose(d[0], eigen_vit.dct_basis(17, 4), atol=1e-6)
+  np.testing.assert_allclose(jnp.einsum("htk,htl->hkl", r, r), np.broadcast_to(np.eye(4),
+                             (2, 4, 4)), atol=1e-5)
+  assert not np.allclose(r[0], r[1], atol=1e-3)                 # one draw per head
+  assert np.abs(np.asarray(r[0])[:, 0]).std() > 0.05            # not DCT's constant column
+  _, again, _ = _vit("eigen_vit", keys_kept=6, basis_rank=4, basis_init="random")
+  np.testing.assert_array_equal(again["params"]["eigen_basis_1"], r)   # from the init rng
+
+
 @pytest.mark.parametrize("fields, path, part", [
     (dict(keys_kept=18), "model.keys_kept", "T=17"),
     (dict(keys_kept=4, basis_rank=5), "model.basis_rank", "keys_kept=4"),
     (dict(keys_kept=4, basis_rank=2, key_rule="diagonal"), "model.key_rule", "strided"),
+    (dict(keys_kept=4, basis_rank=2, basis_init="pca"), "model.basis_init", "dct, random"),
 ])
 def test_eigen_vit_refuses_bad_fields(fields, path, part):
   with pytest.raises(ConfigError) as e:

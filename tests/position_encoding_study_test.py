@@ -15,6 +15,7 @@ from xsens import models, studies
 from xsens.config_utils import run_config
 from xsens.data import pair_tasks
 from xsens.errors import ConfigError
+from xsens.lab import multirun
 from xsens.models import mlm, position, pretrained, text
 from xsens.studies import position_encoding as study
 from xsens.train import trainer
@@ -281,3 +282,38 @@ def test_glue_setup_pretrains_then_fine_tunes_on_mock_data(tmp_path):
     assert wd.read_json(workdir_lib.CONFIG_FILE)["pretrained"]["path"] == res["checkpoint"]
   rows = {r["run"]: r for r in out["rows"]}
   assert rows["mrpc_diet_abs"]["task"] == "glue/mrpc" and "mlm_accuracy" in rows["mrpc_diet_abs"]
+
+
+@pytest.mark.slow
+def test_runs_of_one_model_seed_and_corpus_share_one_pretraining(tmp_path, monkeypatch):
+  config = pe_config.get_config("smoke,pretrain=1,tasks=match+reversed,modes=absolute+diet_abs")
+  config.num_seeds = 2
+  experiments = {rid: trainer.build_experiment(multirun.seeded_run_config(config, rid, ids))
+                 for ids in [multirun.run_ids(config)] for rid in ids}
+  calls = []
+  real = study.pretrain_run
+
+  def counted(path, *args, **kwargs):
+    calls.append(os.path.basename(path))
+    return real(path, *args, **kwargs)
+
+  monkeypatch.setattr(study, "pretrain_run", counted)
+  rebuilt, out = study.pretrain_all(config, str(tmp_path), experiments)
+  # The pair corpus is one stream for every task: one pre-training per mode and seed.
+  assert sorted(calls) == ["match_absolute", "match_absolute_seed1", "match_diet_abs",
+                           "match_diet_abs_seed1"]
+  for mode in ("absolute", "diet_abs"):
+    for suffix in ("", "_seed1"):
+      shared = out[f"reversed_{mode}{suffix}"]
+      assert shared is out[f"match_{mode}{suffix}"]
+      assert rebuilt[f"reversed_{mode}{suffix}"].config.pretrained.path == shared["checkpoint"]
+  assert out["match_absolute"]["checkpoint"] != out["match_absolute_seed1"]["checkpoint"]
+  # The key separates what differs: the seed, the model, the corpus.
+  model = mlm.for_classifier(experiments["match_absolute"].model)
+  corpus = np.zeros((4, 12), np.int32)
+  key = study.pretrain_key(model, corpus, 0)
+  assert key == study.pretrain_key(model, corpus.copy(), 0)
+  assert key != study.pretrain_key(model, corpus, 1)
+  assert key != study.pretrain_key(model, corpus + 1, 0)
+  assert key != study.pretrain_key(mlm.for_classifier(experiments["match_diet_abs"].model),
+                                   corpus, 0)

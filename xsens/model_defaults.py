@@ -29,7 +29,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
                    "skip": (), "dtype": "float32"},
     "reuse_vit": {**_VIT, "reuse_heads": -1, "reuse_layers": 1},
     "eigen_vit": {**_VIT, "keys_kept": 0, "basis_rank": 8, "key_rule": "strided",
-                  "key_seed": 0, "eigen_from_layer": 1, "kept_keys": ()},
+                  "key_seed": 0, "basis_init": "dct", "eigen_from_layer": 1, "kept_keys": ()},
     "convnext": {"depths": (3, 3, 9, 3), "dims": (96, 192, 384, 768), "patch_size": 4,
                  "kernel_size": 7, "mlp_ratio": 4, "layer_scale_init": 1e-06,
                  "drop_path_rate": 0.0, "skip": (), "dtype": "float32"},

@@ -228,8 +228,8 @@ def analyse_runs(runs: list, ec, workdir: str, *, num_tokens: int, title: str, d
   cost_rows = cost_rows() if is_vit and cost_rows is not None else []
   summary = eigen_report.summary_rows(analyses, centred, probs, random_init, over, ec)
   plot_files = eigen_report.write_plots(workdir, analyses[0], centred[0], random_init, probs,
-                                          over,
-                                          recon_rows, acc_rows, ec, num_tokens)
+                                          over, recon_rows, acc_rows, ec, num_tokens,
+                                          cost_rows)
   notes = eigen_report.notes(data, over, num_tokens, len(runs), unit, ec)
   md = tables.write_results(
       workdir, title, summary,

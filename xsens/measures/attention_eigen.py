@@ -43,6 +43,7 @@ import scipy.linalg
 
 from xsens import choices
 from xsens.models import eigen_vit
+from xsens.models.eigen_vit import random_basis  # noqa: F401  (re-exported)
 
 SUBSET_RULES = choices.SUBSET_RULES
 SCORE_KINDS = ("logits", "centered_logits", "probs")
@@ -235,12 +236,6 @@ def subspace_overlap(u_a, u_b) -> jax.Array:
   """‖U_aᵀU_b‖_F² / k of orthonormal [..., D, k] bases (broadcast); 1 = same subspace."""
   k = u_a.shape[-1]
   return jnp.sum(jnp.einsum("...dk,...dl->...kl", u_a, u_b) ** 2, axis=(-2, -1)) / k
-
-
-def random_basis(key, dim: int, k: int, batch: tuple[int, ...] = ()) -> jax.Array:
-  """Uniformly random orthonormal [*batch, dim, k] bases (QR of Gaussian matrices)."""
-  q, r = jnp.linalg.qr(jax.random.normal(key, batch + (dim, k)))
-  return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
 
 
 def pairwise_overlap(bases) -> np.ndarray:

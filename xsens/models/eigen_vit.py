@@ -15,7 +15,8 @@ mean μ ∈ R^T:
 
 `EigenViT` is `xsens.models.vit.ViT` whose encoder blocks ≥ `eigen_from_layer` attend
 this way, with per-block params `eigen_basis_<i>` [H, T, k] and `eigen_mean_<i>` [H, T]
-(initialised to an orthonormal DCT-II basis over key positions and zero; learned by
+(initialised to an orthonormal DCT-II basis over key positions, or with `basis_init`
+"random" to a uniformly random orthonormal one, and zero; learned by
 training, or overwritten by a PCA basis of a trained ViT for the frozen-model evaluation,
 `with_basis`). Every other param has the ViT's name, so a trained ViT's params plus the
 basis params apply as they are. `keys_kept` = 0 (the default) is the plain ViT.
@@ -38,6 +39,7 @@ from xsens.models import _checks
 from xsens.models.vit import EncoderBlock, ViT, classifier_head, encoder_input
 
 KEY_RULES = ("strided", "random")
+BASIS_INITS = ("dct", "random")
 
 
 def num_tokens(model, image_shape) -> int:
@@ -49,6 +51,12 @@ def num_tokens(model, image_shape) -> int:
 def strided_keys(num_keys: int, m: int) -> np.ndarray:
   """[m] int: m of `num_keys` positions evenly spread, first and last included."""
   return np.unique(np.round(np.linspace(0, num_keys - 1, m)).astype(np.int32))
+
+
+def random_basis(key, dim: int, k: int, batch: tuple[int, ...] = ()) -> jax.Array:
+  """Uniformly random orthonormal [*batch, dim, k] bases (QR of Gaussian matrices)."""
+  q, r = jnp.linalg.qr(jax.random.normal(key, batch + (dim, k)))
+  return q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[..., None, :]
 
 
 def rule_keys(rule: str, num_keys: int, m: int, num_heads: int, seed: int = 0) -> np.ndarray:
@@ -118,6 +126,7 @@ class EigenViT(ViT):
   basis_rank: int = 8           # k <= m.
   key_rule: str = "strided"
   key_seed: int = 0
+  basis_init: str = "dct"       # "dct" | "random" (`random_basis`, from the init rng).
   eigen_from_layer: int = 1
   # Explicit key subsets [blocks eigen_from_layer..depth-1][H][m]; () = `key_rule`.
   kept_keys: tuple = ()
@@ -136,6 +145,7 @@ class EigenViT(ViT):
     if not _checks._is_int(k) or k < 1 or (m and k > m):  # pylint: disable=protected-access
       raise ConfigError("model.basis_rank", f"must be an int in [1, keys_kept={m}]; got {k!r}")
     _checks.one_of("key_rule", self.key_rule, KEY_RULES)
+    _checks.one_of("basis_init", self.basis_init, BASIS_INITS)
     if not _checks._is_int(self.eigen_from_layer) or not (  # pylint: disable=protected-access
         0 <= self.eigen_from_layer <= self.depth):
       raise ConfigError("model.eigen_from_layer", f"must be an int in [0, depth={self.depth}]"
@@ -158,8 +168,11 @@ class EigenViT(ViT):
     for i in range(self.depth):
       fn = None
       if self.keys_kept and i >= self.eigen_from_layer:
-        init_basis = jnp.tile(jnp.asarray(dct_basis(t, k))[None], (h, 1, 1))
-        basis = self.param(f"eigen_basis_{i}", lambda *_: init_basis)
+        if self.basis_init == "random":
+          basis = self.param(f"eigen_basis_{i}", lambda rng: random_basis(rng, t, k, (h,)))
+        else:
+          init_basis = jnp.tile(jnp.asarray(dct_basis(t, k))[None], (h, 1, 1))
+          basis = self.param(f"eigen_basis_{i}", lambda *_: init_basis)
         mean = self.param(f"eigen_mean_{i}", nn.initializers.zeros, (h, t), jnp.float32)
         fn = functools.partial(partial_attention, basis=basis, mean=mean,
                                keys=jnp.asarray(keys[i - self.eigen_from_layer]))

@@ -45,9 +45,10 @@ def summary_rows(analyses, centred, probs, random_init, over, ec) -> list[dict]:
 
 
 def write_plots(workdir, first, first_centred, random_init, probs, over, recon_rows, acc_rows,
-                ec, num_tokens) -> list[str]:
-  """explained_variance.png, overlap.png, reconstruction.png and (ViTs) accuracy_vs_keys.png
-  in `workdir`; returns their paths."""
+                ec, num_tokens, cost_rows=()) -> list[str]:
+  """explained_variance.png, overlap.png, reconstruction.png, (ViTs) accuracy_vs_keys.png
+  and (trained runs with more than one evaluation) accuracy_vs_steps.png in `workdir`;
+  returns their paths."""
   ks = list(range(1, num_tokens + 1))
   series = {f"layer {l}": first["ev_rows"][l] for l in range(len(first["ev_rows"]))}
   series.update({f"layer {l} (centred)": first_centred["ev_rows"][l]
@@ -88,6 +89,15 @@ def write_plots(workdir, first, first_centred, random_init, probs, over, recon_r
         os.path.join(workdir, "accuracy_vs_keys.png"), list(ec.key_counts), series,
         errors=errors, xlabel="m (keys with exact scores)", ylabel="test accuracy",
         title=f"Frozen ViT with reconstructed attention ({ec.accuracy_rule})"))
+  if any(len(r["curve"]) > 1 for r in cost_rows):
+    files.append(plots.panels_plot(
+        os.path.join(workdir, "accuracy_vs_steps.png"),
+        {"each run until its stop": {
+            r["run"]: ([c["step"] for c in r["curve"]],
+                       [c["test_accuracy"] for c in r["curve"]],
+                       [c["test_accuracy s.e."] for c in r["curve"]]) for r in cost_rows}},
+        xlabel="training step", ylabels=["test accuracy (mean ± s.e. over seeds)"],
+        title="Test accuracy while training"))
   return files
 
 
@@ -101,15 +111,34 @@ def append_tables(workdir, md, recon_rows, acc_rows, cost_rows) -> str:
                                                "full_accuracy"])]
   if cost_rows:
     parts += ["\n## Trained with the approximation (eigen_vit) vs the ViT\n",
+              "Each run under the same stopping rule (`train.total_steps`, or "
+              "`train.target_train_accuracy` checked every `train.eval_every` steps); "
+              "`steps` is the mean over seeds, `reached_target` the seeds that stopped on "
+              "the target.\n",
               tables.markdown_table(cost_rows, [
-                  "run", "keys_kept", "basis_rank", "seeds", "test_accuracy",
-                  "test_accuracy s.e.", "fwd_gflops", "attn_gflops", "flops_vs_base",
-                  "attn_flops_vs_base", "peak_temp_mb", "mem_vs_base", "step_ms",
+                  "run", "keys_kept", "basis_rank", "seeds", "steps", "reached_target",
+                  "test_accuracy", "test_accuracy s.e.", "fwd_gflops", "attn_gflops",
+                  "flops_vs_base", "attn_flops_vs_base", "peak_temp_mb", "mem_vs_base", "step_ms",
                   "step_time_vs_base"])]
+    equal = equal_step_rows(cost_rows)
+    if equal:
+      parts += ["\n## Test accuracy at equal steps (mean ± s.e. over seeds)\n",
+                "Steps that every seed of every run trained.\n",
+                tables.markdown_table(equal, list(equal[0]))]
   text = "\n".join(parts) + "\n"
   if paths.is_writer():
     paths.write_text(os.path.join(workdir, "results.md"), text)
   return text
+
+
+def equal_step_rows(cost_rows) -> list[dict]:
+  """One row per evaluation step that every run's every seed reached: the step and each
+  run's test accuracy and s.e. (from the rows' `curve`)."""
+  curves = {r["run"]: {c["step"]: c for c in r["curve"]} for r in cost_rows}
+  steps = sorted(set.intersection(*(set(c) for c in curves.values())))
+  return [{"step": step, **{f"{run} {col}": curve[step][col] for run, curve in curves.items()
+                            for col in ("test_accuracy", "test_accuracy s.e.")}}
+          for step in steps]
 
 
 def notes(data, over, num_tokens, num_runs, unit, ec) -> str:

@@ -18,11 +18,13 @@ accuracy_vs_keys.png.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from mlcollections_configs import attention_eigen as configs
 from xsens.lab import eigen_analysis, model_cost, multirun
 from xsens.models import eigen_vit
 from xsens.report import seed_stats
+from xsens.train.metrics import read_metrics
 
 
 def _tokens_of(exp) -> int:
@@ -49,15 +51,32 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       [results[r] for r in seeds], ec, workdir, num_tokens=num_tokens,
       title=f"Eigen-analysis of attention on {config.train.data.name}",
       data=f"{ec.num_examples} training examples of {config.train.data.name}",
-      unit="seed", cost_rows=lambda: _cost_rows(config, results, ids, ec))
+      unit="seed", cost_rows=lambda: _cost_rows(config, workdir, results, ids, ec))
 
 
-def _cost_rows(config, results, ids, ec) -> list[dict]:
-  """Accuracy ± s.e. over seeds, FLOPs, memory and step time of each run (seed 0)."""
+def test_accuracy_curve(run_workdirs: list[str]) -> list[dict]:
+  """Test accuracy ± s.e. over seeds at every evaluation step that each of `run_workdirs`
+  (the seeds of one run) reached: `[{"step", "test_accuracy", "test_accuracy s.e."}]`
+  from the runs' metrics logs, steps ascending."""
+  per_seed = [{r["step"]: r["eval/test_accuracy"] for r in read_metrics(path)
+               if "eval/test_accuracy" in r} for path in run_workdirs]
+  steps = sorted(set.intersection(*(set(p) for p in per_seed)))
+  rows = []
+  for step in steps:
+    mean, se = seed_stats.mean_and_stderr([p[step] for p in per_seed])
+    rows.append({"step": step, "test_accuracy": mean, "test_accuracy s.e.": se})
+  return rows
+
+
+def _cost_rows(config, workdir, results, ids, ec) -> list[dict]:
+  """Per run: test accuracy at its stop ± s.e. over seeds, the steps it trained (and how
+  many seeds reached `train.target_train_accuracy`), its test-accuracy curve, and FLOPs,
+  memory and step time (seed 0)."""
   rows = []
   for name in config.runs:
     rids = [r for r, (n, _) in ids.items() if n == name]
     res = results[rids[0]]
+    steps = [results[r].summary["steps"] for r in rids]
     x = jnp.asarray(res.test.images[:ec.cost_batch_size])
     y = jnp.asarray(res.test.labels[:ec.cost_batch_size])
     total = model_cost.forward_flops(res.model, res.variables, x)
@@ -68,6 +87,13 @@ def _cost_rows(config, results, ids, ec) -> list[dict]:
     rows.append({"run": name, "keys_kept": getattr(res.model, "keys_kept", 0),
                  "basis_rank": getattr(res.model, "basis_rank", 0), "seeds": len(rids),
                  "test_accuracy": acc, "test_accuracy s.e.": se,
+                 "test_accuracy_per_seed": [results[r].summary["test_accuracy"]
+                                            for r in rids],
+                 "steps": float(np.mean(steps)), "steps_per_seed": steps,
+                 "reached_target": sum(results[r].summary["stop_reason"]
+                                       == "target_train_accuracy" for r in rids),
+                 "curve": test_accuracy_curve([multirun.run_workdir(workdir, r)
+                                               for r in rids]),
                  "fwd_gflops": total / 1e9, "attn_gflops": attn / 1e9, **cost})
   base = next(r for r in rows if r["run"] == ec.analysed_run)
   for r in rows:

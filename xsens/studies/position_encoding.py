@@ -15,9 +15,10 @@ Trains the text encoder once per (task, position mode[, DIET-ABS d_p]) and train
   DIET-REL's Toeplitz R_{i−j} (layer 0), shown minus their minimum (softmax ignores a
   constant added to every logit).
 Pre-train then fine-tune (`config.pretrain.steps` > 0): before training, every run id
-(mode and seed) pre-trains a `xsens.models.mlm.RobertaMLM` of its own architecture and
-position encoding with the `masked_lm` objective term through the loop
-(`full_batch.run_one_device`, in `workdir/pretrain/<run id>`), saves it as
+(mode and seed) gets a `xsens.models.mlm.RobertaMLM` of its own architecture and position
+encoding pre-trained with the `masked_lm` objective term through the loop
+(`full_batch.run_one_device`, in `workdir/pretrain/<run id>`; run ids with the same model,
+seed and corpus, e.g. two pair tasks of one mode, share one pre-training), saved as
 `encoder.npz` (`mlm.XSENS_MLM`), and the run fine-tunes from it (`train.pretrained.path`:
 the encoder's weights restored, the classifier head new) through the one training loop.
 Writes results.md/json, accuracy.png, diet_abs_maps.png, diet_rel_maps.png.
@@ -25,6 +26,7 @@ Writes results.md/json, accuracy.png, diet_abs_maps.png, diet_rel_maps.png.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -241,16 +243,28 @@ def mlm_eval_rows(corpus: np.ndarray, p, seed: int):
                    min(MLM_EVAL_ROWS, len(corpus)), float(p.mask_rate))
 
 
+def pretrain_key(model: mlm.RobertaMLM, corpus: np.ndarray, seed: int) -> tuple:
+  """What fixes a pre-training (the MLM's fields, its seed, the corpus bytes): run ids with
+  equal keys (e.g. two pair tasks of one mode and seed) share one pre-trained encoder."""
+  corpus = np.ascontiguousarray(corpus)
+  return (repr(model), seed, corpus.shape, str(corpus.dtype),
+          hashlib.sha256(corpus.tobytes()).hexdigest())
+
+
 def pretrain_all(config, workdir: str, experiments) -> tuple[dict, dict]:
-  """Pre-trains every run id (own seed, own position encoding), then rebuilds its
-  experiment to fine-tune from that checkpoint. Returns (experiments, {run id: result})."""
-  ids, out, rebuilt = multirun.run_ids(config), {}, {}
+  """Pre-trains every distinct (model, seed, corpus) once, in `workdir/pretrain/<the first
+  run id with it>`, then rebuilds each run's experiment to fine-tune from that checkpoint.
+  Returns (experiments, {run id: result}); a result shared by run ids is one dict."""
+  ids, out, rebuilt, done = multirun.run_ids(config), {}, {}, {}
   for run_id, exp in experiments.items():
     cfg = exp.config
     seed = int(cfg.seed if cfg.init_seed is None else cfg.init_seed)
-    out[run_id] = pretrain_run(os.path.join(workdir, "pretrain", run_id),
-                               mlm.for_classifier(exp.model), pretrain_corpus(config, exp),
+    model, corpus = mlm.for_classifier(exp.model), pretrain_corpus(config, exp)
+    key = pretrain_key(model, corpus, seed)
+    if key not in done:
+      done[key] = pretrain_run(os.path.join(workdir, "pretrain", run_id), model, corpus,
                                config.pretrain, seed, desc=f"pretrain {run_id}")
+    out[run_id] = done[key]
     cfg = multirun.seeded_run_config(config, run_id, ids)
     cfg.pretrained.path = out[run_id]["checkpoint"]
     cfg.pretrained.reinit_head = True
@@ -328,9 +342,10 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
            f"seed's value (`per_seed`) and `learn_fraction`, the share of seeds with test "
            f"accuracy >= {pc.learn_threshold:g}. "
            + (f"Pre-trained first: {config.pretrain.steps} masked-LM steps on "
-              f"`{config.pretrain.corpus}` per run id (`mlm_accuracy`: masked words right, "
-              f"mean over seeds; `mlm_order_free`: the best order-blind guesser on the "
-              f"same rows, `pair_tasks.order_free_mlm_accuracy`), then fine-tuned from that encoder (head new). "
+              f"`{config.pretrain.corpus}`, once per model, seed and corpus (`mlm_accuracy`: "
+              f"masked words right, mean over seeds; `mlm_order_free`: the best order-blind "
+              f"guesser on the same rows, `pair_tasks.order_free_mlm_accuracy`), then "
+              f"fine-tuned from that encoder (head new). "
               if pretrained else "") + "Costs: "
            f"batch {pc.timing_batch}, best of {pc.timing_repeats} train steps, ratios to "
            f"`{pc.baseline_mode}`. Logit rank: singular values > {pc.rank_rtol:g} · the "
