@@ -152,10 +152,10 @@ def _write_evals(path, accuracies: dict) -> str:
 
 
 def test_accuracy_curve_is_over_the_steps_every_seed_reached(tmp_path):
-  from xsens.studies.attention_eigen import test_accuracy_curve
+  from xsens.studies.attention_eigen import accuracy_curve
   seeds = [_write_evals(tmp_path / "s0", {100: 0.5, 200: 0.7, 300: 0.9}),
            _write_evals(tmp_path / "s1", {100: 0.7, 200: 0.9})]   # stopped at 200
-  curve = test_accuracy_curve(seeds)
+  curve = accuracy_curve(seeds)
   assert [c["step"] for c in curve] == [100, 200]
   np.testing.assert_allclose([c["test_accuracy"] for c in curve], [0.6, 0.8])
   np.testing.assert_allclose([c["test_accuracy s.e."] for c in curve], [0.1, 0.1])

@@ -43,7 +43,6 @@ import scipy.linalg
 
 from xsens import choices
 from xsens.models import eigen_vit
-from xsens.models.eigen_vit import random_basis  # noqa: F401  (re-exported)
 
 SUBSET_RULES = choices.SUBSET_RULES
 SCORE_KINDS = ("logits", "centered_logits", "probs")
@@ -236,6 +235,10 @@ def subspace_overlap(u_a, u_b) -> jax.Array:
   """‖U_aᵀU_b‖_F² / k of orthonormal [..., D, k] bases (broadcast); 1 = same subspace."""
   k = u_a.shape[-1]
   return jnp.sum(jnp.einsum("...dk,...dl->...kl", u_a, u_b) ** 2, axis=(-2, -1)) / k
+
+
+# Uniformly random orthonormal [*batch, dim, k] bases (the EigenViT's `basis_init="random"`).
+random_basis = eigen_vit.random_basis
 
 
 def pairwise_overlap(bases) -> np.ndarray:

@@ -54,7 +54,7 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       unit="seed", cost_rows=lambda: _cost_rows(config, workdir, results, ids, ec))
 
 
-def test_accuracy_curve(run_workdirs: list[str]) -> list[dict]:
+def accuracy_curve(run_workdirs: list[str]) -> list[dict]:
   """Test accuracy ± s.e. over seeds at every evaluation step that each of `run_workdirs`
   (the seeds of one run) reached: `[{"step", "test_accuracy", "test_accuracy s.e."}]`
   from the runs' metrics logs, steps ascending."""
@@ -92,7 +92,7 @@ def _cost_rows(config, workdir, results, ids, ec) -> list[dict]:
                  "steps": float(np.mean(steps)), "steps_per_seed": steps,
                  "reached_target": sum(results[r].summary["stop_reason"]
                                        == "target_train_accuracy" for r in rids),
-                 "curve": test_accuracy_curve([multirun.run_workdir(workdir, r)
+                 "curve": accuracy_curve([multirun.run_workdir(workdir, r)
                                                for r in rids]),
                  "fwd_gflops": total / 1e9, "attn_gflops": attn / 1e9, **cost})
   base = next(r for r in rows if r["run"] == ec.analysed_run)
