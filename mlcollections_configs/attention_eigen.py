@@ -41,8 +41,7 @@ one step of batch 128 takes about 0.30 / 0.34 / 0.53 s for the ViT / m = 10 / m 
 `steps=`; test accuracy is recorded at every check, so the report also compares the runs
 at equal steps; `target=0.99` takes about 13 min on 2 cores), `random_basis` (each EigenViT
 also trained from a random orthonormal initial basis instead of the DCT one), `smoke`. CPU
-time of the
-default: see docs (measured on a shared machine).
+time of the default: see docs (measured on a shared machine).
 
 Shows: per layer the dimension explaining 99 % of the variance of score rows and of score
 matrices, overlaps across layers / heads / seeds vs random-init and random-subspace
