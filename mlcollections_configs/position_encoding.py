@@ -193,16 +193,23 @@ def get_config(arg=None):
   return config
 
 
+def _block(config, name: str, fields, maker: str):
+  """`config.<name>`, or a ConfigError naming the missing block or its missing field (the
+  block comes from this file's `maker`)."""
+  block = config.get(name)
+  if block is None:
+    raise ConfigError(name, f"missing; start from mlcollections_configs/position_encoding.py "
+                      f"{maker}")
+  for field in fields:
+    if field not in block:
+      raise ConfigError(f"{name}.{field}", "missing")
+  return block
+
+
 def validate(config) -> None:
   """ConfigError naming `position_encoding.<field>`; the runs' models are checked by the
   study (a RoBERTa on the einsum path)."""
-  pc = config.get("position_encoding")
-  if pc is None:
-    raise ConfigError("position_encoding", "missing; start from "
-                      "mlcollections_configs/position_encoding.py measure_config()")
-  for field in MEASURE_FIELDS:
-    if field not in pc:
-      raise ConfigError(f"position_encoding.{field}", "missing")
+  pc = _block(config, "position_encoding", MEASURE_FIELDS, "measure_config()")
   for field in ("rank_examples", "timing_batch", "timing_repeats"):
     if not (is_int(pc[field]) and pc[field] >= 1):
       raise ConfigError(f"position_encoding.{field}", f"must be an int >= 1, got "
@@ -222,13 +229,7 @@ def validate(config) -> None:
 
 def validate_pretrain(config) -> None:
   """ConfigError naming `pretrain.<field>` (the optimizer block is checked by the study)."""
-  p = config.get("pretrain")
-  if p is None:
-    raise ConfigError("pretrain", "missing; start from mlcollections_configs/"
-                      "position_encoding.py pretrain_config()")
-  for field in PRETRAIN_FIELDS:
-    if field not in p:
-      raise ConfigError(f"pretrain.{field}", "missing")
+  p = _block(config, "pretrain", PRETRAIN_FIELDS, "pretrain_config()")
   if not (is_int(p.steps) and p.steps >= 0):
     raise ConfigError("pretrain.steps", f"must be an int >= 0 (0: no pre-training), got "
                       f"{p.steps!r}")
