@@ -116,7 +116,6 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
                                if base["attn_gflops"] else float("nan"))
     r["mem_vs_base"] = r["peak_temp_mb"] / base["peak_temp_mb"]
 
-  seed_table, seed_sim = _seed_report(config, seeded, chosen, val, ev, labels)
   # Attention similarity (seed 0): trained baseline vs the same architecture at random init
   # and (`reuse.random_labels_run`) trained on randomly labelled data.
   res = results[rc.baseline]
@@ -136,6 +135,8 @@ def run(config, workdir: str, *, overwrite: bool = False) -> dict:
       head_sim[f"{name} (trained)"] = collect(r.apply_fn, r.variables)
   layer_sim = {n: asim.layer_similarity(s) for n, s in head_sim.items()}
   kth = {n: asim.adjacent_kth_best(s) for n, s in head_sim.items()}
+  seed_table, seed_sim = _seed_report(config, seeded, chosen, val, ev, labels, correct,
+                                      layer_sim)
 
   plot_files = [
       _scatter(os.path.join(workdir, "accuracy_vs_flops.png"), rows, "fwd_gflops",
@@ -215,29 +216,31 @@ def _seed_id(name: str, i: int) -> str:
   return name if i == 0 else f"{name}_seed{i}"
 
 
-def _seed_report(config, seeded: dict, chosen: str, val, ev, labels) -> tuple[dict, dict]:
+def _seed_report(config, seeded: dict, chosen: str, val, ev, labels, correct: dict,
+                 layer_sim: dict) -> tuple[dict, dict]:
   """Eval accuracy per seed of the baseline, the control and the chosen run (mean ± s.e.;
   the paired difference chosen − baseline), and the adjacent-layer similarity per seed of
   the trained baseline, the same ViT at random init (key `reuse.seed` + i) and the
-  random-label control (mean ± s.e.; trained − random labels, paired by seed)."""
+  random-label control (mean ± s.e.; trained − random labels, paired by seed). Seed 0 is
+  read from `correct` ({run: [N] bool}) and `layer_sim` ({"trained", "random init",
+  "random labels"?: layer x layer map}), which the study already computed."""
   rc = config.reuse
   n = rc.num_seeds
   control = rc.random_labels_run
   names = [x for x in dict.fromkeys([rc.baseline, chosen, control]) if x is not None]
-  acc = {x: [float(_correct(seeded[_seed_id(x, i)], labels)[ev].mean()) for i in range(n)]
-         for x in names}
-  val_acc = {x: [float(_correct(seeded[_seed_id(x, i)], labels)[val].mean())
-                 for i in range(n)] for x in names}
-  table = {x: {"eval_accuracy": acc[x], "val_accuracy": val_acc[x],
+  right = {x: [correct[x]] + [_correct(seeded[_seed_id(x, i)], labels) for i in range(1, n)]
+           for x in names}
+  acc = {x: [float(c[ev].mean()) for c in right[x]] for x in names}
+  table = {x: {"eval_accuracy": acc[x], "val_accuracy": [float(c[val].mean())
+                                                         for c in right[x]],
                "mean_se": seed_stats.mean_and_stderr(acc[x])} for x in names}
   table["chosen_minus_baseline"] = {"per_seed": np.subtract(acc[chosen], acc[rc.baseline])
                                     .tolist(),
                                     "mean_se": seed_stats.mean_and_stderr(
                                         np.subtract(acc[chosen], acc[rc.baseline]))}
-  sim = {"trained": [], "random init": []}
-  if control is not None:
-    sim["random labels"] = []
-  for i in range(n):
+  keys = ["trained", "random init"] + (["random labels"] if control is not None else [])
+  sim = {k: [_adjacent(layer_sim[k])] for k in keys}
+  for i in range(1, n):
     res = seeded[_seed_id(rc.baseline, i)]
     images = res.test.images[:rc.num_examples]
     collect = functools.partial(head_similarity.collect_head_similarity, inputs=images,
