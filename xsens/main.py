@@ -200,7 +200,7 @@ def _run_study(config, workdir: str) -> None:
       out = studies.run(config, workdir, overwrite=_OVERWRITE.value)
   except ConfigError as e:
     # A remote workdir refused by its probe: the storage client's threads may still run.
-    _fail(f"{e.flag}: {e.message}", at_once=e.flag == "workdir" and paths.is_remote(workdir))
+    _fail(f"{e.flag}: {e.message}", at_once=e.field == "workdir" and paths.is_remote(workdir))
   except TrainingDivergedError as e:
     print(f"xsens: {e}", file=sys.stderr)
     sys.exit(1)
